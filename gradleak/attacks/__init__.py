@@ -1,0 +1,19 @@
+"""Attacks: one module per attack, one registry line each."""
+from __future__ import annotations
+
+from ..options import ComponentSpec, build_options, parse_spec
+from ..registry import Registry
+from .base import Attack, AttackContext, Reconstruction
+
+ATTACKS: Registry = Registry("attack", {
+    "ig": "gradleak.attacks.ig:InvertingGradients",
+})
+
+__all__ = ["ATTACKS", "Attack", "AttackContext", "Reconstruction", "make_attack"]
+
+
+def make_attack(spec: ComponentSpec | str) -> Attack:
+    if isinstance(spec, str):
+        spec = parse_spec(spec, "attack")
+    cls = ATTACKS.get(spec.name)
+    return cls(build_options(cls.Options, spec.options, f"attack '{spec.name}'"))

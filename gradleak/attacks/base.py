@@ -1,0 +1,70 @@
+"""Attack interface."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import torch
+from torch import nn
+
+from ..threat import Observation
+
+
+@dataclass
+class Reconstruction:
+    """What an attack returns for one observed update.
+
+    `inputs` may hold more or fewer rows than the true batch; scoring matches
+    them to the originals (Hungarian assignment).
+    """
+
+    inputs: torch.Tensor
+    labels: torch.Tensor | None = None
+    iterations: int = 0
+    # Attack-side success signal (e.g. CPL: gradient distance under a threshold).
+    converged: bool | None = None
+    final_distance: float | None = None
+    trace: list[float] = field(default_factory=list)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class AttackContext:
+    seed: int = 0
+    device: torch.device = torch.device("cpu")
+    # progress(iteration, total, objective) for live bars; None = silent
+    progress: Callable[[int, int, float], None] | None = None
+
+    def generator(self, offset: int = 0) -> torch.Generator:
+        return torch.Generator().manual_seed(self.seed * 1_000_003 + offset)
+
+
+class Attack(ABC):
+    """Base class. Subclasses set `name`, `Options`, the knowledge they need
+    (`requires`), the knowledge they use when granted (`uses`), and implement
+    `reconstruct`. Malicious-server attacks set `malicious = True` and
+    implement `prepare_model`, which runs before the client trains."""
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type | None] = None
+    requires: ClassVar[frozenset[str]] = frozenset()
+    uses: ClassVar[frozenset[str]] = frozenset()
+    malicious: ClassVar[bool] = False
+    modalities: ClassVar[tuple[str, ...]] = ("image", "tabular")
+
+    def __init__(self, options: Any = None):
+        self.options = options if options is not None else (self.Options() if self.Options else None)
+
+    @classmethod
+    def needs(cls) -> frozenset[str]:
+        return cls.requires | (frozenset({"malicious_model"}) if cls.malicious else frozenset())
+
+    def prepare_model(self, model: nn.Module, input_shape: tuple[int, ...], num_classes: int,
+                      ctx: AttackContext) -> nn.Module:
+        """Malicious attacks: return the model the server sends instead."""
+        return model
+
+    @abstractmethod
+    def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
+        """Reconstruct the client's batch from what the server observed."""

@@ -1,0 +1,106 @@
+"""Shared machinery of gradient-matching attacks.
+
+`UpdateSimulator` recomputes, differentiably, what the client would have sent
+for candidate data — the FedSGD gradient, or the τ-step FedAvg delta unrolled
+with the same `fl.local.local_update` the client ran. Distances, priors and the
+optimisation loop live here so every optimisation attack shares them.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Literal
+
+import torch
+import torch.nn.functional as F
+
+from ..fl.local import local_update, model_state
+from ..fl.training import TrainingSpec
+from ..threat import Observation
+
+Tensors = dict[str, torch.Tensor]
+Distance = Literal["l2", "cosine", "l1", "weighted-cosine"]
+
+
+class UpdateSimulator:
+    """Candidate data → the update the client would send (differentiable)."""
+
+    def __init__(self, obs: Observation, device: torch.device | str = "cpu"):
+        self.obs = obs
+        self.model = obs.model.to(device)
+        self.params, self.buffers = model_state(self.model)
+        self.params = {k: v.to(device) for k, v in self.params.items()}
+        self.names = [n for n in obs.update.tensors if n in self.params]
+        self.target = {n: obs.update.tensors[n].to(device) for n in self.names}
+        # A FedAvg delta can only be replayed with the local hyper-parameters.
+        if obs.update.kind == "delta":
+            self.training = obs.training
+        else:
+            self.training = TrainingSpec(lr=obs.update.lr)
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> Tensors:
+        buffers = {k: v.clone() for k, v in self.buffers.items()}
+        _, update = local_update(self.model, self.params, buffers, x, y, self.training,
+                                 create_graph=True)
+        return {n: update[n] for n in self.names}
+
+
+def update_distance(candidate: Tensors, target: Tensors, kind: Distance = "cosine",
+                    weights: dict[str, float] | None = None) -> torch.Tensor:
+    """Distance between two updates, summed over named tensors.
+
+    l2: Σ‖a−b‖² (DLG); l1; cosine: 1 − ⟨a,b⟩/(‖a‖‖b‖) over the whole
+    concatenated update (Geiping et al.); weighted-cosine: the same with a
+    per-tensor weight (paper 01's norm-reweighting).
+    """
+    names = list(target)
+    w = weights or {}
+    if kind == "l2":
+        return sum(w.get(n, 1.0) * (candidate[n] - target[n]).pow(2).sum() for n in names)
+    if kind == "l1":
+        return sum(w.get(n, 1.0) * (candidate[n] - target[n]).abs().sum() for n in names)
+    dot = sum(w.get(n, 1.0) * (candidate[n] * target[n]).sum() for n in names)
+    cn = sum(w.get(n, 1.0) * candidate[n].pow(2).sum() for n in names)
+    tn = sum(w.get(n, 1.0) * target[n].pow(2).sum() for n in names)
+    return 1 - dot / (cn.sqrt() * tn.sqrt() + 1e-12)
+
+
+def total_variation(x: torch.Tensor) -> torch.Tensor:
+    """Anisotropic TV (mean absolute neighbour difference) of image batches."""
+    if x.dim() < 4:
+        return x.new_zeros(())
+    dx = (x[:, :, :, 1:] - x[:, :, :, :-1]).abs().mean()
+    dy = (x[:, :, 1:, :] - x[:, :, :-1, :]).abs().mean()
+    return dx + dy
+
+
+def random_init(shape: tuple[int, ...], kind: str, generator: torch.Generator) -> torch.Tensor:
+    """Starting point of the optimisation: randn (IG), rand (DLG) or gray."""
+    if kind == "randn":
+        return torch.randn(shape, generator=generator)
+    if kind == "rand":
+        return torch.rand(shape, generator=generator)
+    if kind == "gray":
+        return torch.full(shape, 0.5)
+    raise ValueError(kind)
+
+
+def step_decay_lr(iterations: int) -> Callable[[int], float]:
+    """×0.1 at 3/8, 5/8 and 7/8 of the run (Geiping et al.)."""
+    milestones = [int(iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
+    return lambda it: 0.1 ** sum(it >= m for m in milestones)
+
+
+def signed_adam_step(optimizer: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    """Replace the gradient by its sign before Adam (Geiping et al.'s 'signed' Adam)."""
+    if x.grad is not None:
+        x.grad.sign_()
+    optimizer.step()
+
+
+def finite_or_inf(value: torch.Tensor) -> float:
+    v = float(value.detach())
+    return v if math.isfinite(v) else float("inf")
+
+
+def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return -(target * F.log_softmax(logits, -1)).sum(-1).mean()

@@ -1,0 +1,58 @@
+"""`gradleak` command line. Each sub-command lives in gradleak/commands/<name>.py
+with `add_arguments(parser)` and `run(args) -> int`; add one line to COMMANDS.
+
+Bad input prints one line on stderr and exits with code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from .errors import GradleakError
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "attack": ("gradleak.commands.attack", "run one attack scenario and score it"),
+    "list": ("gradleak.commands.listing", "list attacks, defenses, datasets or models"),
+    "demo": ("gradleak.commands.demo", "run the main job on the embedded default and write the report"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2 (argparse would print the usage block)
+        raise GradleakError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gradleak", description="Gradient-leakage evaluation for federated learning.")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
+    sub.required = True
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args._module.run(args) or 0)
+    except GradleakError as exc:
+        print(f"gradleak: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("gradleak: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # an internal fault, not bad input: still one line unless debugging
+        if os.environ.get("GRADLEAK_DEBUG"):
+            raise
+        print(f"gradleak: internal error: {type(exc).__name__}: {exc} (set GRADLEAK_DEBUG=1 for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

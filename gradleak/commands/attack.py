@@ -1,0 +1,76 @@
+"""`gradleak attack`: one scenario, scored, optionally written to --out."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..experiment import AttackRunSpec, run_attack, write_outputs
+from ..threat import KNOWLEDGE, PRESETS
+
+
+def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dataset", required=True, help="dataset name[:path=DIR,resize=N,crop=N]")
+    p.add_argument("--model", required=True, help="model name[:key=value,...]")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--defense", action="append", default=[], metavar="NAME[:key=value,...]",
+                   help="defense to apply (repeat to chain, in order)")
+    p.add_argument("--local-steps", type=int, default=1, help="local SGD steps (1 = FedSGD gradient)")
+    p.add_argument("--local-epochs", type=int, default=None)
+    p.add_argument("--local-batch-size", type=int, default=None)
+    p.add_argument("--lr", type=float, default=0.1, help="client learning rate")
+    p.add_argument("--images", type=int, default=None, help="images to attack (default: one batch)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threat", default="honest", choices=list(PRESETS))
+    p.add_argument("--knows", default="", help=f"extra knowledge, comma separated: {', '.join(KNOWLEDGE)}")
+    p.add_argument("--activation", default=None, choices=["relu", "sigmoid", "tanh", "leakyrelu"])
+    p.add_argument("--pretrain-steps", type=int, default=0, help="SGD steps on the train split first")
+    p.add_argument("--checkpoint", default=None, help="model weights (.safetensors or .pt)")
+    p.add_argument("--split", default="test", choices=["train", "test"], help="split the targets come from")
+    p.add_argument("--resize", type=int, default=None, help="resize images to N×N")
+    p.add_argument("--lpips", default="alex", choices=["alex", "vgg", "none"])
+    p.add_argument("--device", default="auto")
+
+
+def spec_from_args(args: argparse.Namespace, attack: str) -> AttackRunSpec:
+    return AttackRunSpec(
+        dataset=args.dataset, model=args.model, attack=attack, batch_size=args.batch_size,
+        defenses=tuple(args.defense), images=args.images, local_steps=args.local_steps,
+        local_epochs=args.local_epochs, local_batch_size=args.local_batch_size, lr=args.lr,
+        seed=args.seed, threat=args.threat,
+        knows=tuple(k.strip() for k in args.knows.split(",") if k.strip()),
+        activation=args.activation, pretrain_steps=args.pretrain_steps, checkpoint=args.checkpoint,
+        split=args.split, resize=args.resize, lpips=args.lpips, device=args.device)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_scenario_arguments(p)
+    p.add_argument("--attack", required=True, help="attack name[:key=value,...]")
+    p.add_argument("--out", default=None, help="directory for result.json and grid.png")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = spec_from_args(args, args.attack)
+    if args.json:
+        result = run_attack(spec)
+    else:
+        from ..progress import attack_progress
+
+        with attack_progress(spec.attack) as progress:
+            result = run_attack(spec, progress)
+    if args.out:
+        write_outputs(result, args.out)
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        m = result.metrics
+        fmt = lambda v: "n/a" if v is None else f"{v:.4g}"  # noqa: E731
+        print(f"{spec.attack} on {spec.dataset}/{spec.model}, batch {spec.batch_size}, "
+              f"{len(result.per_image)} images, defenses: {', '.join(spec.defenses) or 'none'}")
+        for key in ("mse", "psnr", "ssim", "lpips", "label_acc", "asr", "iterations"):
+            print(f"  {key:10s} {fmt(m.get(key))}")
+        print(f"  {'seconds':10s} {result.seconds:.1f}")
+        if args.out:
+            print(f"  written to {args.out}", file=sys.stderr)
+    return 0

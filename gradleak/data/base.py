@@ -1,0 +1,63 @@
+"""The dataset record every loader returns, and the spec that selects one."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+
+@dataclass
+class Dataset:
+    """Inputs, integer labels and class names.
+
+    Images: `inputs` is float32 (N, C, H, W) in [0, 1].
+    Tabular: `inputs` is float32 (N, D), standardized (zero mean, unit variance per column).
+    """
+
+    name: str
+    inputs: torch.Tensor
+    labels: torch.Tensor
+    class_names: list[str]
+    modality: Literal["image", "tabular"] = "image"
+    # True for the small shipped sample sets (20 foolbox PNGs): usable as attack
+    # targets, too small to train a model on.
+    samples_only: bool = False
+
+    def __post_init__(self) -> None:
+        if self.inputs.shape[0] != self.labels.shape[0]:
+            raise ValueError("inputs and labels disagree on the number of examples")
+
+    def __len__(self) -> int:
+        return int(self.inputs.shape[0])
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.inputs.shape[1:])
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def subset(self, indices: torch.Tensor | list[int]) -> "Dataset":
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        return Dataset(self.name, self.inputs[idx], self.labels[idx], self.class_names,
+                       self.modality, self.samples_only)
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """Which dataset, which split, and how to reshape it.
+
+    `crop` centre-crops to a square of that side first, `resize` then resizes
+    (bilinear, antialiased) to a square of that side; both only for images.
+    `path` points at user files for the file-based datasets.
+    """
+
+    name: str
+    split: Literal["train", "test"] = "train"
+    resize: int | None = None
+    crop: int | None = None
+    path: str | None = None
+    channels: int | None = None  # force 1 (grayscale) or 3 (replicate) channels
+    options: dict = field(default_factory=dict, hash=False, compare=False)

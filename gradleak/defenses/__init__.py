@@ -1,0 +1,26 @@
+"""Defenses: one module per defense, one registry line each."""
+from __future__ import annotations
+
+from ..errors import GradleakError
+from ..options import ComponentSpec, build_options, parse_spec
+from ..registry import Registry
+from .base import Defense, DefenseChain, DefenseContext
+
+DEFENSES: Registry = Registry("defense", {
+    "noise": "gradleak.defenses.noise:GaussianNoise",
+    "clip": "gradleak.defenses.clip:UpdateClipping",
+})
+
+__all__ = ["DEFENSES", "Defense", "DefenseChain", "DefenseContext", "make_defense", "make_chain"]
+
+
+def make_defense(spec: ComponentSpec | str) -> Defense:
+    if isinstance(spec, str):
+        spec = parse_spec(spec, "defense")
+    cls = DEFENSES.get(spec.name)
+    options = build_options(cls.Options, spec.options, f"defense '{spec.name}'")
+    return cls(options)
+
+
+def make_chain(specs) -> DefenseChain:
+    return DefenseChain([make_defense(s) for s in specs or ()])

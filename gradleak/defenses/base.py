@@ -1,0 +1,106 @@
+"""Defense interface and the chain that applies defenses at their real place.
+
+A defense acts at one or more of these places, in the order a client meets them:
+  model    – the architecture both sides agree on (PRECODE, dropout layers)
+  data     – the client's batch before training (MixUp, InstaHide)
+  gradient – every local step's gradient (DP-SGD, FedCDP, Soteria)
+  update   – the final update before upload (noise, clipping, pruning, quantization, …)
+Secure aggregation is handled by the experiment, which adds other clients.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..fl.local import StepGradient
+from ..fl.training import TrainingSpec
+from ..fl.update import Update
+
+
+@dataclass
+class DefenseContext:
+    generator: torch.Generator
+    state: dict = field(default_factory=dict)  # per-client memory across rounds
+    training: TrainingSpec | None = None
+    model: nn.Module | None = None
+
+
+class Defense:
+    """Base class: override the hooks for the places the defense acts at."""
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type | None] = None
+    places: ClassVar[tuple[str, ...]] = ("update",)
+    # Number of other clients the server's view is summed with (secure aggregation).
+    aggregate_clients: int = 1
+
+    def __init__(self, options: Any = None):
+        self.options = options if options is not None else (self.Options() if self.Options else None)
+
+    def transform_model(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def transform_batch(self, x: torch.Tensor, y: torch.Tensor, ctx: DefenseContext):
+        return x, y
+
+    def wrap_step_gradient(self, inner: StepGradient, ctx: DefenseContext) -> StepGradient:
+        return inner
+
+    def transform_update(self, update: Update, ctx: DefenseContext) -> Update:
+        return update
+
+    def privacy(self, *, sample_rate: float, steps: int, delta: float) -> float | None:
+        """ε spent by `steps` noisy steps at `sample_rate`, for DP defenses."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"{self.name}({self.options})"
+
+
+class DefenseChain:
+    """Defenses in the order given on the command line."""
+
+    def __init__(self, defenses: list[Defense]):
+        self.defenses = list(defenses)
+
+    def __iter__(self):
+        return iter(self.defenses)
+
+    def __len__(self) -> int:
+        return len(self.defenses)
+
+    @property
+    def names(self) -> list[str]:
+        return [d.name for d in self.defenses]
+
+    @property
+    def aggregate_clients(self) -> int:
+        return max([d.aggregate_clients for d in self.defenses] or [1])
+
+    def transform_model(self, model: nn.Module) -> nn.Module:
+        for d in self.defenses:
+            model = d.transform_model(model)
+        return model
+
+    def transform_batch(self, x, y, ctx: DefenseContext):
+        for i, d in enumerate(self.defenses):
+            x, y = d.transform_batch(x, y, _scoped(ctx, i))
+        return x, y
+
+    def step_gradient(self, inner: StepGradient, ctx: DefenseContext) -> StepGradient:
+        for i, d in enumerate(self.defenses):
+            inner = d.wrap_step_gradient(inner, _scoped(ctx, i))
+        return inner
+
+    def transform_update(self, update: Update, ctx: DefenseContext) -> Update:
+        for i, d in enumerate(self.defenses):
+            update = d.transform_update(update, _scoped(ctx, i))
+        return update
+
+
+def _scoped(ctx: DefenseContext, index: int) -> DefenseContext:
+    """Each defense in a chain gets its own slot of the client's memory."""
+    return DefenseContext(ctx.generator, ctx.state.setdefault(index, {}), ctx.training, ctx.model)

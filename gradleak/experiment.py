@@ -1,0 +1,252 @@
+"""One attack scenario end to end:
+
+data + model → fl client (with defenses) → Observation (threat model) →
+attack.reconstruct → metrics (Hungarian-matched) → result.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .attacks import AttackContext, make_attack
+from .data import DatasetSpec, load_dataset
+from .defenses import make_chain
+from .errors import GradleakError
+from .fl import TrainingSpec, aggregate_updates, compute_update
+from .metrics import score_batch, summarize
+from .models import ModelSpec, build_model
+from .options import ComponentSpec, parse_spec
+from .threat import capture_bn_statistics, make_threat_model, observe
+
+
+@dataclass(frozen=True)
+class AttackRunSpec:
+    """Everything that defines one attack scenario (and its result, given the seed)."""
+
+    dataset: str
+    model: str
+    attack: str
+    batch_size: int = 1
+    defenses: tuple[str, ...] = ()
+    images: int | None = None  # default: one batch
+    local_steps: int = 1
+    local_epochs: int | None = None
+    local_batch_size: int | None = None
+    lr: float = 0.1
+    seed: int = 0
+    threat: str = "honest"
+    knows: tuple[str, ...] = ()
+    activation: str | None = None
+    pretrain_steps: int = 0
+    checkpoint: str | None = None
+    split: str = "test"
+    resize: int | None = None
+    lpips: str = "alex"
+    device: str = "auto"
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise GradleakError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.images is not None and self.images < 1:
+            raise GradleakError(f"--images must be >= 1, got {self.images}")
+        if self.pretrain_steps < 0:
+            raise GradleakError("--pretrain-steps must be >= 0")
+        if self.lpips not in ("alex", "vgg", "none"):
+            raise GradleakError(f"--lpips must be alex, vgg or none, got '{self.lpips}'")
+        if self.split not in ("train", "test"):
+            raise GradleakError(f"--split must be train or test, got '{self.split}'")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class AttackRunResult:
+    spec: AttackRunSpec
+    metrics: dict
+    per_image: list[dict]
+    seconds: float
+    originals: torch.Tensor
+    reconstructions: torch.Tensor
+    extras: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        """The CLI's JSON contract."""
+        s = self.spec
+        return {
+            "attack": s.attack,
+            "defenses": list(s.defenses),
+            "dataset": s.dataset,
+            "model": s.model,
+            "batch_size": s.batch_size,
+            "n_images": len(self.per_image),
+            "metrics": self.metrics,
+            "seconds": self.seconds,
+            "per_image": self.per_image,
+            "spec": s.to_dict(),
+            **({"extras": self.extras} if self.extras else {}),
+        }
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise GradleakError(f"unknown device '{name}'") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise GradleakError("--device cuda requested but no GPU is available")
+    return device
+
+
+def dataset_spec(text: str, split: str, resize: int | None) -> DatasetSpec:
+    spec = parse_spec(text, "dataset")
+    opts = dict(spec.options)
+    known = {"path", "resize", "crop", "channels"}
+    bad = [k for k in opts if k not in known]
+    if bad:
+        raise GradleakError(f"dataset option '{bad[0]}' unknown; valid: {', '.join(sorted(known))}")
+
+    def as_int(key):
+        if key not in opts:
+            return None
+        try:
+            return int(opts[key])
+        except ValueError:
+            raise GradleakError(f"dataset option '{key}' must be an integer, got '{opts[key]}'") from None
+
+    return DatasetSpec(spec.name, split=split, resize=resize if resize is not None else as_int("resize"),
+                       crop=as_int("crop"), path=opts.get("path"), channels=as_int("channels"))
+
+
+def build_scenario_model(spec: AttackRunSpec, input_shape, num_classes):
+    model_spec = parse_spec(spec.model, "model")
+    options = dict(model_spec.options)
+    activation = spec.activation or options.pop("activation", None)
+    model = build_model(ModelSpec(model_spec.name, tuple(input_shape), num_classes,
+                                  activation=activation, seed=spec.seed, options=options))
+    return model
+
+
+def run_attack(spec: AttackRunSpec, progress: Callable[[int, int, float], None] | None = None
+               ) -> AttackRunResult:
+    """Run one scenario. Deterministic given `spec.seed`."""
+    start = time.perf_counter()
+    device = pick_device(spec.device)
+    attack_spec: ComponentSpec = parse_spec(spec.attack, "attack")
+    attack = make_attack(attack_spec)
+    chain = make_chain([parse_spec(d, "defense") for d in spec.defenses])
+    threat = make_threat_model(spec.threat, spec.knows)
+    threat.check(attack_spec.name, attack.needs())
+    training = TrainingSpec(lr=spec.lr, local_steps=spec.local_steps, local_epochs=spec.local_epochs,
+                            local_batch_size=spec.local_batch_size)
+
+    data = load_dataset(dataset_spec(spec.dataset, spec.split, spec.resize))
+    if data.modality not in attack.modalities:
+        raise GradleakError(f"attack '{attack_spec.name}' does not support {data.modality} data")
+    n_images = spec.images or spec.batch_size
+    others = chain.aggregate_clients - 1
+    needed = n_images + others * spec.batch_size
+    if needed > len(data):
+        raise GradleakError(f"dataset '{data.name}' has {len(data)} examples, the scenario needs {needed}")
+
+    model = build_scenario_model(spec, data.input_shape, data.num_classes)
+    if spec.checkpoint:
+        from .models.checkpoint import load_checkpoint
+        load_checkpoint(model, spec.checkpoint)
+    if spec.pretrain_steps:
+        model = _pretrained(model, spec)
+    model = chain.transform_model(model)
+    ctx = AttackContext(seed=spec.seed, device=device, progress=progress)
+    if attack.malicious:
+        model = attack.prepare_model(model, data.input_shape, data.num_classes, ctx)
+    model = model.to("cpu")
+
+    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(spec.seed))
+    targets = order[:n_images]
+    pool = order[n_images:]
+    prior = _prior_data(spec, data, targets) if "prior_data" in threat.grants else None
+
+    scores, originals, recons, iterations, extras = [], [], [], [], {}
+    n_batches = math.ceil(n_images / spec.batch_size)
+    for b in range(n_batches):
+        idx = targets[b * spec.batch_size:(b + 1) * spec.batch_size]
+        x, y = data.inputs[idx], data.labels[idx]
+        gen = torch.Generator().manual_seed(spec.seed * 7919 + b)
+        update = compute_update(model, x, y, training, chain, gen)
+        batch_total = x.shape[0]
+        if others:
+            updates = [update]
+            for k in range(others):
+                oidx = pool[(b * others + k) * spec.batch_size:(b * others + k + 1) * spec.batch_size]
+                updates.append(compute_update(model, data.inputs[oidx], data.labels[oidx], training,
+                                              chain, torch.Generator().manual_seed(spec.seed * 104729 + b * 31 + k)))
+            update = aggregate_updates(updates)
+            batch_total = update.samples
+        bn = capture_bn_statistics(model, x) if "bn_statistics" in threat.grants else None
+        obs = observe(update, copy.deepcopy(model), threat, input_shape=data.input_shape,
+                      num_classes=data.num_classes, training=training, batch_size=batch_total,
+                      labels=y, defenses=[str(d) for d in spec.defenses], modality=data.modality,
+                      bn_statistics=bn, prior_data=prior)
+        batch_ctx = AttackContext(seed=spec.seed * 7919 + b, device=device, progress=progress)
+        rec = attack.reconstruct(obs, batch_ctx)
+        batch_scores, aligned = score_batch(x, y, rec.inputs, rec.labels, data.modality, spec.lpips)
+        for s in batch_scores:
+            s.index += b * spec.batch_size
+        scores += batch_scores
+        originals.append(x)
+        recons.append(aligned)
+        iterations.append(rec.iterations)
+        for key, value in rec.extras.items():
+            extras.setdefault(key, []).append(value)
+
+    metrics = summarize(scores)
+    metrics["iterations"] = float(sum(iterations) / len(iterations))
+    return AttackRunResult(spec, metrics, [s.to_dict() for s in scores], time.perf_counter() - start,
+                           torch.cat(originals), torch.cat(recons), extras)
+
+
+def _pretrained(model, spec: AttackRunSpec):
+    from .models.training import pretrain
+
+    train = load_dataset(dataset_spec(spec.dataset, "train", spec.resize))
+    if train.samples_only:
+        raise GradleakError(f"dataset '{train.name}' ships only sample images; it cannot pre-train a model "
+                            "(use --checkpoint, or pre-train on mnist/fashion-mnist)")
+    pretrain(model, train, steps=spec.pretrain_steps, seed=spec.seed)
+    return model
+
+
+def _prior_data(spec: AttackRunSpec, data, targets):
+    """Held-out examples for attacks that may use the data distribution."""
+    if data.samples_only:
+        mask = torch.ones(len(data), dtype=torch.bool)
+        mask[targets] = False
+        return data.subset(mask.nonzero().flatten())
+    split = "train" if spec.split == "test" else "test"
+    return load_dataset(dataset_spec(spec.dataset, split, spec.resize))
+
+
+def write_outputs(result: AttackRunResult, out: str | Path) -> dict[str, Path]:
+    """result.json and grid.png in `out`, each written atomically."""
+    from .viz import save_grid
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "result.json", "grid": out / "grid.png"}
+    tmp = paths["json"].with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result.to_json(), indent=2))
+    tmp.replace(paths["json"])
+    if result.originals.dim() == 4:
+        save_grid(paths["grid"], result.originals, result.reconstructions)
+    else:
+        paths.pop("grid")
+    return paths

@@ -1,0 +1,76 @@
+"""Functional local training, shared by the client and by attackers.
+
+The client runs it without a graph; gradient-matching attacks run the very same
+function with `create_graph=True` to differentiate the simulated update with
+respect to candidate data. One code path means an attack matches exactly what
+the client computed (paper 02's τ-step FedAvg matching, CPL's local iterations).
+"""
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from .training import TrainingSpec
+
+Tensors = dict[str, torch.Tensor]
+
+
+def batch_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy; `targets` are class indices or (soft) label distributions."""
+    if targets.dtype.is_floating_point and targets.dim() == logits.dim():
+        return -(targets * F.log_softmax(logits, dim=-1)).sum(-1).mean()
+    return F.cross_entropy(logits, targets)
+
+
+class StepGradient(Protocol):
+    """Computes one local step's gradient; defenses that act during training
+    (DP-SGD's per-example clipping, Soteria) provide their own."""
+
+    def __call__(self, model: nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor,
+                 y: torch.Tensor, create_graph: bool) -> Tensors: ...
+
+
+def plain_gradient(model: nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor,
+                   y: torch.Tensor, create_graph: bool) -> Tensors:
+    logits = functional_call(model, (params, buffers), (x,))
+    loss = batch_loss(logits, y)
+    names = [n for n, p in params.items() if p.requires_grad]
+    grads = torch.autograd.grad(loss, [params[n] for n in names], create_graph=create_graph)
+    return dict(zip(names, grads))
+
+
+def local_update(model: nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor,
+                 y: torch.Tensor, training: TrainingSpec, *, create_graph: bool = False,
+                 step_gradient: StepGradient = plain_gradient,
+                 on_step: Callable[[int, Tensors], None] | None = None) -> tuple[str, Tensors]:
+    """Run the client's local computation; return (kind, tensors).
+
+    FedSGD returns the gradient; FedAvg returns `params_start - params_end`.
+    `params` must require grad (for the client: detached leaves with
+    requires_grad; for an attacker: the model's parameters).
+    """
+    samples = x.shape[0]
+    if training.is_fedsgd:
+        return "gradient", step_gradient(model, params, buffers, x, y, create_graph)
+    current = dict(params)
+    for step, idx in enumerate(training.step_indices(samples)):
+        index = torch.tensor(idx, device=x.device)
+        grads = step_gradient(model, current, buffers, x[index], y[index], create_graph)
+        current = {n: (p - training.lr * grads[n]) if n in grads else p for n, p in current.items()}
+        if not create_graph:
+            current = {n: p.detach().requires_grad_(params[n].requires_grad) for n, p in current.items()}
+        if on_step is not None:
+            on_step(step, grads)
+    return "delta", {n: params[n] - current[n] for n in params if params[n].requires_grad}
+
+
+def model_state(model: nn.Module, *, requires_grad: bool = True) -> tuple[Tensors, Tensors]:
+    """Detached copies of a model's parameters and buffers for functional use."""
+    params = {n: p.detach().clone().requires_grad_(requires_grad and p.requires_grad)
+              for n, p in model.named_parameters()}
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    return params, buffers

@@ -1,0 +1,135 @@
+"""Matching a reconstruction to the batch it came from, and scoring it.
+
+Batch order is not identifiable from an update, so reconstructions are first
+assigned to originals by the Hungarian algorithm on per-pair MSE — the
+permutation-invariant distance of paper 01 (Eq. 2) — and only then scored.
+
+Attack success (ASR, paper 03): CPL calls a reconstruction successful when the
+attack converges to the private example. We score that against ground truth:
+an example counts as reconstructed when its matched reconstruction has
+MSE ≤ 1e-3 (PSNR ≥ 30 dB for [0, 1] inputs), the level at which CPL's converged
+reconstructions (gradient distance ≤ 1e-4) are visually identical to the
+originals. ASR is the fraction of the batch's examples that are reconstructed.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from statistics import mean
+from typing import Literal
+
+import torch
+from scipy.optimize import linear_sum_assignment
+
+from .image import mse, psnr, ssim
+
+ASR_MSE_THRESHOLD = 1e-3
+
+
+@dataclass
+class ImageScore:
+    index: int  # position of the original in the attacked batch
+    label: int
+    recovered_label: int | None
+    mse: float
+    rmse: float
+    psnr: float | None
+    ssim: float | None
+    lpips: float | None
+    success: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def match_reconstruction(originals: torch.Tensor, candidates: torch.Tensor) -> list[int | None]:
+    """For each original, the index of its matched candidate (None if there are
+    fewer candidates than originals)."""
+    cost = torch.cdist(originals.flatten(1).double(), candidates.flatten(1).double()).pow(2)
+    rows, cols = linear_sum_assignment(cost.numpy())
+    assignment: list[int | None] = [None] * originals.shape[0]
+    for r, c in zip(rows, cols):
+        assignment[r] = int(c)
+    return assignment
+
+
+def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: torch.Tensor,
+                recovered_labels: torch.Tensor | None, modality: str = "image",
+                lpips: Literal["alex", "vgg", "none"] = "alex",
+                asr_mse: float = ASR_MSE_THRESHOLD) -> tuple[list[ImageScore], torch.Tensor]:
+    """Per-example scores of one attacked batch after Hungarian matching, and the
+    reconstruction reordered to the originals (zeros where nothing matched)."""
+    originals = originals.detach().float().cpu()
+    candidates = reconstruction.detach().float().cpu()
+    if candidates.shape[1:] != originals.shape[1:]:
+        raise ValueError(f"reconstruction shape {tuple(candidates.shape[1:])} does not match "
+                         f"the data shape {tuple(originals.shape[1:])}")
+    image = modality == "image"
+    if image:
+        candidates = candidates.clamp(0, 1)
+    assignment = match_reconstruction(originals, candidates) if len(candidates) else [None] * len(originals)
+    matched = [i for i, c in enumerate(assignment) if c is not None]
+    x = originals[matched]
+    r = candidates[[assignment[i] for i in matched]]
+    per = {}
+    if matched:
+        per["mse"] = mse(x, r)
+        if image:
+            per["psnr"] = psnr(x, r)
+            per["ssim"] = ssim(x, r)
+            if lpips != "none":
+                from .lpips import lpips_distance
+                per["lpips"] = lpips_distance(x, r, lpips)
+    scores = []
+    for i in range(originals.shape[0]):
+        label = int(labels[i])
+        if i in matched:
+            k = matched.index(i)
+            m = float(per["mse"][k])
+            scores.append(ImageScore(
+                index=i, label=label, recovered_label=None, mse=m, rmse=m ** 0.5,
+                psnr=float(per["psnr"][k]) if "psnr" in per else None,
+                ssim=float(per["ssim"][k]) if "ssim" in per else None,
+                lpips=float(per["lpips"][k]) if "lpips" in per else None,
+                success=m <= asr_mse))
+        else:
+            # Nothing reconstructed for this example: worst-case scores.
+            m = float(originals[i].pow(2).mean())
+            scores.append(ImageScore(i, label, None, m, m ** 0.5, None, 0.0 if image else None,
+                                     1.0 if image and lpips != "none" else None, False))
+    _assign_labels_by_count(scores, recovered_labels)
+    aligned = torch.zeros_like(originals)
+    for i in matched:
+        aligned[i] = candidates[assignment[i]]
+    return scores, aligned
+
+
+def _assign_labels_by_count(scores: list[ImageScore], recovered: torch.Tensor | None) -> None:
+    """Label accuracy is judged on the multiset: an example's label counts as
+    recovered if its class is still available among the recovered labels."""
+    if recovered is None:
+        return
+    pool = [int(v) for v in recovered]
+    for s in scores:
+        s.recovered_label = s.label if s.label in pool else (pool[0] if pool else None)
+        if s.label in pool:
+            pool.remove(s.label)
+        elif pool:
+            pool.pop(0)
+
+
+def summarize(scores: list[ImageScore]) -> dict:
+    """Means over all attacked examples, with the key names of the CLI contract."""
+    def avg(key):
+        values = [getattr(s, key) for s in scores if getattr(s, key) is not None]
+        return float(mean(values)) if values else None
+
+    labelled = [s for s in scores if s.recovered_label is not None]
+    return {
+        "mse": avg("mse"),
+        "rmse": avg("rmse"),
+        "psnr": avg("psnr"),
+        "ssim": avg("ssim"),
+        "lpips": avg("lpips"),
+        "label_acc": (sum(s.recovered_label == s.label for s in labelled) / len(labelled)) if labelled else None,
+        "asr": sum(s.success for s in scores) / len(scores) if scores else None,
+    }

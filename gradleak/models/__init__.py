@@ -1,0 +1,38 @@
+"""Models: one module per architecture, one registry line each."""
+from __future__ import annotations
+
+from ..registry import Registry
+from .base import ACTIVATIONS, ModelSpec, make_activation
+
+MODELS: Registry = Registry("model", {
+    "lenet": "gradleak.models.lenet:build_lenet",
+    "lenet5": "gradleak.models.lenet5:build_lenet5",
+    "convnet": "gradleak.models.convnet:build_convnet",
+    "resnet18": "gradleak.models.resnet:build_resnet18",
+    "resnet20": "gradleak.models.resnet:build_resnet20",
+    "vgg16": "gradleak.models.vgg:build_vgg16",
+    "mlp": "gradleak.models.mlp:build_mlp",
+    "twolayer": "gradleak.models.twolayer:build_twolayer",
+})
+
+__all__ = ["MODELS", "ModelSpec", "ACTIVATIONS", "make_activation", "build_model", "last_linear"]
+
+
+def build_model(spec: ModelSpec):
+    """Build `spec.name` for the spec's input shape / classes with seeded init."""
+    from .building import build
+
+    return build(spec)
+
+
+def last_linear(model):
+    """(qualified name, module) of the classifier head: the model's last nn.Linear."""
+    from torch import nn
+
+    found = None
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            found = (name, module)
+    if found is None:
+        raise ValueError("model has no linear layer")
+    return found

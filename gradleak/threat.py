@@ -1,0 +1,143 @@
+"""Threat models: what the server sees and what it is declared to know.
+
+An `Observation` carries the (defended) update, the model the server sent, and
+only the knowledge its threat model grants. Attacks declare what they need; a
+threat model that does not grant it refuses the attack before it runs, and
+`Observation.get` refuses at access time, so no attack peeks at ground truth.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import GradleakError
+from .fl.training import TrainingSpec
+from .fl.update import Update
+
+# Every piece of knowledge a threat model can grant, with what it means.
+KNOWLEDGE: dict[str, str] = {
+    "batch_size": "how many examples the client trained on",
+    "local_training": "the client's learning rate, local steps/epochs and local batch size",
+    "defenses": "which defenses (with parameters) the client applies",
+    "labels": "the ground-truth labels of the client's batch",
+    "bn_statistics": "the batch-norm mean/variance of the client's batch at every BN layer",
+    "prior_data": "held-out examples from the client's data distribution",
+    "malicious_model": "the server may modify the model it sends before the client trains",
+}
+
+# Presets. "honest" is the honest-but-curious server of the gradient-inversion
+# literature: it chose the training protocol, so it knows batch size, local
+# hyper-parameters and the defenses, but nothing about the data.
+PRESETS: dict[str, frozenset[str]] = {
+    "honest": frozenset({"batch_size", "local_training", "defenses"}),
+    "informed": frozenset({"batch_size", "local_training", "defenses", "labels", "bn_statistics",
+                           "prior_data"}),
+    "malicious": frozenset({"batch_size", "local_training", "defenses", "malicious_model"}),
+}
+
+
+@dataclass(frozen=True)
+class ThreatModel:
+    name: str
+    grants: frozenset[str]
+
+    def check(self, attack_name: str, needs: frozenset[str]) -> None:
+        missing = sorted(needs - self.grants)
+        if missing:
+            hint = ("--threat malicious" if "malicious_model" in missing
+                    else "--knows " + ",".join(missing))
+            raise GradleakError(
+                f"attack '{attack_name}' needs {', '.join(missing)}, which threat model "
+                f"'{self.name}' does not grant; add {hint}")
+
+
+def make_threat_model(name: str = "honest", extra: tuple[str, ...] | list[str] = ()) -> ThreatModel:
+    if name not in PRESETS:
+        raise GradleakError(f"unknown threat model '{name}'; choose from: {', '.join(PRESETS)}")
+    unknown = [k for k in extra if k not in KNOWLEDGE]
+    if unknown:
+        raise GradleakError(f"unknown knowledge '{unknown[0]}'; choose from: {', '.join(KNOWLEDGE)}")
+    grants = PRESETS[name] | frozenset(extra)
+    label = name if not extra else f"{name}+{'+'.join(sorted(extra))}"
+    return ThreatModel(label, grants)
+
+
+@dataclass
+class Observation:
+    """What the server has when it attacks one client update."""
+
+    update: Update
+    model: nn.Module  # the model the server sent (attacks must not modify it)
+    input_shape: tuple[int, ...]
+    num_classes: int
+    threat: ThreatModel
+    modality: str = "image"
+    _knowledge: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def knows(self, key: str) -> bool:
+        return key in self.threat.grants and key in self._knowledge
+
+    def get(self, key: str) -> Any:
+        if key not in KNOWLEDGE:
+            raise KeyError(key)
+        if key not in self.threat.grants:
+            raise GradleakError(f"threat model '{self.threat.name}' does not grant '{key}'")
+        if key not in self._knowledge:
+            raise GradleakError(f"'{key}' is not available in this observation")
+        return self._knowledge[key]
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.get("batch_size"))
+
+    @property
+    def training(self) -> TrainingSpec:
+        return self.get("local_training")
+
+
+def observe(update: Update, model: nn.Module, threat: ThreatModel, *, input_shape: tuple[int, ...],
+            num_classes: int, training: TrainingSpec, batch_size: int, labels: torch.Tensor,
+            defenses: list[str], modality: str = "image",
+            bn_statistics: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+            prior_data: Any = None) -> Observation:
+    """Build the server's view, keeping only what `threat` grants."""
+    available = {
+        "batch_size": batch_size,
+        "local_training": training,
+        "defenses": list(defenses),
+        "labels": labels.clone(),
+        "bn_statistics": bn_statistics,
+        "prior_data": prior_data,
+        "malicious_model": True,
+    }
+    knowledge = {k: v for k, v in available.items() if k in threat.grants and v is not None}
+    return Observation(update, model, tuple(input_shape), num_classes, threat, modality, knowledge)
+
+
+def capture_bn_statistics(model: nn.Module, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per-BN-layer (mean, biased var) of the batch x, in module order, without
+    touching the model's running statistics."""
+    stats: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def hook(_module, inputs, _output):
+        h = inputs[0].detach()
+        dims = [0] + list(range(2, h.dim()))
+        stats.append((h.mean(dims), h.var(dims, unbiased=False)))
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not handles:
+        return []
+    saved = {n: b.clone() for n, b in model.named_buffers()}
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+        for n, b in model.named_buffers():
+            b.copy_(saved[n])
+    return stats

@@ -1,0 +1,178 @@
+"""The spine end to end: client update, threat model, label recovery, IG, scoring, CLI."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gradleak.attacks import AttackContext, make_attack
+from gradleak.attacks.labels import recover_labels
+from gradleak.errors import GradleakError
+from gradleak.fl import TrainingSpec, compute_update
+from gradleak.metrics import score_batch, summarize
+from gradleak.models import ModelSpec, build_model
+from gradleak.threat import make_threat_model, observe
+
+
+def _observation(dataset, idx, training=TrainingSpec(), threat="honest", model=None, knows=()):
+    x, y = dataset.inputs[idx], dataset.labels[idx]
+    model = model or build_model(ModelSpec("lenet", dataset.input_shape, dataset.num_classes, seed=0))
+    update = compute_update(model, x, y, training)
+    obs = observe(update, model, make_threat_model(threat, knows), input_shape=dataset.input_shape,
+                  num_classes=dataset.num_classes, training=training, batch_size=len(idx), labels=y,
+                  defenses=[])
+    return x, y, obs
+
+
+def test_fedsgd_gradient_matches_autograd(mnist_test):
+    model = build_model(ModelSpec("lenet", (1, 28, 28), 10, seed=1))
+    x, y = mnist_test.inputs[:4], mnist_test.labels[:4]
+    update = compute_update(model, x, y, TrainingSpec())
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    for (name, tensor), g in zip(update.tensors.items(), grads):
+        assert torch.allclose(tensor, g, atol=1e-6), name
+    assert update.kind == "gradient" and update.samples == 4
+
+
+def test_fedavg_delta_is_lr_times_gradient_for_one_step_and_replays(mnist_test):
+    model = build_model(ModelSpec("lenet", (1, 28, 28), 10, seed=1))
+    x, y = mnist_test.inputs[:4], mnist_test.labels[:4]
+    grad = compute_update(model, x, y, TrainingSpec(lr=0.05))
+    one = compute_update(model, x, y, TrainingSpec(lr=0.05, local_steps=1, local_batch_size=4))
+    assert one.kind == "delta"
+    for name in grad.tensors:
+        assert torch.allclose(one.tensors[name], 0.05 * grad.tensors[name], atol=1e-7)
+    # five steps of mini-batch 2 differ from the FedSGD gradient direction
+    five = compute_update(model, x, y, TrainingSpec(lr=0.05, local_steps=5, local_batch_size=2))
+    assert five.steps == 5 and five.batch_size == 2
+    cos = torch.nn.functional.cosine_similarity(five.flat(), grad.flat(), dim=0)
+    assert 0.3 < cos < 0.9999
+
+
+def test_threat_model_refuses_ungranted_knowledge(mnist_test):
+    _, _, obs = _observation(mnist_test, [0])
+    with pytest.raises(GradleakError, match="does not grant 'labels'"):
+        obs.get("labels")
+    with pytest.raises(GradleakError, match="needs labels"):
+        make_threat_model("honest").check("x", frozenset({"labels"}))
+    _, y, informed = _observation(mnist_test, [0], knows=("labels",))
+    assert informed.get("labels").tolist() == y.tolist()
+
+
+def test_idlg_recovers_single_labels(mnist_test):
+    for i in range(10):
+        _, y, obs = _observation(mnist_test, [i])
+        assert recover_labels(obs).tolist() == y.tolist()
+
+
+def test_label_counts_for_batches(mnist_test):
+    model = build_model(ModelSpec("lenet", (1, 28, 28), 10, seed=0))
+    correct = total = 0
+    for start in range(0, 80, 8):
+        idx = list(range(start, start + 8))
+        _, y, obs = _observation(mnist_test, idx, model=model)
+        rec = recover_labels(obs)
+        assert len(rec) == 8
+        pool = rec.tolist()
+        for label in y.tolist():
+            total += 1
+            if label in pool:
+                pool.remove(label)
+                correct += 1
+    assert correct / total >= 0.9, correct / total
+
+
+def test_hungarian_matching_undoes_permutation(mnist_test):
+    x, y = mnist_test.inputs[:6], mnist_test.labels[:6]
+    perm = torch.tensor([3, 5, 0, 1, 4, 2])
+    scores, aligned = score_batch(x, y, x[perm] + 0.01, y[perm], lpips="none")
+    assert torch.allclose(aligned, (x + 0.01).clamp(0, 1))
+    summary = summarize(scores)
+    assert summary["label_acc"] == 1.0 and summary["asr"] == 1.0
+    assert abs(summary["psnr"] - 40.0) < 0.5
+
+
+def test_inverting_gradients_reconstructs_mnist(mnist_test):
+    attack = make_attack("ig:iterations=2500")
+    psnrs = []
+    for i in (0, 1):
+        x, y, obs = _observation(mnist_test, [i])
+        rec = attack.reconstruct(obs, AttackContext(seed=i))
+        scores, _ = score_batch(x, y, rec.inputs, rec.labels, lpips="alex")
+        psnrs.append(scores[0].psnr)
+        assert scores[0].recovered_label == int(y[0])
+        assert scores[0].lpips < 0.2
+    assert sum(psnrs) / len(psnrs) >= 25, psnrs
+
+
+def test_noise_defense_changes_update_and_hurts_ig(mnist_test):
+    from gradleak.defenses import make_chain
+
+    model = build_model(ModelSpec("lenet", (1, 28, 28), 10, seed=0))
+    x, y = mnist_test.inputs[:1], mnist_test.labels[:1]
+    clean = compute_update(model, x, y, TrainingSpec())
+    noisy = compute_update(model, x, y, TrainingSpec(), make_chain(["noise:sigma=0.05"]),
+                           torch.Generator().manual_seed(0))
+    diff = (noisy.flat() - clean.flat())
+    assert abs(float(diff.std()) - 0.05) < 0.005
+    obs = observe(noisy, model, make_threat_model(), input_shape=(1, 28, 28), num_classes=10,
+                  training=TrainingSpec(), batch_size=1, labels=y, defenses=["noise"])
+    rec = make_attack("ig:iterations=600").reconstruct(obs, AttackContext())
+    scores, _ = score_batch(x, y, rec.inputs, rec.labels, lpips="none")
+    assert scores[0].psnr < 20  # the clean update gives >= 25 dB (test above)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "gradleak", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_cli_attack_json_contract(tmp_path):
+    proc = _cli("attack", "--dataset", "mnist", "--model", "lenet", "--batch-size", "1", "--attack",
+                "ig:iterations=300", "--images", "1", "--json", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    lines = [l for l in proc.stdout.splitlines() if l.strip()]
+    assert len(lines) == 1
+    result = json.loads(lines[0])
+    for key in ("attack", "defenses", "dataset", "model", "batch_size", "n_images", "metrics", "seconds",
+                "per_image"):
+        assert key in result
+    for key in ("mse", "psnr", "ssim", "lpips", "label_acc", "asr", "iterations"):
+        assert key in result["metrics"]
+    assert result["metrics"]["label_acc"] == 1.0
+    assert (tmp_path / "grid.png").stat().st_size > 100
+    assert json.loads((tmp_path / "result.json").read_text())["n_images"] == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["attack", "--dataset", "nope", "--model", "lenet", "--attack", "ig"], "unknown dataset 'nope'"),
+    (["attack", "--dataset", "mnist", "--model", "lenet", "--attack", "ig:bogus=1"], "no option 'bogus'"),
+    (["attack", "--dataset", "mnist", "--model", "lenet", "--attack", "ig:iterations=abc"], "not an integer"),
+    (["attack", "--dataset", "mnist", "--model", "lenet", "--attack", "ig", "--defense", "noise:sigma=-1"],
+     "sigma must be >= 0"),
+    (["attack", "--dataset", "mnist", "--model", "lenet", "--attack", "ig", "--batch-size", "0"],
+     "batch-size"),
+    (["attack", "--dataset", "mnist", "--model", "lenet", "--attack", "ig", "--images", "999999"],
+     "needs 999999"),
+    (["attack", "--dataset", "image-folder:path=/does/not/exist", "--model", "lenet", "--attack", "ig"],
+     "exist"),
+    (["list", "widgets"], "invalid choice"),
+    (["attack", "--model", "lenet"], "required"),
+])
+def test_cli_bad_input_is_one_line_exit_2(args, message):
+    proc = _cli(*args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert message in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_list_names():
+    proc = _cli("list", "attacks")
+    assert proc.returncode == 0 and "ig" in proc.stdout
+    proc = _cli("list")
+    for name in ("mnist", "lenet", "noise", "ig"):
+        assert name in proc.stdout
