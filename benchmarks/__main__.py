@@ -15,7 +15,7 @@ from pathlib import Path
 def main(argv: list[str]) -> int:
     quick = "--quick" in argv
     wanted = [a for a in argv if not a.startswith("--")]
-    names = sorted(m.name[len("bench_"):] for m in pkgutil.iter_modules([str(Path(__file__).parent))
+    names = sorted(m.name[len("bench_"):] for m in pkgutil.iter_modules([str(Path(__file__).parent)])
                    if m.name.startswith("bench_"))
     unknown = [w for w in wanted if w not in names]
     if unknown:

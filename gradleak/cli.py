@@ -14,8 +14,15 @@ from .errors import GradleakError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "attack": ("gradleak.commands.attack", "run one attack scenario and score it"),
+    "inspect-model": ("gradleak.commands.inspect_model", "checks a client would run on a malicious server's model"),
     "list": ("gradleak.commands.listing", "list attacks, defenses, datasets or models"),
     "demo": ("gradleak.commands.demo", "run the main job on the embedded default and write the report"),
+    "sweep": ("gradleak.commands.sweep", "run a sweep spec (YAML) into a results store, skipping finished cells"),
+    "report": ("gradleak.commands.report", "write the static HTML report of a results store"),
+    "bound": ("gradleak.commands.bound", "two-layer-net reconstruction lower bound + Table 1 scalings per defense"),
+    "bound-study": ("gradleak.commands.bound_study", "sweep d, m, B, defenses: tensor attack vs. the bounds"),
+    "utility": ("gradleak.commands.utility", "FedAvg utility (loss, accuracy, ε) of a defense on non-IID clients"),
+    "train-postprocessor": ("gradleak.commands.train_postprocessor", "train ROG's enhancement U-Net on offline photos"),
 }
 
 

@@ -165,15 +165,14 @@ def run_attack(spec: AttackRunSpec, progress: Callable[[int, int, float], None] 
     if spec.pretrain_steps:
         model = _pretrained(model, spec)
     model = chain.transform_model(model)
-    ctx = AttackContext(seed=spec.seed, device=device, progress=progress)
-    if attack.malicious:
-        model = attack.prepare_model(model, data.input_shape, data.num_classes, ctx)
-    model = model.to("cpu")
-
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(spec.seed))
     targets = order[:n_images]
     pool = order[n_images:]
     prior = _prior_data(spec, data, targets) if "prior_data" in threat.grants else None
+    ctx = AttackContext(seed=spec.seed, device=device, progress=progress, prior_data=prior)
+    if attack.malicious:
+        model = attack.prepare_model(model, data.input_shape, data.num_classes, ctx)
+    model = model.to("cpu")
 
     scores, originals, recons, iterations, extras = [], [], [], [], {}
     n_batches = math.ceil(n_images / spec.batch_size)

@@ -7,6 +7,18 @@ from .base import Attack, AttackContext, Reconstruction
 
 ATTACKS: Registry = Registry("attack", {
     "ig": "gradleak.attacks.ig:InvertingGradients",
+    "fc-analytic": "gradleak.attacks.fc_analytic:FCAnalytic",
+    "rtf": "gradleak.attacks.rtf:RobbingTheFed",
+    "fishing": "gradleak.attacks.fishing:ClassFishing",
+    "cpa": "gradleak.attacks.cpa:CocktailParty",
+    "tensor": "gradleak.attacks.tensor:TensorAttack",
+    "mkor": "gradleak.attacks.mkor:MKOR",
+    "dlg": "gradleak.attacks.dlg:DLG",
+    "cpl": "gradleak.attacks.cpl:CPL",
+    "gradinversion": "gradleak.attacks.gradinversion:GradInversion",
+    "feature-prior": "gradleak.attacks.feature_prior:FeaturePriorAttack",
+    "rog": "gradleak.attacks.rog:ROG",
+    "rog-sign": "gradleak.attacks.rog:ROGSign",
 })
 
 __all__ = ["ATTACKS", "Attack", "AttackContext", "Reconstruction", "make_attack"]

@@ -35,6 +35,8 @@ class AttackContext:
     device: torch.device = torch.device("cpu")
     # progress(iteration, total, objective) for live bars; None = silent
     progress: Callable[[int, int, float], None] | None = None
+    # Held-out data for prepare_model, set only when the threat model grants prior_data.
+    prior_data: Any = None
 
     def generator(self, offset: int = 0) -> torch.Generator:
         return torch.Generator().manual_seed(self.seed * 1_000_003 + offset)

@@ -1,37 +1,42 @@
-"""`gradleak demo`: the main job on the embedded default (MNIST, LeNet)."""
+"""`gradleak demo`: the embedded default sweep (gradleak/configs/demo.yaml) on
+MNIST/LeNet, stored in DIR/results.db, reported to DIR/index.html, and the
+strongest-attack table printed."""
 from __future__ import annotations
 
 import argparse
 import json
+from importlib import resources
 from pathlib import Path
 
-from ..experiment import AttackRunSpec, run_attack, write_outputs
+from ..report import format_strongest, write_report
+from ..store import ResultStore
+from ..sweep import parse_sweep, run_sweep
 
-# The embedded default: a small leakage study that runs in a few minutes on 2 CPU cores.
-DEFAULT_SCENARIOS = [
-    AttackRunSpec(dataset="mnist", model="lenet", attack="ig:iterations=1500", batch_size=1, images=2),
-    AttackRunSpec(dataset="mnist", model="lenet", attack="ig:iterations=1500", batch_size=1, images=2,
-                  defenses=("noise:sigma=0.01",)),
-    AttackRunSpec(dataset="mnist", model="lenet", attack="ig:iterations=1500", batch_size=1, images=2,
-                  defenses=("clip:bound=0.1", "noise:sigma=0.001")),
-]
+
+def demo_spec_text() -> str:
+    return resources.files("gradleak").joinpath("configs/demo.yaml").read_text()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="gradleak-demo", help="report directory")
+    p.add_argument("--out", default="gradleak-demo", help="report directory (also holds results.db)")
+    p.add_argument("--workers", type=int, default=None, help="local worker processes (default: number of cores)")
+    p.add_argument("--executor", default="local", choices=["local", "ray"])
+    p.add_argument("--address", default=None, help="Ray cluster address (with --executor ray)")
+    p.add_argument("--json", action="store_true", help="no progress bars; print one JSON object on stdout")
 
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    rows = []
-    for i, spec in enumerate(DEFAULT_SCENARIOS):
-        result = run_attack(spec)
-        write_outputs(result, out / f"scenario-{i}")
-        m = result.metrics
-        rows.append({"attack": spec.attack, "defenses": list(spec.defenses), **m,
-                     "seconds": result.seconds})
-        print(f"{spec.attack:24s} {', '.join(spec.defenses) or 'none':32s} "
-              f"PSNR {m['psnr']:.1f}  SSIM {m['ssim']:.3f}  LPIPS {m['lpips']:.3f}  ASR {m['asr']:.2f}")
-    (out / "summary.json").write_text(json.dumps(rows, indent=2))
-    print(f"report written to {out}/")
+    sweep = parse_sweep(demo_spec_text(), "gradleak/configs/demo.yaml")
+    out.mkdir(parents=True, exist_ok=True)
+    with ResultStore(out / "results.db") as store:
+        summary = run_sweep(sweep, store, workers=args.workers, executor=args.executor,
+                            address=args.address, show_progress=not args.json)
+    report = write_report(out / "results.db", out)
+    if args.json:
+        print(json.dumps({"sweep": summary, "html": report["html"], "strongest": report["strongest"]}))
+    else:
+        print(format_strongest(report["strongest"]))
+        print(f"{summary['cells']} cells ({summary['skipped']} already stored) in {summary['seconds']:.0f} s; "
+              f"report: {report['html']}")
     return 0

@@ -1,0 +1,116 @@
+"""Optimisation attacks: CPL's ASR and iterations, IG's PSNR, and the cost of a
+gradient-matching iteration relative to a training step (issue 3 targets).
+
+`run(quick)` prints ASR / iteration counts / PSNR / cost ratios as JSON. Times
+are wall-clock on CPU with one thread; on a shared machine they are inflated.
+"""
+from __future__ import annotations
+
+import time
+from statistics import mean
+
+import torch
+
+from gradleak.attacks.matching import UpdateSimulator, update_distance
+from gradleak.experiment import AttackRunSpec, run_attack
+from gradleak.fl import TrainingSpec, compute_update
+from gradleak.fl.local import local_update, model_state
+from gradleak.models import ModelSpec, build_model
+from gradleak.threat import make_threat_model, observe
+
+
+def cpl_summary(dataset: str, model: str, attack: str, images: int, batch_size: int = 1, **spec) -> dict:
+    result = run_attack(AttackRunSpec(dataset=dataset, model=model, attack=attack, batch_size=batch_size,
+                                      images=images, lpips="none", seed=0, **spec))
+    converged = result.extras.get("converged", [])
+    return {"asr": round(result.metrics["asr"], 3),
+            "attack_converged": round(mean(converged), 3) if converged else None,
+            "mean_iterations": round(result.metrics["iterations"], 2),
+            "psnr": round(result.metrics["psnr"], 2), "label_acc": round(result.metrics["label_acc"], 3),
+            "images": len(result.per_image), "seconds": round(result.seconds, 1)}
+
+
+MODELS = {  # model -> (dataset input shape, classes)
+    "lenet": ((1, 28, 28), 10),
+    "convnet": ((3, 32, 32), 10),
+    "resnet20": ((3, 32, 32), 10),
+    "resnet18": ((3, 32, 32), 10),
+    "vgg16": ((3, 32, 32), 10),
+    "mlp": ((1, 28, 28), 10),
+}
+
+
+def iteration_cost(name: str, batch_size: int, repeats: int) -> dict:
+    """Seconds of one IG-style matching iteration (simulate the update with a graph,
+    cosine distance, backward to the candidate, Adam step) vs one SGD training step."""
+    shape, classes = MODELS[name]
+    model = build_model(ModelSpec(name, shape, classes, seed=0))
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand((batch_size, *shape), generator=gen)
+    y = torch.randint(classes, (batch_size,), generator=gen)
+    training = TrainingSpec(lr=0.1)
+    obs = observe(compute_update(model, x, y, training), model, make_threat_model("honest"),
+                  input_shape=shape, num_classes=classes, training=training, batch_size=batch_size,
+                  labels=y, defenses=[])
+    sim = UpdateSimulator(obs)
+    candidate = torch.rand_like(x).requires_grad_(True)
+    attack_opt = torch.optim.Adam([candidate], lr=0.1)
+
+    def matching_iteration():
+        attack_opt.zero_grad(set_to_none=True)
+        update_distance(sim(candidate, y), sim.target, "cosine").backward()
+        attack_opt.step()
+
+    params, buffers = model_state(model)
+
+    def training_step():
+        _, grads = local_update(model, params, buffers, x, y, training)
+        with torch.no_grad():
+            for n, g in grads.items():
+                params[n].sub_(0.1 * g)
+
+    def timed(fn):
+        fn()  # warm-up
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        return (time.perf_counter() - start) / repeats
+
+    # interleave to share the machine's contention evenly between the two
+    match_s, train_s = [], []
+    for _ in range(3):
+        train_s.append(timed(training_step))
+        match_s.append(timed(matching_iteration))
+    match, train = min(match_s), min(train_s)
+    return {"matching_ms": round(1e3 * match, 2), "training_ms": round(1e3 * train, 2),
+            "ratio": round(match / train, 2)}
+
+
+def run(quick: bool) -> dict:
+    torch.set_num_threads(1)
+    n_mnist = 6 if quick else 20
+    out: dict = {"note": "CPU, 1 thread, shared machine: seconds are inflated"}
+    out["cpl_mnist_lenet_b1"] = {
+        "random": cpl_summary("mnist", "lenet", "cpl:init=random", n_mnist),
+        "patterned_2x2": cpl_summary("mnist", "lenet", "cpl:init=patterned,tile=2", n_mnist),
+        "patterned_4x4": cpl_summary("mnist", "lenet", "cpl:init=patterned,tile=4", n_mnist),
+    }
+    out["cpl_cifar10_lenet_b1"] = cpl_summary("cifar10", "lenet", "cpl", 3 if quick else 20)
+    lfw = {}
+    for batch in (1, 2, 4, 8, 16):
+        images = batch * (1 if quick else max(1, 16 // batch))
+        lfw[f"b{batch}"] = cpl_summary("lfw-faces", "lenet", "cpl", images, batch_size=batch)
+    asrs = [lfw[f"b{b}"]["asr"] for b in (1, 2, 4, 8, 16)]
+    lfw["asr_monotone_non_increasing"] = all(a >= b for a, b in zip(asrs, asrs[1:]))
+    out["cpl_lfw_lenet"] = lfw
+    ig = run_attack(AttackRunSpec(dataset="cifar10", model="convnet",
+                                  attack="ig:iterations=300" if quick else "ig",
+                                  images=1 if quick else 4, lpips="none", seed=0))
+    out["ig_cifar10_convnet_b1"] = {"psnr": round(ig.metrics["psnr"], 2),
+                                    "per_image": [round(p["psnr"], 2) for p in ig.per_image],
+                                    "iterations": ig.metrics["iterations"], "seconds": round(ig.seconds, 1),
+                                    "target_psnr": 25}
+    out["matching_vs_training_cost_b8"] = {
+        name: iteration_cost(name, 8, 2 if quick or name in ("resnet18", "vgg16") else 5) for name in MODELS}
+    out["cost_ratio_target"] = 2.5
+    return out

@@ -1,0 +1,178 @@
+"""Paper 01's defense criterion over a results store.
+
+Eq. (3): E(D) = min_A d(S, A(D(G))) — a defense is as strong as its error
+against the most effective attack. For every scenario (dataset, model, batch
+size, local steps) and every defense × strength we pick, per metric, the attack
+with the best reconstruction (lowest MSE/LPIPS, highest PSNR/SSIM/ASR), then
+attach the utility loss measured by the utility runs and mark the
+utility–privacy frontier (no other defense has both less utility loss and a
+larger best-attack error).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from statistics import mean
+
+from .store import CellRecord
+
+# metric → True when a larger value means a better reconstruction (stronger attack)
+ATTACK_METRICS = {"mse": False, "psnr": True, "ssim": True, "lpips": False, "asr": True}
+# utility metrics, in order of preference, and whether larger is better
+UTILITY_METRICS = (("test_accuracy", True), ("accuracy", True), ("final_loss", False),
+                   ("train_loss", False), ("loss", False))
+SCENARIO_KEYS = ("dataset", "model", "batch_size", "local_steps")
+
+
+def _avg(values):
+    values = [v for v in values if v is not None]
+    return float(mean(values)) if values else None
+
+
+def attack_rows(cells: list[CellRecord]) -> list[dict]:
+    """One row per (scenario, defense, strength, attack): metrics averaged over seeds."""
+    groups: dict[tuple, list[CellRecord]] = defaultdict(list)
+    for c in cells:
+        if c.kind != "attack":
+            continue
+        lab = c.labels
+        groups[(*[lab[k] for k in SCENARIO_KEYS], lab["defense"], lab["strength"], lab["attack_spec"])].append(c)
+    rows = []
+    for key, members in groups.items():
+        lab = members[0].labels
+        metric_names = sorted({k for m in members for k in m.metrics})
+        row = {**{k: lab[k] for k in SCENARIO_KEYS}, "defense": lab["defense"], "strength": lab["strength"],
+               "attack": lab["attack"], "attack_spec": lab["attack_spec"], "init": lab.get("init"),
+               "seeds": len(members), "seconds": _avg([m.seconds for m in members]),
+               "keys": [m.key for m in members]}
+        for name in metric_names:
+            values = [m.metrics.get(name) for m in members]
+            row[name] = _avg([v for v in values if isinstance(v, (int, float))])
+        rows.append(row)
+    rows.sort(key=lambda r: (*[str(r[k]) for k in SCENARIO_KEYS], r["defense"] != "none", r["defense"],
+                             r["strength"], r["attack_spec"]))
+    return rows
+
+
+def utility_table(cells: list[CellRecord]) -> dict[tuple, dict]:
+    """(dataset, model, defense, strength) → averaged utility metrics (over seeds)."""
+    groups: dict[tuple, list[CellRecord]] = defaultdict(list)
+    for c in cells:
+        if c.kind == "utility":
+            lab = c.labels
+            groups[(lab["dataset"], lab["model"], lab["defense"], lab["strength"])].append(c)
+    table = {}
+    for key, members in groups.items():
+        names = {k for m in members for k, v in m.metrics.items() if isinstance(v, (int, float))}
+        table[key] = {n: _avg([m.metrics.get(n) for m in members]) for n in names}
+    return table
+
+
+def _utility_metric(table: dict) -> tuple[str, bool] | None:
+    for name, higher in UTILITY_METRICS:
+        if any(row.get(name) is not None for row in table.values()):
+            return name, higher
+    return None
+
+
+def strongest_attacks(cells: list[CellRecord]) -> list[dict]:
+    """Paper 01 Eq. (3) per scenario × defense × strength, with utility loss and frontier flags."""
+    rows = attack_rows(cells)
+    utilities = utility_table(cells)
+    metric = _utility_metric(utilities)
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[(*[r[k] for k in SCENARIO_KEYS], r["defense"], r["strength"])].append(r)
+    out = []
+    for key, members in groups.items():
+        first = members[0]
+        entry = {**{k: first[k] for k in SCENARIO_KEYS}, "defense": first["defense"], "strength": first["strength"],
+                 "attacks": len(members)}
+        for name, higher in ATTACK_METRICS.items():
+            scored = [m for m in members if m.get(name) is not None]
+            if not scored:
+                entry[name] = entry[f"best_{name}"] = None
+                continue
+            best = (max if higher else min)(scored, key=lambda m: m[name])
+            tied = [m["attack_spec"] for m in scored if m[name] == best[name]]
+            entry[name] = best[name]
+            entry[f"best_{name}"] = "(all tie)" if len(tied) == len(scored) > 1 else ", ".join(tied)
+        entry.update(_utility_loss(entry, utilities, metric))
+        out.append(entry)
+    _mark_frontier(out)
+    return out
+
+
+def _utility_loss(entry: dict, utilities: dict, metric: tuple[str, bool] | None) -> dict:
+    empty = {"utility_metric": None, "utility": None, "utility_loss": None}
+    if metric is None:
+        return empty
+    name, higher = metric
+    base = (entry["dataset"], entry["model"])
+    mine = utilities.get((*base, entry["defense"], entry["strength"]))
+    baseline = utilities.get((*base, "none", ""))
+    if mine is None or baseline is None or mine.get(name) is None or baseline.get(name) is None:
+        return {**empty, "utility_metric": name}
+    loss = (baseline[name] - mine[name]) if higher else (mine[name] - baseline[name])
+    return {"utility_metric": name, "utility": mine[name], "utility_loss": loss}
+
+
+def _mark_frontier(entries: list[dict]) -> None:
+    """Within each scenario: a defense setting is on the frontier when no other has
+    lower-or-equal utility loss and a strictly larger best-attack MSE (or equal
+    MSE and strictly lower utility loss)."""
+    by_scenario: dict[tuple, list[dict]] = defaultdict(list)
+    for e in entries:
+        e["frontier"] = None
+        if e.get("utility_loss") is not None and e.get("mse") is not None:
+            by_scenario[tuple(e[k] for k in SCENARIO_KEYS)].append(e)
+    for members in by_scenario.values():
+        for e in members:
+            e["frontier"] = not any(
+                (o["utility_loss"] <= e["utility_loss"] and o["mse"] > e["mse"])
+                or (o["utility_loss"] < e["utility_loss"] and o["mse"] >= e["mse"])
+                for o in members if o is not e)
+
+
+def study_tables(cells: list[CellRecord]) -> dict[str, list[dict]]:
+    """Paper 03-style studies: ASR and iterations per attack as one factor varies
+    (the others averaged): initialisation, batch size, local iterations, compression."""
+    rows = attack_rows(cells)
+    factors = {
+        "initialisation": lambda r: r.get("init") or "default",
+        "batch size": lambda r: r["batch_size"],
+        "local iterations": lambda r: r["local_steps"],
+        "compression": _compression,
+    }
+    tables = {}
+    for title, factor in factors.items():
+        groups: dict[tuple, list[dict]] = defaultdict(list)
+        for r in rows:
+            value = factor(r)
+            if value is not None:
+                groups[(r["attack"], value)].append(r)
+        values = {k[1] for k in groups}
+        if len(values) < 2:  # nothing varied along this factor in this store
+            continue
+        table = [{"attack": attack, title: value, "asr": _avg([m.get("asr") for m in members]),
+                  "iterations": _avg([m.get("iterations") for m in members]),
+                  "psnr": _avg([m.get("psnr") for m in members]), "cells": len(members)}
+                 for (attack, value), members in groups.items()]
+        table.sort(key=lambda t: (t["attack"], _sortable(t[title])))
+        tables[title] = table
+    return tables
+
+
+_COMPRESSION_DEFENSES = {"prune", "topk", "dgc", "dropout"}
+
+
+def _compression(row: dict) -> str | None:
+    """Compression level for sparsifying defenses ('none' for the undefended run)."""
+    if row["defense"] == "none":
+        return "none"
+    if row["defense"] in _COMPRESSION_DEFENSES:
+        return f"{row['defense']} {row['strength']}"
+    return None
+
+
+def _sortable(value):
+    return (0, value, "") if isinstance(value, (int, float)) else (1, 0, str(value))

@@ -1,0 +1,77 @@
+"""Starting points of optimisation attacks (CPL's initialisation study, paper 03 §3.1).
+
+random (Gaussian, as DLG's code), uniform, randn and gray come from
+`matching.random_init` (DLG, IG); CPL adds
+geometric seeds: patterned (a random patch tiled tile×tile over the input),
+dark, light, solid red/green/blue, and optimal (a same-class example from the
+held-out data the threat model may grant as `prior_data`).
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+
+from ..errors import GradleakError
+from .matching import random_init
+
+InitKind = Literal["random", "uniform", "randn", "gray", "patterned", "dark", "light", "r", "g", "b", "optimal"]
+SOLID_CHANNEL = {"r": 0, "g": 1, "b": 2}
+
+
+def initial_inputs(kind: InitKind, shape: tuple[int, ...], generator: torch.Generator, *,
+                   tile: int = 2, labels: torch.Tensor | None = None, prior_data: Any = None
+                   ) -> torch.Tensor:
+    """A batch `shape` = (B, *input_shape) to start the optimisation from.
+
+    `labels` and `prior_data` (a `Dataset`) are only needed for `optimal`.
+    """
+    if kind == "random":  # torch.randn, as in the DLG and CPL reference code
+        return random_init(shape, "randn", generator)
+    if kind == "uniform":
+        return random_init(shape, "rand", generator)
+    if kind in ("randn", "gray"):
+        return random_init(shape, kind, generator)
+    if kind == "dark":
+        return torch.zeros(shape)
+    if kind == "light":
+        return torch.ones(shape)
+    if kind in SOLID_CHANNEL:
+        if len(shape) != 4 or shape[1] != 3:
+            raise GradleakError(f"init={kind} needs RGB images (3 channels), got input shape {tuple(shape[1:])}")
+        x = torch.zeros(shape)
+        x[:, SOLID_CHANNEL[kind]] = 1.0
+        return x
+    if kind == "patterned":
+        return patterned(shape, tile, generator)
+    if kind == "optimal":
+        return same_class_examples(shape, labels, prior_data, generator)
+    raise GradleakError(f"unknown initialisation '{kind}'")
+
+
+def patterned(shape: tuple[int, ...], tile: int, generator: torch.Generator) -> torch.Tensor:
+    """A uniform random patch of 1/tile of each spatial side, repeated tile×tile
+    times (cropped when the side is not divisible). Tabular rows tile along features."""
+    spatial = shape[2:] if len(shape) == 4 else shape[1:]
+    patch_size = [-(-s // tile) for s in spatial]  # ceil division
+    lead = shape[:2] if len(shape) == 4 else shape[:1]
+    patch = torch.rand((*lead, *patch_size), generator=generator)
+    repeats = (1,) * len(lead) + (tile,) * len(spatial)
+    full = patch.repeat(*repeats)
+    index = tuple(slice(None) for _ in lead) + tuple(slice(0, s) for s in spatial)
+    return full[index].contiguous()
+
+
+def same_class_examples(shape: tuple[int, ...], labels: torch.Tensor | None, prior_data: Any,
+                        generator: torch.Generator) -> torch.Tensor:
+    """CPL-optimal: for every (recovered) label, a random held-out example of that class."""
+    if prior_data is None or labels is None:
+        raise GradleakError("init=optimal needs held-out data (prior_data) and labels")
+    rows = []
+    for label in labels.tolist():
+        pool = (prior_data.labels == label).nonzero().flatten()
+        if len(pool) == 0:
+            raise GradleakError(f"init=optimal: the held-out data has no example of class {label}")
+        pick = pool[torch.randint(len(pool), (1,), generator=generator)]
+        rows.append(prior_data.inputs[pick].reshape(1, *shape[1:]).float())
+    return torch.cat(rows)

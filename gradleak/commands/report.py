@@ -1,0 +1,23 @@
+"""`gradleak report --store results.db --out DIR`: the static HTML report and CSV/JSON exports."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..report import format_strongest, write_report
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", required=True, help="results database written by `gradleak sweep`")
+    p.add_argument("--out", required=True, help="report directory (index.html, images, CSV, JSON)")
+    p.add_argument("--json", action="store_true", help="print the strongest-attack table as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    report = write_report(args.store, args.out)
+    if args.json:
+        print(json.dumps({"html": report["html"], "strongest": report["strongest"]}))
+    else:
+        print(format_strongest(report["strongest"]))
+        print(f"report: {report['html']}")
+    return 0

@@ -1,0 +1,30 @@
+"""`gradleak sweep SPEC.yaml --store results.db`: run every cell of a sweep not yet stored."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..store import ResultStore
+from ..sweep import load_sweep, run_sweep
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", help="sweep spec (YAML)")
+    p.add_argument("--store", required=True, help="results database (SQLite; created if missing)")
+    p.add_argument("--workers", type=int, default=None, help="local worker processes (default: number of cores)")
+    p.add_argument("--executor", default="local", choices=["local", "ray"])
+    p.add_argument("--address", default=None, help="Ray cluster address (with --executor ray), e.g. auto")
+    p.add_argument("--json", action="store_true", help="no progress bars; print one JSON summary on stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    sweep = load_sweep(args.spec)  # validated in full before anything runs
+    with ResultStore(args.store) as store:
+        summary = run_sweep(sweep, store, workers=args.workers, executor=args.executor,
+                            address=args.address, show_progress=not args.json)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"sweep '{summary['sweep']}': {summary['cells']} cells, {summary['skipped']} already stored, "
+              f"{summary['ran']} run in {summary['seconds']:.1f} s → {args.store}")
+    return 0

@@ -1,0 +1,90 @@
+"""DP-SGD (Abadi et al. 2016) inside local training: every local step clips each
+example's gradient to L2 norm C, sums, adds N(0, σ²C²) and averages.
+
+Per-example gradients come from torch.func (vmap over grad of functional_call);
+(ε, δ) comes from Opacus's RDP accountant through `Defense.privacy`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from ..errors import GradleakError
+from ..fl.local import StepGradient, Tensors, batch_loss
+from ..options import check
+from .base import Defense, DefenseContext
+
+
+@dataclass
+class DPSGDOptions:
+    clip: float = 1.0  # per-example L2 bound C
+    sigma: float = 1.0  # noise multiplier: noise std is sigma * C
+
+    def __post_init__(self):
+        check(self.clip > 0 and math.isfinite(self.clip), f"defense DP: clip must be > 0, got {self.clip}")
+        check(self.sigma >= 0 and math.isfinite(self.sigma), f"defense DP: sigma must be >= 0, got {self.sigma}")
+
+
+def per_example_gradients(model: nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor,
+                          y: torch.Tensor) -> Tensors:
+    """{name: (B, *param.shape)}: the loss gradient of every example separately."""
+    trainable = {n: p for n, p in params.items() if p.requires_grad}
+    frozen = {n: p for n, p in params.items() if not p.requires_grad}
+
+    def example_loss(p, xi, yi):
+        logits = functional_call(model, ({**p, **frozen}, buffers), (xi.unsqueeze(0),))
+        return batch_loss(logits, yi.unsqueeze(0))
+
+    try:
+        return vmap(grad(example_loss), in_dims=(None, 0, 0), randomness="different")(trainable, x, y)
+    except RuntimeError as exc:
+        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+            raise GradleakError("per-example DP defenses need a model without batch norm "
+                                "(per-example gradients are undefined under batch statistics)") from None
+        raise exc
+
+
+def clip_factors(norms: torch.Tensor, bound: float) -> torch.Tensor:
+    """g / max(1, ||g||/C) as a multiplier (eq. 17 of paper 02)."""
+    return 1.0 / torch.clamp(norms / bound, min=1.0)
+
+
+class DPSGD(Defense):
+    """Per-example clipping of the whole gradient to C, Gaussian noise σC, every local step."""
+
+    name = "dpsgd"
+    Options = DPSGDOptions
+    places = ("gradient",)
+
+    def clip_per_example(self, per_example: Tensors) -> Tensors:
+        flat_norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in per_example.values()))
+        factors = clip_factors(flat_norms, self.options.clip)
+        return {n: g * factors.view(-1, *[1] * (g.dim() - 1)) for n, g in per_example.items()}
+
+    def wrap_step_gradient(self, inner: StepGradient, ctx: DefenseContext) -> StepGradient:
+        opt = self.options
+
+        def noisy_gradient(model, params, buffers, x, y, create_graph):
+            clipped = self.clip_per_example(per_example_gradients(model, params, buffers, x, y))
+            batch = x.shape[0]
+            return {n: (g.sum(0) + opt.sigma * opt.clip * torch.randn(g.shape[1:], generator=ctx.generator)
+                        .to(g)) / batch for n, g in clipped.items()}
+
+        return noisy_gradient
+
+    def noise_multiplier(self) -> float:
+        """Noise std over the L2 sensitivity of one example's clipped gradient."""
+        return self.options.sigma
+
+    def privacy(self, *, sample_rate: float, steps: int, delta: float) -> float | None:
+        if self.noise_multiplier() == 0:
+            return math.inf
+        from opacus.accountants import RDPAccountant
+
+        accountant = RDPAccountant()
+        accountant.history = [(self.noise_multiplier(), min(1.0, sample_rate), int(steps))]
+        return float(accountant.get_epsilon(delta=delta))

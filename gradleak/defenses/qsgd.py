@@ -1,0 +1,23 @@
+"""QSGD (Alistarh et al. 2017; paper 02 eq. 7, φ_qsgd): unbiased stochastic
+b-bit quantization of every tensor, levels relative to its L2 norm by default."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .base import Defense, DefenseContext
+from .quantize import QuantizeOptions, quantize_tensor
+
+
+@dataclass
+class QSGDOptions(QuantizeOptions):
+    norm: str = "2"
+
+
+class QSGD(Defense):
+    """Stochastic unbiased b-bit quantizer of every update tensor (paper 02 eq. 7)."""
+
+    name = "qsgd"
+    Options = QSGDOptions
+
+    def transform_update(self, update, ctx: DefenseContext):
+        return update.map(lambda _, t: quantize_tensor(t, self.options, ctx.generator))

@@ -1,0 +1,29 @@
+"""Secure aggregation (Bonawitz et al. 2017): the server learns only the
+aggregate of K clients' updates. The experiment computes the K-1 other
+clients' updates and sums them with the target's (`aggregate_clients`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..options import check
+from .base import Defense
+
+
+@dataclass
+class SecAggOptions:
+    clients: int = 4  # K, clients in the aggregate including the target
+
+    def __post_init__(self):
+        check(self.clients >= 1, f"defense 'secagg': clients must be >= 1, got {self.clients}")
+
+
+class SecureAggregation(Defense):
+    """The server sees only the aggregate of K clients' updates."""
+
+    name = "secagg"
+    Options = SecAggOptions
+    places = ()
+
+    def __init__(self, options=None):
+        super().__init__(options)
+        self.aggregate_clients = self.options.clients

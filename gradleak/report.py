@@ -1,0 +1,210 @@
+"""A static HTML report of a results store: opens from disk, no server, no
+external scripts or stylesheets; images are PNG files next to index.html."""
+from __future__ import annotations
+
+import csv
+import html
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from .analysis import SCENARIO_KEYS, attack_rows, strongest_attacks, study_tables
+from .errors import GradleakError
+from .store import ResultStore
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1400px}
+table{border-collapse:collapse;margin:1em 0;font-size:13px}
+th,td{border:1px solid #ccc;padding:3px 7px;text-align:right}
+th{background:#f0f0f0} td.l,th.l{text-align:left}
+tr.frontier td{background:#eaf6ea}
+figure{display:inline-block;margin:6px;vertical-align:top;font-size:12px;max-width:360px}
+figure img{image-rendering:pixelated;border:1px solid #ddd;max-width:340px}
+figure.plot{max-width:none} figure.plot img{max-width:660px;image-rendering:auto}
+.note{color:#666;font-size:13px}
+"""
+
+# Counts loaded and broken images and script errors into the title, so a headless
+# browser (and the test) can check the page rendered completely.
+_CHECK_SCRIPT = """
+window.__errors=0;window.addEventListener('error',function(e){if(!(e.target&&e.target.tagName==='IMG')){window.__errors++;}},true);
+window.addEventListener('load',function(){var ok=0,bad=0;var imgs=document.images;
+for(var i=0;i<imgs.length;i++){if(imgs[i].complete&&imgs[i].naturalWidth>0){ok++;}else{bad++;}}
+document.title=document.title+' [images ok='+ok+' broken='+bad+' errors='+window.__errors+']';});
+"""
+
+
+def _fmt(value, digits: int = 4) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def _table(rows: list[dict], columns: list[tuple[str, str]], row_class=None) -> str:
+    head = "".join(f"<th class='l'>{html.escape(t)}</th>" if i < 1 else f"<th>{html.escape(t)}</th>"
+                   for i, (_, t) in enumerate(columns))
+    body = []
+    for r in rows:
+        cls = f" class='{row_class(r)}'" if row_class and row_class(r) else ""
+        cells = "".join(f"<td class='l'>{html.escape(_fmt(r.get(k)))}</td>" if isinstance(r.get(k), str)
+                        else f"<td>{html.escape(_fmt(r.get(k)))}</td>" for k, _ in columns)
+        body.append(f"<tr{cls}>{cells}</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+STRONGEST_COLUMNS = [("dataset", "dataset"), ("model", "model"), ("batch_size", "batch"),
+                     ("local_steps", "local steps"), ("defense", "defense"), ("strength", "strength"),
+                     ("utility", "utility"), ("utility_loss", "utility loss"),
+                     ("mse", "best MSE"), ("best_mse", "by"), ("psnr", "best PSNR"), ("best_psnr", "by"),
+                     ("lpips", "best LPIPS"), ("best_lpips", "by"), ("asr", "best ASR"), ("best_asr", "by"),
+                     ("frontier", "frontier")]
+
+
+def format_strongest(entries: list[dict]) -> str:
+    """The strongest-attack table as plain text (for the terminal)."""
+    cols = [("batch_size", "B"), ("local_steps", "T"), ("defense", "defense"), ("strength", "strength"),
+            ("utility_loss", "util.loss"), ("mse", "best MSE"), ("psnr", "best PSNR"), ("best_psnr", "by"),
+            ("asr", "best ASR"), ("best_asr", "by")]
+    rows = [[_fmt(e.get(k), 3) for k, _ in cols] for e in entries]
+    widths = [max(len(t), *(len(r[i]) for r in rows)) if rows else len(t) for i, (_, t) in enumerate(cols)]
+    line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths))  # noqa: E731
+    return "\n".join([line([t for _, t in cols])] + [line(r) for r in rows])
+
+
+def _scenario_title(key: tuple) -> str:
+    return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in zip(SCENARIO_KEYS, key))
+
+
+def _tradeoff_plot(entries: list[dict], path: Path, title: str) -> bool:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [e for e in entries if e.get("mse") is not None]
+    if not points:
+        return False
+    with_utility = all(e.get("utility_loss") is not None for e in points)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+    by_defense: dict[str, list[dict]] = defaultdict(list)
+    for e in points:
+        by_defense[e["defense"]].append(e)
+    for i, (defense, members) in enumerate(sorted(by_defense.items())):
+        xs = [e["utility_loss"] if with_utility else i for e in members]
+        ys = [e["mse"] for e in members]
+        ax.scatter(xs, ys, label=defense, s=36)
+        for x, y, e in zip(xs, ys, members):
+            if e["strength"]:
+                ax.annotate(e["strength"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    frontier = sorted((e for e in points if e.get("frontier")), key=lambda e: e["utility_loss"])
+    if with_utility and len(frontier) > 1:
+        ax.plot([e["utility_loss"] for e in frontier], [e["mse"] for e in frontier], "k--", lw=0.8,
+                label="frontier")
+    if not with_utility:
+        ax.set_xticks(range(len(by_defense)), sorted(by_defense), rotation=30, fontsize=8)
+    ax.set_xlabel(f"utility loss ({points[0].get('utility_metric')})" if with_utility
+                  else "defense (no utility runs in this store)")
+    ax.set_ylabel("best-attack MSE (higher = more private)")
+    ax.set_yscale("log")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def write_report(store_path: str | Path, out: str | Path) -> dict:
+    """Write index.html, plots, image files and CSV/JSON exports to `out`."""
+    store = ResultStore(store_path, create=False)
+    try:
+        cells = store.cells()
+        if not cells:
+            raise GradleakError(f"store '{store_path}' holds no finished cells")
+        out = Path(out)
+        (out / "images").mkdir(parents=True, exist_ok=True)
+        entries = strongest_attacks(cells)
+        rows = attack_rows(cells)
+        studies = study_tables(cells)
+        parts = [f"<h1>gradleak report</h1><p class='note'>store {html.escape(str(store_path))}: "
+                 f"{sum(c.kind == 'attack' for c in cells)} attack cells, "
+                 f"{sum(c.kind == 'utility' for c in cells)} utility runs. Exports: "
+                 "<a href='strongest.csv'>strongest.csv</a>, <a href='attacks.csv'>attacks.csv</a>, "
+                 "<a href='utility.csv'>utility.csv</a>, <a href='results.json'>results.json</a>.</p>"]
+
+        parts.append("<h2>Strongest attack per defense (paper 01, Eq. 3)</h2><p class='note'>For each defense "
+                     "and strength, the best value over all attacks of each metric, and the attack that "
+                     "reached it. Green rows lie on the utility–privacy frontier.</p>")
+        parts.append(_table(entries, STRONGEST_COLUMNS, lambda e: "frontier" if e.get("frontier") else ""))
+
+        parts.append("<h2>Utility–privacy trade-off</h2>")
+        scenarios: dict[tuple, list[dict]] = defaultdict(list)
+        for e in entries:
+            scenarios[tuple(e[k] for k in SCENARIO_KEYS)].append(e)
+        for i, (key, members) in enumerate(scenarios.items()):
+            name = f"tradeoff-{i}.png"
+            if _tradeoff_plot(members, out / name, _scenario_title(key)):
+                parts.append(f"<figure class='plot'><img src='{name}' alt='trade-off {i}'>"
+                             f"<figcaption>{html.escape(_scenario_title(key))}</figcaption></figure>")
+
+        if studies:
+            parts.append("<h2>Studies (paper 03 style)</h2>")
+            for title, table in studies.items():
+                parts.append(f"<h3>ASR and iterations vs {html.escape(title)}</h3>")
+                parts.append(_table(table, [("attack", "attack"), (title, title), ("asr", "ASR"),
+                                            ("iterations", "iterations"), ("psnr", "PSNR"), ("cells", "cells")]))
+
+        parts.append("<h2>All attack results</h2>")
+        metric_cols = [(m, m.upper()) for m in ("mse", "psnr", "ssim", "lpips", "label_acc", "asr", "iterations")]
+        parts.append(_table(rows, [("attack_spec", "attack"), ("dataset", "dataset"), ("batch_size", "batch"),
+                                   ("local_steps", "local steps"), ("defense", "defense"),
+                                   ("strength", "strength"), *metric_cols, ("seconds", "seconds")]))
+
+        parts.append("<h2>Originals (top) vs reconstructions (bottom)</h2>")
+        n_images = 0
+        for c in cells:
+            if c.kind != "attack" or c.grid_png is None:
+                continue
+            name = f"images/{c.key}.png"
+            (out / name).write_bytes(c.grid_png)
+            n_images += 1
+            lab = c.labels
+            caption = (f"{lab['attack_spec']} · {lab['defense']} {lab['strength']} · batch {lab['batch_size']}"
+                       f" · T={lab['local_steps']} · seed {lab['seed']} · PSNR {_fmt(c.metrics.get('psnr'), 3)}")
+            parts.append(f"<figure><img src='{name}' alt='{html.escape(caption)}'>"
+                         f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+
+        page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>gradleak report</title>"
+                f"<style>{_CSS}</style><script>{_CHECK_SCRIPT}</script></head><body>"
+                + "\n".join(parts) + "</body></html>")
+        (out / "index.html").write_text(page)
+        _exports(out, cells, entries, rows, store)
+        return {"out": str(out), "html": str(out / "index.html"), "cells": len(cells), "grids": n_images,
+                "strongest": entries}
+    finally:
+        store.close()
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in r.items()})
+
+
+def _exports(out: Path, cells, entries, rows, store: ResultStore) -> None:
+    _write_csv(out / "strongest.csv", entries)
+    _write_csv(out / "attacks.csv", [{k: v for k, v in r.items() if k != "keys"} for r in rows])
+    _write_csv(out / "utility.csv", [{**c.labels, **c.metrics, "seconds": c.seconds, "key": c.key}
+                                     for c in cells if c.kind == "utility"])
+    payload = {"strongest": entries,
+               "cells": [{"key": c.key, "kind": c.kind, "sweep": c.sweep, "spec": c.spec, "labels": c.labels,
+                          "metrics": c.metrics, "seconds": c.seconds,
+                          "per_image": [im.metrics for im in store.images(c.key)]} for c in cells]}
+    (out / "results.json").write_text(json.dumps(payload, indent=1, default=str))
+

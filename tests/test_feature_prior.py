@@ -1,0 +1,84 @@
+"""Paper 01's feature-prior attack: the server-side probe, tensor-recovered features, the attack."""
+import pytest
+import torch
+from scipy.optimize import linear_sum_assignment
+
+from gradleak.attacks import AttackContext, make_attack
+from gradleak.attacks.feature_prior import find_probe, insert_feature_probe, recover_features
+from gradleak.data import DatasetSpec, load_dataset
+from gradleak.errors import GradleakError
+from gradleak.experiment import AttackRunSpec, run_attack
+from gradleak.fl import TrainingSpec, compute_update
+from gradleak.models import ModelSpec, build_model
+from gradleak.threat import make_threat_model, observe
+
+
+@pytest.fixture(scope="module")
+def cifar():
+    return load_dataset(DatasetSpec("cifar10", split="test"))
+
+
+def _probe_observation(cifar, batch: int, width: int = 20000):
+    base = build_model(ModelSpec("resnet20", cifar.input_shape, 10, seed=0))
+    model = insert_feature_probe(base, width, "relu", seed=1, input_shape=cifar.input_shape)
+    x, y = cifar.inputs[:batch], cifar.labels[:batch]
+    update = compute_update(model, x, y, TrainingSpec())
+    obs = observe(update, model, make_threat_model("malicious"), input_shape=cifar.input_shape,
+                  num_classes=10, training=TrainingSpec(), batch_size=batch, labels=y, defenses=[])
+    _, probe = find_probe(model)
+    captured = []
+    handle = probe.register_forward_hook(lambda _m, inputs, _o: captured.append(inputs[0].detach()))
+    with torch.no_grad():
+        model(x)
+    handle.remove()
+    return base, model, obs, probe.unit_features(captured[0])
+
+
+def test_probe_keeps_the_model_outputs(cifar):
+    base, model, _, _ = _probe_observation(cifar, 4, width=500)
+    # train mode: batch statistics, so the running statistics the probe's
+    # forward passes touched do not matter
+    with torch.no_grad():
+        assert torch.allclose(base(cifar.inputs[:8]), model(cifar.inputs[:8]), atol=1e-5)
+
+
+def test_tensor_method_recovers_probe_features(cifar):
+    # measured: matched cos² 0.96–0.98 per feature at B = 4 (0.45 without centring)
+    _, _, obs, true = _probe_observation(cifar, 4)
+    recovered = recover_features(obs, 4).features
+    cos2 = (true @ recovered.T).pow(2)
+    rows, cols = linear_sum_assignment(-cos2.numpy())
+    assert cos2[rows, cols].min() > 0.9
+    # the true features are spread out, so this is not a collinearity artefact
+    assert (true @ true.T).fill_diagonal_(0).abs().max() < 0.8
+
+
+def test_span_of_recovered_features_at_batch_16(cifar):
+    # measured: mean distance 0.30 of the true unit features from the recovered
+    # 16-dim span (a random 16-dim span of R^64 gives sqrt(1 - 16/64) = 0.87)
+    _, _, obs, true = _probe_observation(cifar, 16)
+    span = recover_features(obs, 16).span
+    outside = (1 - (true @ span).pow(2).sum(1)).clamp_min(0).sqrt().mean()
+    assert outside < 0.5
+
+
+def test_needs_the_malicious_threat_model():
+    with pytest.raises(GradleakError, match="malicious"):
+        make_threat_model("honest").check("feature-prior", make_attack("feature-prior").needs())
+    with pytest.raises(GradleakError, match="iterations"):
+        make_attack("feature-prior:iterations=0")
+
+
+def test_beats_inverting_gradients_at_equal_iterations():
+    # measured (ResNet-20, cifar10, B = 4): 100 iterations PSNR 11.0 vs 7.9 dB,
+    # MSE 0.084 vs 0.164; 200 iterations 11.5 vs 8.0 dB. LPIPS was NOT better
+    # at these budgets (200 iterations: 0.63 vs 0.57).
+    def run(attack, threat):
+        return run_attack(AttackRunSpec(dataset="cifar10", model="resnet20", batch_size=4, threat=threat,
+                                        attack=f"{attack}:iterations=100", knows=("labels", "bn_statistics"),
+                                        lpips="none")).metrics
+
+    fp, ig = run("feature-prior", "malicious"), run("ig", "honest")
+    assert fp["psnr"] > ig["psnr"] + 1.5
+    assert fp["mse"] < 0.7 * ig["mse"]
+    assert fp["label_acc"] == 1.0

@@ -1,0 +1,256 @@
+"""Sweeps, the results store and the report: kill/resume, corruption, validation,
+the strongest-attack analysis, and the HTML report in headless Chromium."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from gradleak.errors import GradleakError
+from gradleak.store import CellRecord
+from gradleak.sweep import parse_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+SMALL_SWEEP = """
+name: killtest
+defaults: {lpips: none}
+grids:
+  - datasets: [mnist]
+    models: [lenet]
+    batch_sizes: [1, 2]
+    seeds: [0]
+    defenses:
+      - none
+      - {name: noise, options: {sigma: [0.001, 0.01, 0.1]}}
+    attacks: [ig:iterations=80]
+utility:
+  options: {clients: 10, per_round: 2, rounds: 1, local_steps: 2}
+"""
+
+
+def gradleak(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gradleak", *args], env=ENV, cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def stored(path: Path) -> dict[str, tuple]:
+    """key → (metrics JSON, [(idx, per-image metrics, original PNG, reconstruction PNG)])."""
+    with sqlite3.connect(path) as db:
+        cells = dict(db.execute("SELECT key, metrics FROM cells"))
+        images: dict[str, list] = {k: [] for k in cells}
+        for row in db.execute("SELECT cell_key, idx, metrics, original_png, reconstruction_png "
+                              "FROM images ORDER BY cell_key, idx"):
+            images[row[0]].append(row[1:])
+    return {k: (json.loads(cells[k]), images[k]) for k in cells}
+
+
+@pytest.fixture(scope="module")
+def workdir():
+    path = Path(tempfile.mkdtemp(prefix="gradleak-sweep-"))
+    (path / "sweep.yaml").write_text(SMALL_SWEEP)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def reference_store(workdir):
+    """The uninterrupted run."""
+    store = workdir / "reference.db"
+    proc = gradleak("sweep", str(workdir / "sweep.yaml"), "--store", str(store), "--workers", "1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["ran"] == summary["cells"] == 12  # 8 attack cells + 4 utility runs (none, 3 noise levels)
+    return store
+
+
+def test_sigkill_then_resume_equals_uninterrupted_run(workdir, reference_store):
+    store = workdir / "killed.db"
+    proc = subprocess.Popen([sys.executable, "-m", "gradleak", "sweep", str(workdir / "sweep.yaml"),
+                             "--store", str(store), "--workers", "2", "--json"],
+                            env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    finished = 0
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            if store.exists():
+                try:
+                    with sqlite3.connect(store, timeout=1) as db:
+                        finished = db.execute("SELECT COUNT(*) FROM cells").fetchone()[0]
+                except sqlite3.OperationalError:
+                    finished = 0  # schema not created yet
+            if finished >= 3:
+                break
+            time.sleep(0.05)
+    finally:
+        # SIGKILL the driver and its worker processes (its own session/process group).
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    partial = stored(store)
+    assert 3 <= len(partial) < 12, f"the kill should land mid-sweep ({len(partial)} of 12 cells stored)"
+    with sqlite3.connect(store) as db:
+        specs = {k: json.loads(s) for k, s in db.execute("SELECT key, spec FROM cells")}
+    for key, (metrics, images) in partial.items():  # no half-written cell: all its images are there
+        assert metrics
+        expected = specs[key]["batch_size"] if "attack" in specs[key] else 0
+        assert len(images) == expected
+
+    resumed = gradleak("sweep", str(workdir / "sweep.yaml"), "--store", str(store), "--workers", "2", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads(resumed.stdout)
+    assert summary["skipped"] == len(partial) and summary["ran"] == 12 - len(partial)
+
+    with sqlite3.connect(store) as db:
+        counts = dict(db.execute("SELECT key, COUNT(*) FROM cells GROUP BY key"))
+    assert set(counts.values()) == {1}
+    final, reference = stored(store), stored(reference_store)
+    assert final.keys() == reference.keys()
+    for key in reference:
+        assert final[key] == reference[key], f"cell {key} differs from the uninterrupted run"
+    for key in partial:  # finished cells were kept, not recomputed
+        assert final[key] == partial[key]
+
+    again = gradleak("sweep", str(workdir / "sweep.yaml"), "--store", str(store), "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["ran"] == 0
+
+
+def test_corrupted_store_is_one_line_error(workdir):
+    garbage = workdir / "garbage.db"
+    garbage.write_bytes(b"this is not a database" * 100)
+    proc = gradleak("sweep", str(workdir / "sweep.yaml"), "--store", str(garbage), "--json")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "corrupted" in proc.stderr
+
+
+def test_damaged_real_store_is_detected(workdir, reference_store):
+    damaged = workdir / "damaged.db"
+    data = bytearray(Path(reference_store).read_bytes())
+    data[4096:4096 + 512] = b"\xff" * 512  # smash a page after the header
+    damaged.write_bytes(bytes(data))
+    proc = gradleak("report", "--store", str(damaged), "--out", str(workdir / "damaged-report"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "corrupted" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_bad_yaml_field_is_one_line_error(workdir):
+    bad = workdir / "bad.yaml"
+    bad.write_text(SMALL_SWEEP.replace("batch_sizes:", "batch_size:"))
+    proc = gradleak("sweep", str(bad), "--store", str(workdir / "never.db"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and "grids[0].batch_size" in line and "unknown field" in line
+    assert not (workdir / "never.db").exists()
+
+
+@pytest.mark.parametrize("text, where", [
+    ("grids: [{datasets: [mnist], models: [lenet], batch_sizes: [0], attacks: [ig]}]", "grids[0].batch_sizes[0]"),
+    ("grids: [{datasets: [mnist], models: [lenet], attacks: [ig:iters=3]}]", "grids[0].attacks[0]"),
+    ("grids: [{datasets: [mnist], models: [lenett], attacks: [ig]}]", "grids[0].models[0]"),
+    ("grids: [{datasets: [mnist], models: [lenet], attacks: [ig], defenses: [{name: noise, options: {sigma: [-1]}}]}]",
+     "grids[0].defenses[0]"),
+    ("grids: [{datasets: [mnist], models: [lenet], attacks: [ig]}]\nutility: {options: {roundz: 3}}",
+     "utility.options.roundz"),
+    ("defaults: {lpips: maybe}\ngrids: [{datasets: [mnist], models: [lenet], attacks: [ig]}]", "grids[0]"),
+    ("grids: [{datasets: [mnist], models: [lenet], attacks: [ig]}\n", "invalid YAML"),
+])
+def test_validation_names_the_bad_field(text, where):
+    with pytest.raises(GradleakError) as err:
+        parse_sweep(text, "t.yaml")
+    message = str(err.value)
+    assert where in message and "\n" not in message
+
+
+def test_grid_expansion_and_stable_keys():
+    text = """
+grids:
+  - datasets: [mnist]
+    models: [lenet]
+    batch_sizes: [1, 4]
+    local_steps: [1, 5]
+    defenses: [none, {name: prune, options: {ratio: [0.5, 0.9]}}, [clip:bound=1, noise:sigma=0.01]]
+    attacks: [ig:iterations=10, {name: dlg, options: {iterations: [5, 10]}}]
+"""
+    sweep = parse_sweep(text)
+    assert len(sweep.cells) == 2 * 2 * 4 * 3
+    assert len({c.key for c in sweep.cells}) == len(sweep.cells)
+    assert [c.key for c in parse_sweep(text).cells] == [c.key for c in sweep.cells]
+    chain = [c for c in sweep.cells if c.labels["defense"] == "clip+noise"][0]
+    assert chain.spec["defenses"] == ["clip:bound=1", "noise:sigma=0.01"]
+    assert chain.labels["strength"] == "bound=1,sigma=0.01"
+
+
+def test_strongest_attack_and_frontier():
+    from gradleak.analysis import strongest_attacks
+
+    def attack(defense, strength, name, mse, psnr):
+        labels = {"dataset": "mnist", "model": "lenet", "batch_size": 1, "local_steps": 1, "seed": 0,
+                  "defense": defense, "strength": strength, "defenses": [], "attack": name,
+                  "attack_spec": name, "init": None}
+        return CellRecord(f"{defense}{strength}{name}", "attack", "t", {}, labels,
+                          {"mse": mse, "psnr": psnr, "asr": 0.0}, {}, 1.0)
+
+    def utility(defense, strength, acc):
+        labels = {"dataset": "mnist", "model": "lenet", "defense": defense, "strength": strength, "seed": 0}
+        return CellRecord(f"u{defense}{strength}", "utility", "t", {}, labels, {"test_accuracy": acc}, {}, 1.0)
+
+    cells = [attack("none", "", "ig", 0.01, 20.0), attack("none", "", "dlg", 0.001, 30.0),
+             attack("noise", "sigma=0.1", "ig", 0.2, 7.0), attack("noise", "sigma=0.1", "dlg", 0.3, 5.0),
+             attack("prune", "ratio=0.9", "ig", 0.05, 13.0), attack("prune", "ratio=0.9", "dlg", 0.5, 3.0),
+             utility("none", "", 0.9), utility("noise", "sigma=0.1", 0.6), utility("prune", "ratio=0.9", 0.8)]
+    rows = {(e["defense"]): e for e in strongest_attacks(cells)}
+    assert rows["none"]["mse"] == 0.001 and rows["none"]["best_mse"] == "dlg"
+    assert rows["noise"]["mse"] == 0.2 and rows["noise"]["best_psnr"] == "ig"
+    assert rows["prune"]["mse"] == 0.05 and rows["prune"]["utility_loss"] == pytest.approx(0.1)
+    assert rows["noise"]["utility_loss"] == pytest.approx(0.3)
+    # noise: more loss but higher best-attack error than prune → both on the frontier; none too.
+    assert rows["none"]["frontier"] and rows["prune"]["frontier"] and rows["noise"]["frontier"]
+    cells.append(utility("noise", "sigma=0.1", 0.6))  # same numbers averaged: nothing changes
+    cells[3] = attack("noise", "sigma=0.1", "dlg", 0.01, 20.0)  # a stronger attack breaks noise
+    rows = {(e["defense"]): e for e in strongest_attacks(cells)}
+    assert rows["noise"]["mse"] == 0.01 and not rows["noise"]["frontier"]
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+def test_report_renders_in_headless_chromium(workdir, reference_store):
+    from gradleak.report import write_report
+
+    out = workdir / "report"
+    report = write_report(reference_store, out)
+    page = (out / "index.html").read_text()
+    n_img = len(re.findall(r"<img ", page))
+    assert report["grids"] == 8 and n_img >= 8 + 1  # every cell's grid + the trade-off plot
+    assert "http://" not in page and "https://" not in page  # nothing external
+    for name in ("strongest.csv", "attacks.csv", "utility.csv", "results.json"):
+        assert (out / name).stat().st_size > 0
+    exported = json.loads((out / "results.json").read_text())
+    assert len(exported["cells"]) == 12 and len(exported["strongest"]) == 8
+    assert all(e["utility_loss"] is not None for e in exported["strongest"])
+
+    profile = tempfile.mkdtemp(prefix="chromium-")
+    try:
+        proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+                               "--disable-background-networking", "--disable-component-update", "--no-first-run",
+                               f"--user-data-dir={profile}", "--virtual-time-budget=10000", "--dump-dom",
+                               (out / "index.html").as_uri()], capture_output=True, text=True, timeout=180)
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    title = re.search(r"<title>(.*?)</title>", proc.stdout)
+    assert title, proc.stderr[-2000:]
+    counts = dict(re.findall(r"(ok|broken|errors)=(\d+)", title.group(1)))
+    assert counts == {"ok": str(n_img), "broken": "0", "errors": "0"}, title.group(1)
