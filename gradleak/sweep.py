@@ -463,6 +463,23 @@ def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
+def estimated_cost(cell: Cell) -> float:
+    """Rough relative run time of a cell, used only to start the longest cells
+    first so parallel workers finish together (longest-processing-time order)."""
+    spec = cell.spec
+    if cell.kind == "utility":
+        return 1.5 * spec["rounds"] * spec["per_round"] * (spec.get("local_steps") or 10)
+    from .attacks import make_attack
+
+    options = make_attack(spec["attack"]).options
+    iterations = getattr(options, "iterations", 1) * getattr(options, "restarts", 1)
+    # An L-BFGS iteration evaluates the objective up to ~20 times (DLG always uses it).
+    if getattr(options, "optimizer", "lbfgs" if cell.labels.get("attack") == "dlg" else "adam") == "lbfgs":
+        iterations *= 20
+    steps = spec.get("local_steps") or 1
+    return iterations * steps * (1 + spec["batch_size"] / 4)
+
+
 def run_sweep(sweep: Sweep, store, workers: int | None = None, executor: str = "local",
               address: str | None = None, show_progress: bool = True) -> dict:
     """Run every cell of `sweep` not yet in `store`; the driver writes each result
@@ -474,6 +491,8 @@ def run_sweep(sweep: Sweep, store, workers: int | None = None, executor: str = "
     workers = workers or default_workers()
     if workers < 1:
         raise GradleakError(f"--workers must be >= 1, got {workers}")
+    if workers > 1:
+        todo.sort(key=estimated_cost, reverse=True)
     start = time.perf_counter()
     written, cpu_seconds = 0, 0.0
     with sweep_progress(len(sweep.cells), len(sweep.cells) - len(todo), enabled=show_progress) as bars:

@@ -187,6 +187,34 @@ def test_pruning_hurts_attack():
     assert light["psnr"] > heavy["psnr"] + 8, (light, heavy)
 
 
+def test_attack_matches_only_the_entries_a_sparsifier_sent():
+    # Paper 03 Tab. 7: DGC compression up to 40% leaves CPL's success intact once the
+    # attack (knowing the protocol) compares only the transmitted entries.
+    compressed = _attack(["dgc:theta=40"])
+    assert compressed["asr"] == 1.0 and compressed["psnr"] > 30, compressed
+
+
+def test_sent_entries_masks_only_for_sparsifiers(mnist_test):
+    from gradleak.attacks.matching import sent_entries
+    from gradleak.threat import ThreatModel, observe
+
+    def observation(defense, grants=frozenset({"batch_size", "defenses"})):
+        update = _update(mnist_test, defense, n=1)
+        return observe(update, _model(), ThreatModel("t", grants), input_shape=(1, 28, 28), num_classes=10,
+                       training=FEDSGD, batch_size=1, labels=mnist_test.labels[:1], defenses=[defense])
+
+    obs = observation("topk:sparsity=0.9")
+    masks = sent_entries(obs, obs.update.tensors)
+    sent = sum(float(m.sum()) for m in masks.values()) / sum(m.numel() for m in masks.values())
+    assert abs(sent - 0.1) < 0.01
+    assert all(torch.equal(m.bool(), obs.update.tensors[n] != 0) for n, m in masks.items())
+    assert sent_entries(observation("noise:sigma=0.01"), obs.update.tensors) is None
+    assert sent_entries(observation("dropout:p=0.3,place=model"), obs.update.tensors) is None
+    # A server that is not told the defenses cannot know which entries were withheld.
+    hidden = observation("topk:sparsity=0.9", grants=frozenset({"batch_size"}))
+    assert sent_entries(hidden, hidden.update.tensors) is None
+
+
 def test_utility_is_deterministic_and_learns():
     spec = UtilitySpec(clients=20, per_round=4, rounds=3, local_steps=20, seed=3)
     a, b = run_utility(spec), run_utility(spec)

@@ -31,6 +31,7 @@ class UpdateSimulator:
         self.params = {k: v.to(device) for k, v in self.params.items()}
         self.names = [n for n in obs.update.tensors if n in self.params]
         self.target = {n: obs.update.tensors[n].to(device) for n in self.names}
+        self.sent = sent_entries(obs, self.target)
         # A FedAvg delta can only be replayed with the local hyper-parameters.
         if obs.update.kind == "delta":
             self.training = obs.training
@@ -41,7 +42,22 @@ class UpdateSimulator:
         buffers = {k: v.clone() for k, v in self.buffers.items()}
         _, update = local_update(self.model, self.params, buffers, x, y, self.training,
                                  create_graph=True)
+        if self.sent is not None:
+            return {n: update[n] * self.sent[n] for n in self.names}
         return {n: update[n] for n in self.names}
+
+
+def sent_entries(obs: Observation, target: Tensors) -> Tensors | None:
+    """0/1 masks of the entries a sparsifying defense (top-k, pruning, DGC, gradient
+    dropout) let through, when the threat model reveals the defenses: comparing a
+    dense candidate with a sparse observation would otherwise fit the zeros."""
+    if not obs.knows("defenses"):
+        return None
+    from ..defenses import make_chain
+
+    if not any(d.withholds_entries for d in make_chain(obs.get("defenses"))):
+        return None
+    return {n: (t != 0).to(t.dtype) for n, t in target.items()}
 
 
 def update_distance(candidate: Tensors, target: Tensors, kind: Distance = "cosine",

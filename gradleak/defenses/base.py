@@ -36,6 +36,10 @@ class Defense:
     places: ClassVar[tuple[str, ...]] = ("update",)
     # Number of other clients the server's view is summed with (secure aggregation).
     aggregate_clients: int = 1
+    # True when the update's exact zeros are entries the client did not send
+    # (sparsifying compressors); a server that knows the protocol then compares
+    # only the sent entries.
+    withholds_entries: bool = False
 
     def __init__(self, options: Any = None):
         self.options = options if options is not None else (self.Options() if self.Options else None)

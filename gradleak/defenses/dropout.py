@@ -66,6 +66,10 @@ class Dropout(Defense):
     def places(self) -> tuple[str, ...]:  # type: ignore[override]
         return (self.options.place,)
 
+    @property
+    def withholds_entries(self) -> bool:  # type: ignore[override]
+        return self.options.place == "update"
+
     def transform_model(self, model: nn.Module) -> nn.Module:
         if self.options.place != "model":
             return model

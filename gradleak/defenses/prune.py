@@ -23,6 +23,7 @@ class GradientPruning(Defense):
     """Zeroes the smallest-magnitude `ratio` of every layer's update entries."""
 
     name = "prune"
+    withholds_entries = True
     Options = PruneOptions
 
     def transform_update(self, update, ctx: DefenseContext):

@@ -21,6 +21,7 @@ class TopK(Defense):
     """Sends only the largest (1 - sparsity) share of update entries."""
 
     name = "topk"
+    withholds_entries = True
     Options = TopKOptions
 
     def transform_update(self, update, ctx: DefenseContext):
