@@ -6,6 +6,8 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from gradleak.analytic import tensor_features, tensor_features_from_first_layer
+from gradleak.analytic.fc import locate_first_linear
+from gradleak.analytic.features import FeatureExtractor
 from gradleak.attacks import AttackContext, make_attack
 from gradleak.errors import GradleakError
 from gradleak.experiment import AttackRunSpec, run_attack
@@ -80,6 +82,22 @@ def test_fishing_isolates_and_recovers_the_target_class(mnist_test):
     assert mixed[0].psnr < scores[0].psnr
 
 
+def test_fishing_inverts_the_isolated_gradient_of_a_conv_first_model(mnist_test):
+    x, y = mnist_test.inputs[:8], mnist_test.labels[:8]  # 7 occurs once
+    attack = make_attack("fishing:target_class=7,iterations=300")
+    lenet = build_model(ModelSpec("lenet", (1, 28, 28), 10, seed=0))
+    model = attack.prepare_model(lenet, (1, 28, 28), 10, AttackContext())
+    obs = _observe(model, x, y, "malicious")
+    # every conv gradient is the target sample's alone (the head's zeroed rows still see all)
+    alone = compute_update(model, x[:1], y[:1], TrainingSpec()).tensors
+    for name in ("0.weight", "2.weight", "4.weight"):
+        assert torch.allclose(obs.update.tensors[name], alone[name] / 8, atol=1e-6 * float(alone[name].abs().max()))
+    rec = attack.reconstruct(obs, AttackContext())
+    assert rec.extras == {"target_count": 1, "inversion": "ig"} and rec.labels.tolist() == [7]
+    scores, _ = score_batch(x[:1], y[:1], rec.inputs, rec.labels, lpips="none")
+    assert scores[0].psnr >= 40, scores[0]
+
+
 # ----------------------------------------------------------------------------- cocktail party
 def test_cpa_separates_a_batch_of_32(mnist_test):
     x, y = mnist_test.inputs[:32], mnist_test.labels[:32]
@@ -97,6 +115,26 @@ def test_cpa_without_bias_uses_skew_and_range(mnist_test):
     # plain FastICA (no non-negative search) is clearly weaker on MNIST digits
     ica = make_attack("cpa:nonnegative=false").reconstruct(_observe(model, x, y), AttackContext())
     assert summarize(score_batch(x, y, ica.inputs, None, lpips="none")[0])["ssim"] < summary["ssim"]
+
+
+def test_feature_extractor_stops_at_the_first_linear_layer(mnist_test):
+    model = build_model(ModelSpec("lenet5", (1, 28, 28), 10, activation="relu", seed=0))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = mnist_test.inputs[:4]
+    extract = FeatureExtractor(model, locate_first_linear(model, (1, 28, 28)).name)
+    assert torch.equal(extract(x), model[:7](x))
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_cpa_inverts_features_behind_convolutions(mnist_test):
+    # lenet5 with ReLU: ICA + vertex search recover the 400-d features the first FC layer saw,
+    # feature inversion through the known conv extractor turns them back into digits
+    x, y = mnist_test.inputs[:8], mnist_test.labels[:8]
+    model = build_model(ModelSpec("lenet5", (1, 28, 28), 10, activation="relu", seed=0))
+    rec = make_attack("cpa:feature_steps=500").reconstruct(_observe(model, x, y), AttackContext())
+    assert rec.extras["feature_layer"] == "7" and rec.extras["nonnegative_search"]
+    summary = summarize(score_batch(x, y, rec.inputs, rec.labels, lpips="none")[0])
+    assert summary["ssim"] >= 0.75, summary
 
 
 # ----------------------------------------------------------------------------- tensor method

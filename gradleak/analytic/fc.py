@@ -7,6 +7,7 @@ non-zero for exactly one sample gives that sample exactly: x = ∂L/∂W[c,:] / 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -14,19 +15,34 @@ from torch import nn
 from ..errors import GradleakError
 
 
-def first_linear(model: nn.Module, input_shape: tuple[int, ...]) -> tuple[str, nn.Linear]:
-    """(name, module) of the first nn.Linear, which must see the flattened input directly."""
+@dataclass(frozen=True)
+class FirstLinear:
+    name: str
+    module: nn.Linear
+    on_input: bool  # True: it sees the flattened input; False: it sits behind convolutions etc.
+
+
+def locate_first_linear(model: nn.Module, input_shape: tuple[int, ...]) -> FirstLinear:
+    """The model's first nn.Linear (module order), and whether it sees the raw input."""
+    behind = False
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
-            if module.in_features != math.prod(input_shape):
-                raise GradleakError(
-                    f"the first linear layer '{name}' has {module.in_features} inputs, not the "
-                    f"{math.prod(input_shape)} input features: use a model whose first layer is fully "
-                    "connected (e.g. mlp)")
-            return name, module
+            on_input = not behind and module.in_features == math.prod(input_shape)
+            return FirstLinear(name, module, on_input)
         if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
-            break
-    raise GradleakError("the model's first layer is not fully connected: use a model such as mlp")
+            behind = True
+    raise GradleakError("the model has no fully connected layer")
+
+
+def first_linear(model: nn.Module, input_shape: tuple[int, ...]) -> tuple[str, nn.Linear]:
+    """(name, module) of the first nn.Linear, which must see the flattened input directly."""
+    found = locate_first_linear(model, input_shape)
+    if not found.on_input:
+        raise GradleakError(
+            f"the model's first layer is not fully connected on the input (its first linear layer "
+            f"'{found.name}' sees {found.module.in_features} features, the input has "
+            f"{math.prod(input_shape)}): use a model such as mlp")
+    return found.name, found.module
 
 
 def layer_gradients(update_tensors: dict[str, torch.Tensor], name: str, need_bias: bool = True

@@ -36,11 +36,10 @@ def unmix_gradient(g_weight: torch.Tensor, sources: int, *, image_shape: tuple[i
                    starts: int = 6) -> torch.Tensor:
     """Row combinations (sources, m) whose products with g_weight are the separated inputs.
 
-    `nonnegative` (inputs known to be ≥ 0, e.g. images in [0, 1]) adds a sparse non-negative
-    component search seeded by the ICA solution: each ICA direction and `starts`·B random ones are
-    pushed to a vertex of {w : wᵀZ ≥ 0} by the LP  min 1ᵀZᵀw s.t. Zᵀw ≥ 0, ⟨w, u⟩ = 1, i.e. to
-    the sparsest non-negative signal in the span (the non-Gaussianity prior taken to its limit for
-    sparse images); the B vertices reached most often are kept.
+    `nonnegative` (inputs known to be ≥ 0 with many zeros: MNIST-like images, ReLU features) adds
+    a sparse non-negative component search seeded by the ICA solution (`_nonnegative_vertices`):
+    every such input is a vertex of the cone {w : wᵀZ ≥ 0} with far more zeros than a generic
+    vertex; LPs plus reweighted ℓ1 find those vertices, up to len(ICA)·2 + `starts`·B starts.
     """
     G = g_weight.detach().double()
     m, d = G.shape
@@ -64,37 +63,84 @@ def unmix_gradient(g_weight: torch.Tensor, sources: int, *, image_shape: tuple[i
     return unmix @ to_rows
 
 
-def _nonnegative_vertices(Z: torch.Tensor, init: torch.Tensor, starts: int, seed: int) -> torch.Tensor:
+def _nonnegative_vertices(Z: torch.Tensor, init: torch.Tensor, starts: int, seed: int,
+                          reweight_steps: int = 3, reweight_eps: float = 3e-2) -> torch.Tensor:
+    """B rows w whose signals wᵀZ are the sparsest non-negative signals in the span of Z.
+
+    Every input that is ≥ 0 with enough zeros of its own is an extreme ray of the cone
+    {s = Zᵀw ≥ 0}; a generic vertex of that cone has only B − 1 zeros (besides the coordinates
+    every input leaves at zero), an input has its whole zero set. So: reach a vertex by the LP
+    min 1ᵀs s.t. s ≥ 0, ⟨w, u⟩ = 1; push it to a sparser one by reweighted ℓ1 (weights
+    1/(s + ε·max s), `reweight_steps` LPs; Candès–Wakin–Boyd); call a vertex with ≥ 2(B − 1)
+    zeros of its own an input and normalise later LPs on the coordinates no input found so far
+    explains (found inputs have ⟨w, u⟩ = 0 there, so the LP cannot return them again). The ICA
+    directions (both signs) seed the search; it stops after max(B, 16) random starts in a row
+    found no new input, or after `starts`·B of them. Returns the B distinct vertices with the
+    most zeros (ICA rows fill up if fewer were found). Exact zeros are needed: on noisy
+    gradients (DP noise, quantisation) the search finds nothing and the ICA rows are returned.
+    """
     Zn = Z.numpy()
-    B, d = Zn.shape
+    B = Zn.shape[0]
+    col = np.linalg.norm(Zn, axis=0)
+    Za = Zn[:, col > 1e-6 * col.max()]  # coordinates no input uses carry no information
+    d = Za.shape[1]
     rng = np.random.default_rng(seed)
-    directions = np.concatenate([init.numpy(), -init.numpy(), rng.standard_normal((starts * B, B))])
-    found: list[np.ndarray] = []
-    for u in directions:
-        res = linprog(Zn.sum(1), A_ub=-Zn.T, b_ub=np.zeros(d), A_eq=u[None], b_eq=[1.0],
-                      bounds=[(None, None)] * B, method="highs")
-        if res.status == 0:
-            found.append(res.x)
-    if not found:
-        return init
-    cand = np.array(found)
-    signals = cand @ Zn
-    signals /= np.linalg.norm(signals, axis=1, keepdims=True).clip(1e-300)
-    reps: list[int] = []
-    counts: list[int] = []
-    for i, sig in enumerate(signals):
-        for j, r in enumerate(reps):
-            if sig @ signals[r] > 0.999:
-                counts[j] += 1
-                break
+
+    def vertex(weights: np.ndarray, u: np.ndarray) -> np.ndarray | None:
+        # unit u and weights keep the solution O(1), so HiGHS's absolute tolerances stay small
+        u = u / max(np.linalg.norm(u), 1e-300)
+        res = linprog(Za @ (weights / weights.max()), A_ub=-Za.T, b_ub=np.zeros(d), A_eq=u[None],
+                      b_eq=[1.0], bounds=[(None, None)] * B, method="highs")
+        if res.status != 0:
+            return None
+        s = res.x @ Za
+        return res.x if s.min() >= -1e-6 * s.max() else None
+
+    seeds = list(init.numpy()) + list(-init.numpy())
+    found: list[tuple[int, np.ndarray, np.ndarray]] = []  # (own zeros, w, unit signal)
+    inputs: list[np.ndarray] = []
+    stale = 0
+    for k in range(len(seeds) + starts * B):
+        if k < len(seeds):
+            u = seeds[k]
         else:
-            reps.append(i)
-            counts.append(1)
-    order = np.argsort(-np.array(counts), kind="stable")[:B]
-    chosen = cand[[reps[o] for o in order]]
+            # normalise on the coordinates no input found so far explains: the LP's ratio
+            # 1ᵀs / rᵀs then favours the sources still missing
+            free = np.ones(d, dtype=bool)
+            for w_in in inputs:
+                s_in = w_in @ Za
+                free &= np.abs(s_in) <= 1e-5 * s_in.max()
+            idx = np.flatnonzero(free) if free.any() else np.arange(d)
+            r = np.zeros(d)
+            r[idx] = rng.exponential(size=len(idx)) ** 4
+            u = Za @ r
+        if inputs:
+            Q, _ = np.linalg.qr(np.array(inputs).T)
+            u = u - Q @ (Q.T @ u)
+        w = vertex(np.ones(d), u)
+        for _ in range(reweight_steps if w is not None else 0):
+            s = w @ Za
+            better = vertex(1.0 / (np.maximum(s, 0) + reweight_eps * s.max()), w)
+            if better is None:
+                break
+            w = better
+        stale += 1
+        if w is not None:
+            s = w @ Za
+            zeros = int((np.abs(s) <= 1e-5 * s.max()).sum())  # float32 gradients: noise ~1e-7
+            unit = s / max(np.linalg.norm(s), 1e-300)
+            if all(unit @ f[2] < 0.999 for f in found):
+                found.append((zeros, w, unit))
+                if zeros >= 2 * (B - 1):
+                    inputs.append(w)
+                    stale = 0
+        if k >= len(seeds) and stale >= max(B, 16):
+            break
+    found.sort(key=lambda f: -f[0])
+    chosen = [f[1] for f in found[:B]]
     if len(chosen) < B:  # fewer distinct vertices than inputs: fill with ICA directions
-        chosen = np.concatenate([chosen, init.numpy()[: B - len(chosen)]])
-    return torch.from_numpy(chosen)
+        chosen += list(init.numpy()[: B - len(chosen)])
+    return torch.from_numpy(np.array(chosen))
 
 
 def _refine_tv(unmix: torch.Tensor, Z: torch.Tensor, image_shape: tuple[int, ...], tv: float,

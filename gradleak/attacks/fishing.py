@@ -3,42 +3,64 @@
 The server edits the classifier head: every non-target row is zeroed and the target logit gets a
 very negative bias, so p_t ≈ 0 for every sample. The back-propagated signal of a sample is then
 (p − e_y)ᵀW_head = W_t (p_t − 1[y = t]): samples of other classes contribute (almost) nothing and
-the update of all earlier layers is the gradient of the target-class samples alone. The server
-counts them from the head's bias gradient (∂L/∂b_t ≈ −n_t/B) and inverts the isolated gradient
-analytically through the first fully connected layer (fc-analytic), exact for one target sample.
+the update of every layer before the head is the gradient of the target-class samples alone. The
+server counts them from the head's bias gradient (∂L/∂b_t ≈ −n_t/B) and inverts that isolated
+gradient:
+- analytically through the first fully connected layer (fc-analytic) when the model starts with
+  one (mlp): exact for one target sample;
+- otherwise (conv-first models: lenet, lenet5, convnet, ...) by Inverting Gradients on the
+  pre-head update only (the head's own gradient still mixes every sample: its zeroed rows see
+  p_j h_i for all i), with the label known to be t and the batch size n_t.
 
 The edit is blatant (exact-zero rows, an extreme bias): `inspect-model` flags it.
-Limits: needs a head with a bias and a first FC layer on the input (e.g. mlp); several target
-samples in one batch come back as mixtures unless their first-layer units separate them.
+Limits: needs a head with a bias; several target samples in one batch come back as mixtures
+(analytic) or as a harder n_t-sample inversion (IG).
 """
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
 
+from ..analytic.fc import locate_first_linear
 from ..errors import GradleakError
+from ..fl import TrainingSpec
 from ..models import last_linear
 from ..options import check
-from ..threat import Observation
+from ..threat import Observation, make_threat_model, observe
 from .base import Attack, AttackContext, Reconstruction
 from .fc_analytic import FCAnalyticOptions, invert_first_layer
+from .ig import IGOptions, InvertingGradients
 
 
 @dataclass
 class FishingOptions:
     target_class: int = 0
     fish_bias: float = 40.0  # how far the target logit is pushed down
-    tolerance: float = 0.02
+    tolerance: float = 0.02  # analytic inversion: RMS distance for row candidates to agree
+    # analytic: first FC layer on the input (mlp); ig: Inverting Gradients on the pre-head update;
+    # auto: analytic when the model allows it, else ig
+    inversion: Literal["auto", "analytic", "ig"] = "auto"
+    iterations: int = 2500  # IG settings for the isolated gradient (see attack 'ig')
+    lr: float = 0.1
+    tv: float = 1e-6
+    restarts: int = 1
 
     def __post_init__(self):
         check(self.target_class >= 0, "attack 'fishing': target_class must be >= 0")
         check(self.fish_bias > 0, "attack 'fishing': fish_bias must be > 0")
+        check(self.iterations >= 1, "attack 'fishing': iterations must be >= 1")
+        check(self.lr > 0, "attack 'fishing': lr must be > 0")
+        check(self.tv >= 0, "attack 'fishing': tv must be >= 0")
+        check(self.restarts >= 1, "attack 'fishing': restarts must be >= 1")
 
 
 class ClassFishing(Attack):
+    """Class fishing: zero the head but for one class, invert that class's isolated gradient."""
+
     name = "fishing"
     Options = FishingOptions
     requires = frozenset({"batch_size"})
@@ -62,7 +84,8 @@ class ClassFishing(Attack):
         return fished
 
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
-        t = self.options.target_class
+        opt = self.options
+        t = opt.target_class
         head_name, _ = last_linear(obs.model)
         g_bias = obs.update.as_gradient().get(f"{head_name}.bias")
         if g_bias is None:
@@ -72,8 +95,33 @@ class ClassFishing(Attack):
         if count < 1:
             return Reconstruction(inputs=torch.zeros(0, *obs.input_shape), labels=torch.zeros(0, dtype=torch.long),
                                   extras={"target_count": 0})
-        x = invert_first_layer(obs, count, FCAnalyticOptions(tolerance=self.options.tolerance))
-        if obs.modality == "image":
-            x = x.clamp(0, 1)
-        return Reconstruction(inputs=x, labels=torch.full((x.shape[0],), t, dtype=torch.long),
-                              extras={"target_count": count})
+        labels = torch.full((count,), t, dtype=torch.long)
+        method = opt.inversion
+        if method == "auto":
+            method = "analytic" if locate_first_linear(obs.model, obs.input_shape).on_input else "ig"
+        if method == "analytic":
+            x = invert_first_layer(obs, count, FCAnalyticOptions(tolerance=opt.tolerance))
+            if obs.modality == "image":
+                x = x.clamp(0, 1)
+            return Reconstruction(inputs=x, labels=labels[: x.shape[0]],
+                                  extras={"target_count": count, "inversion": "analytic"})
+        rec = InvertingGradients(IGOptions(iterations=opt.iterations, lr=opt.lr, tv=opt.tv,
+                                           restarts=opt.restarts)).reconstruct(
+            isolated_observation(obs, head_name, labels), ctx)
+        return Reconstruction(inputs=rec.inputs, labels=labels, iterations=rec.iterations,
+                              final_distance=rec.final_distance, trace=rec.trace,
+                              extras={"target_count": count, "inversion": "ig"})
+
+
+def isolated_observation(obs: Observation, head_name: str, labels: torch.Tensor) -> Observation:
+    """The server's view of the target samples alone: the update without the head's tensors (the
+    only ones other samples still reach), batch size n_t and labels t, which fishing revealed."""
+    upstream = {n: v for n, v in obs.update.tensors.items() if not n.startswith(f"{head_name}.")}
+    if not upstream:
+        raise GradleakError("attack 'fishing': the model has no layer before the head to invert")
+    grants = ["labels"] + [k for k in ("local_training", "defenses") if obs.knows(k)]
+    training = obs.training if obs.knows("local_training") else TrainingSpec(lr=obs.update.lr)
+    return observe(obs.update.replace(tensors=upstream), obs.model, make_threat_model("honest", grants),
+                   input_shape=obs.input_shape, num_classes=obs.num_classes, training=training,
+                   batch_size=len(labels), labels=labels,
+                   defenses=obs.get("defenses") if obs.knows("defenses") else [], modality=obs.modality)

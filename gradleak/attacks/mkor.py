@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -45,13 +46,20 @@ from .base import Attack, AttackContext, Reconstruction
 class MKOROptions:
     shuffle: bool = True  # random channel / hidden-unit indices instead of the first ones (§3.4.3)
     noise: float = 0.0  # std of N(0, σ²) replacing zeroed weights, relative to the layer's weight std
-    anchor_prob: float = 0.5  # softmax prior of the anchor label (resolves the cross-entropy ambiguity)
+    # How the one unknown per feature is pinned when every label is present (see
+    # `label_features`): "black" = the tightest black bound, "mean" = the anchor label
+    # looks like the others; "auto" = black for point / max features, mean for averages.
+    fill: Literal["auto", "black", "mean"] = "auto"
+    # softmax prior of the anchor label; 0 = auto (uniform for "black", 0.5 for "mean")
+    anchor_prob: float = 0.0
     shifts: int = -1  # number I of 4-direction layers; -1: as many as the channel budget allows
     smooth: int = 5  # box filter size applied to the max/min midpoint (official code: 5); 1 = off
 
     def __post_init__(self) -> None:
         check(0.0 <= self.noise < 1.0, "attack 'mkor' option 'noise' must be in [0, 1)")
-        check(0.0 < self.anchor_prob < 1.0, "attack 'mkor' option 'anchor_prob' must be in (0, 1)")
+        check(0.0 <= self.anchor_prob < 1.0, "attack 'mkor' option 'anchor_prob' must be in [0, 1)")
+        check(self.fill in ("auto", "black", "mean"),
+              "attack 'mkor' option 'fill' must be 'auto', 'black' or 'mean'")
         check(self.shifts >= -1, "attack 'mkor' option 'shifts' must be >= -1")
         check(self.smooth >= 1, "attack 'mkor' option 'smooth' must be >= 1")
 
@@ -75,7 +83,17 @@ class _ConvPlan:
     factor: int = 1  # input pixels per feature pixel
     region: int = 1  # side of the aggregated region, in input pixels
     pooling: str = "none"  # "max", "avg" or "none" (point samples)
-    sigmoids: int = 0  # sigmoid layers to invert
+    # (gain g, input centre c) of each sigmoid conv, in order: its copies compute σ(g·(v − c))
+    sigmoids: list[tuple[float, float]] = field(default_factory=list)
+    scale: float = 1.0  # ReLU networks: product of the copy gains (features = scale × pixels)
+
+
+# Sigmoid copies σ(g·(v − ½)) keep every pre-activation within ±¼, where σ is linear to
+# 0.5 %: label means of features then invert to label means of pixels (§3.6).
+SIGMOID_GAIN_FIRST = 0.5  # x in [0, 1]
+SIGMOID_GAIN = 4.0  # u = σ(±¼) in [0.44, 0.56]
+ANCHOR_PROB = 0.5  # default anchor prior for fill="mean"
+DEAD_ROWS_BEFORE = 0.5  # kill unconsidered rows before a conv whose rows are > 50 % considered
 
 
 def _layers(model: nn.Module) -> list[nn.Module]:
@@ -86,6 +104,54 @@ def _layers(model: nn.Module) -> list[nn.Module]:
 
 def _pair(v) -> int:
     return int(v[0] if isinstance(v, tuple) else v)
+
+
+def label_features(observed: torch.Tensor, prior: torch.Tensor, batch_size: int, path: float,
+                   black: torch.Tensor, white: torch.Tensor,
+                   fill: str = "black") -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-label (path-weighted) mean conv features and label counts.
+
+    `observed[n]` = (A_n − π_n T) / B: label n's feature sum A_n (last column:
+    its path-weighted count S_n) minus π_n times the batch sum T. With the path
+    weight s known, T's count column is B·s, which gives every S_n and the
+    counts. Per feature j one scalar of T stays unknown (the softmax gradient
+    sums to 0 over the logits, so no parameter isolates it). Every sample's
+    feature lies between its all-black and all-white values, so every label
+    bounds T_j; `fill="black"` takes the tightest bound, i.e. assumes some label
+    is black at feature j. That is exact when any label is absent (the
+    absent label is black everywhere) and wherever some label's samples are all
+    dark there (MNIST's background); otherwise it darkens the labels slightly.
+    `fill="mean"` assumes instead that the anchor label (largest π) looks like
+    the count-weighted mean of the others (exact only when a label is absent).
+    Returns (features [N, D], counts [N])."""
+    count_col = observed[:, -1] + prior * path  # S_n / B
+    counts = _round_to_total(batch_size * count_col / path, batch_size)
+    excess = observed[:, :-1] - black[None] * observed[:, -1:]  # the same rows, measured from black
+    up = torch.where(white >= black, 1.0, -1.0).double()
+    bounds = -up[None] * excess / prior[:, None]  # per label: up·X ≥ bound
+    absent = counts == 0
+    if fill == "black" or absent.any():
+        shift = up * (bounds[absent].mean(0) if absent.any() and fill == "mean" else bounds.max(0).values)
+    else:
+        anchor = int(prior.argmax())
+        others = torch.arange(len(prior)) != anchor
+        rest = count_col[others].sum()
+        slope = prior[anchor] / count_col[anchor] - prior[others].sum() / rest
+        shift = (excess[others].sum(0) / rest - excess[anchor] / count_col[anchor]) / slope
+    sums = excess + prior[:, None] * shift[None]
+    features = black[None] + sums / count_col.clamp(min=1e-30)[:, None]
+    return features, counts
+
+
+def _round_to_total(values: torch.Tensor, total: int) -> torch.Tensor:
+    """Non-negative integers summing to `total`, closest to `values` (largest remainder)."""
+    values = values.clamp(min=0)
+    values = values * (total / values.sum().clamp(min=1e-30))
+    counts = values.floor().long()
+    missing = total - int(counts.sum())
+    if missing > 0:
+        counts[torch.argsort(values - counts, descending=True)[:missing]] += 1
+    return counts
 
 
 class MKOR(Attack):
@@ -104,6 +170,10 @@ class MKOR(Attack):
         gen = ctx.generator(17)
         with torch.no_grad():
             self._set_conv(layers, input_shape, gen)
+            # averaged features rarely see a whole label black (MNIST: 41 % of LeNet5's
+            # 4×4 means vs 80 % of its stride-2 point samples), so they use the mean prior
+            self._fill = self.options.fill if self.options.fill != "auto" else (
+                "mean" if self._plan.pooling == "avg" else "black")
             self._set_fc([m for m in layers if isinstance(m, nn.Linear)], num_classes, gen,
                          self._activation(layers) == "sigmoid")
         return model
@@ -158,6 +228,16 @@ class MKOR(Attack):
         return best
 
     def _set_conv(self, layers, input_shape, gen: torch.Generator) -> None:
+        """Copy / min / 4-direction filters (eq. 20), written so the weight statistics
+        stay those of the honest initialisation wherever the construction allows:
+
+        * a considered row only silences its *live* inputs; weights from inputs that
+          are provably 0 keep their honest values;
+        * before a conv whose rows are mostly considered (VGG16's last conv), the
+          unconsidered rows are made dead: their weights from considered (max, min)
+          pairs turn negative (honest magnitudes) and their bias non-positive, so the
+          next conv can keep honest weights on them instead of a wall of zeros;
+        * sigmoid networks run their copies in the sigmoid's linear range (§3.6)."""
         colors = input_shape[0]
         act = self._activation(layers)
         pooled_max = any(isinstance(m, nn.MaxPool2d) for m in layers)
@@ -167,9 +247,17 @@ class MKOR(Attack):
         convs = [m for m in layers if isinstance(m, nn.Conv2d)]
         if first > convs[0].out_channels:
             raise GradleakError("attack 'mkor': the first conv layer has too few channels")
+        considered_rows = []
+        count = first
+        for i in range(len(convs)):
+            count *= 4 if i in shift_convs else 1
+            considered_rows.append(count)
         # `current[c]` = considered channel at index c of the running feature map
         current: dict[int, _Channel] = {c: _Channel(c, "max") for c in range(colors)}
+        dead: set[int] = set()  # input channels that are exactly 0 for every input in [0, 1]
         factor, region = 1, 1
+        sigmoids: list[tuple[float, float]] = []
+        scale = 1.0
         for i, conv in enumerate(convs):
             k, s, p = _pair(conv.kernel_size), _pair(conv.stride), _pair(conv.padding)
             centre = k // 2
@@ -186,18 +274,32 @@ class MKOR(Attack):
             outs = (torch.randperm(conv.out_channels, generator=gen)[:len(sources)].tolist()
                     if self.options.shuffle else list(range(len(sources))))
             weight, bias = conv.weight, conv.bias
-            std = float(weight.std())
+            honest_bound = float(weight.abs().max())
+            if act == "sigmoid":
+                gain = SIGMOID_GAIN_FIRST if i == 0 else SIGMOID_GAIN
+                sigmoids.append((gain, 0.5))
+            else:  # unit copies keep the features at pixel scale; the last conv's taps
+                gain = 1.0 if i < len(convs) - 1 else honest_bound  # stay in the honest range
+                scale *= gain
             rows = torch.tensor(outs)
-            weight[rows] = torch.randn(len(outs), *weight.shape[1:], generator=gen) * std * self.options.noise
+            live = torch.tensor([c for c in range(conv.in_channels) if c not in dead])
+            silent = self._filler(len(outs), len(live), weight, gen)
+            weight[rows[:, None], live[None, :]] = silent
             if bias is not None:
-                bias[rows] = torch.randn(len(outs), generator=gen) * std * self.options.noise
+                bias[rows] = 0.0
             new: dict[int, _Channel] = {}
             for out, (c_in, ch, dh, dw, sign) in zip(outs, sources):
-                weight[out, c_in, centre + dh, centre + dw] = sign
-                if sign < 0:
-                    bias[out] = 1.0  # ReLU(1 − x) for x in [0, 1]
+                weight[out, c_in, centre + dh, centre + dw] = sign * gain
+                if act == "sigmoid":
+                    bias[out] = -gain * 0.5  # σ(g·(v − ½)): centred on the linear range
+                elif sign < 0:
+                    bias[out] = gain  # ReLU(g·(1 − x)) for x in [0, 1]
                 new[out] = _Channel(ch.color, ch.kind, ch.off_h + (centre + dh - p) * factor,
                                     ch.off_w + (centre + dw - p) * factor)
+            dead = set()
+            if (use_min and bias is not None and i + 1 < len(convs)
+                    and considered_rows[i + 1] > DEAD_ROWS_BEFORE * convs[i + 1].out_channels):
+                dead = self._kill_rows(weight, bias, set(outs), list(current))
             current = new
             factor *= s
             # pools between this conv and the next
@@ -210,10 +312,30 @@ class MKOR(Attack):
                         raise GradleakError("attack 'mkor' supports 2×2 pooling only")
                     region += factor
                     factor *= 2
-        first_fc = next(i for i, m in enumerate(layers) if isinstance(m, nn.Linear))
         self._plan = _ConvPlan(current, factor, region,
-                               "max" if pooled_max else ("avg" if region > 1 else "none"),
-                               sum(isinstance(m, nn.Sigmoid) for m in layers[:first_fc]))
+                               "max" if pooled_max else ("avg" if region > 1 else "none"), sigmoids, scale)
+
+    def _filler(self, rows: int, inputs: int, weight: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """Weights of a considered row on its live inputs: 0, or N(0, (noise·std)²)."""
+        shape = (rows, inputs, *weight.shape[2:])
+        if self.options.noise == 0.0:
+            return torch.zeros(shape)
+        return torch.randn(shape, generator=gen) * float(weight.std()) * self.options.noise
+
+    @staticmethod
+    def _kill_rows(weight: torch.Tensor, bias: torch.Tensor, considered: set[int],
+                   inputs: list[int]) -> set[int]:
+        """Make every unconsidered row of a ReLU conv output 0 on images in [0, 1].
+
+        Its inputs include max/min copies of every considered region, whose sum is
+        at least 1 per pair (max x + (1 − min x) ≥ 1), so negative weights of honest
+        magnitude on them outweigh what the remaining honest weights read from the
+        unconsidered (garbage) channels by a wide margin. Returns the dead rows."""
+        others = torch.tensor([r for r in range(weight.shape[0]) if r not in considered])
+        cols = torch.tensor(inputs)
+        weight[others[:, None], cols[None, :]] = -weight[others[:, None], cols[None, :]].abs()
+        bias[others] = -bias[others].abs()
+        return set(others.tolist())
 
     def _set_fc(self, linears: list[nn.Linear], num_classes: int, gen: torch.Generator,
                 sigmoid: bool) -> None:
@@ -229,10 +351,12 @@ class MKOR(Attack):
         first_owned = owned.clone()
         first = linears[0]
         shared_row = first.weight[owned[0]].abs().clone()
-        if sigmoid:  # keep the sigmoid near its linear range: pre-activation ≈ mean feature
-            shared_row /= shared_row.sum()
         first.weight[owned] = shared_row
-        first.bias[owned] = first.bias[owned[0]].abs()
+        if sigmoid:  # centre the sigmoid (features ≈ ½): its slope, the samples' path weight,
+            first.weight[owned] = shared_row / shared_row.sum()  # then barely varies
+            first.bias[owned] = -0.5
+        else:
+            first.bias[owned] = first.bias[owned[0]].abs()
         for layer in linears[1:-1]:
             nxt = pick(layer.out_features)
             boost = float(layer.weight.abs().max())
@@ -248,8 +372,11 @@ class MKOR(Attack):
         last.weight.copy_(last.weight[0:1].expand_as(last.weight))  # column-constant: logits move together
         last.weight[torch.arange(n), owned] += boost
         anchor = int(torch.randint(n, (1,), generator=gen))
-        prior = torch.full((n,), (1 - self.options.anchor_prob) / (n - 1))
-        prior[anchor] = self.options.anchor_prob
+        anchor_prob = self.options.anchor_prob or (1 / n if self._fill == "black" else ANCHOR_PROB)
+        if self._fill == "mean" and anchor_prob <= 1 / n:
+            raise GradleakError("attack 'mkor': fill=mean needs anchor_prob > 1/classes")
+        prior = torch.full((n,), (1 - anchor_prob) / (n - 1))
+        prior[anchor] = anchor_prob
         last.bias.copy_(prior.log())
         self._label_rows = first_owned
         self._prior = prior.double()
@@ -263,54 +390,49 @@ class MKOR(Attack):
         linears = [m for m in layers if isinstance(m, nn.Linear)]
         names = {id(p): name for name, p in model.named_parameters()}
         w_name, b_name = names[id(linears[0].weight)], names[id(linears[0].bias)]
-        tensors = obs.update.tensors
-        if w_name not in tensors or b_name not in tensors:
+        update = obs.update
+        if w_name not in update.tensors or b_name not in update.tensors:
             raise GradleakError("attack 'mkor' needs the first FC layer's weight and bias update")
-        grad_w, grad_b = tensors[w_name].double(), tensors[b_name].double()
+        # a one-step FedAvg delta is lr × the gradient; the decoding needs gradient units
+        scale = 1.0 / update.lr if update.kind == "delta" else 1.0
+        grad_w = update.tensors[w_name].double() * scale
+        grad_b = update.tensors[b_name].double() * scale
         rows, prior = self._label_rows, self._prior
-        per_class, counts = self._class_features(grad_w[rows], grad_b[rows], prior, obs.batch_size)
+        black, white, path = self._probe(model, obs.input_shape, linears[0], rows, prior)
+        observed = -torch.cat([grad_w[rows], grad_b[rows, None]], 1)  # O_n = (A_n − π_n T) / B
+        features, counts = label_features(observed, prior, obs.batch_size, path, black, white,
+                                          self._fill)
         present = (counts > 0).nonzero().flatten()
-        images = self._decode(per_class[present].float(), obs.input_shape, model)
-        reps = counts[present].clamp(min=1)
-        inputs = images.repeat_interleave(reps, dim=0)[:obs.batch_size]
-        labels = present.repeat_interleave(reps)[:obs.batch_size]
+        images = self._decode(features[present].float(), obs.input_shape, model)
+        reps = counts[present]
+        inputs = images.repeat_interleave(reps, dim=0)
+        labels = present.repeat_interleave(reps)
         return Reconstruction(inputs=inputs.clamp(0, 1), labels=labels,
                               extras={"labels_recovered": int(present.numel())})
 
     @staticmethod
-    def _class_features(grad_w: torch.Tensor, grad_b: torch.Tensor, prior: torch.Tensor,
-                        batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-label mean features from rows O_n = A_n − π_n T (up to a positive scale).
-
-        Two hypotheses for the unknown batch sum T: (a) the label with the largest
-        T − A_n/π_n is absent, so T is exact; (b) every label is present and the
-        anchor label looks like the batch mean. The one whose implied label counts
-        are closer to integers wins. Returns (features [N, D], counts [N])."""
-        observed = -torch.cat([grad_w, grad_b[:, None]], 1)
-        candidate = -observed / prior[:, None]  # T − A_n/π_n
-
-        def counts_of(total: torch.Tensor) -> tuple[torch.Tensor, float]:
-            unit = total[-1] / batch_size
-            c = (observed[:, -1] + prior * total[-1]) / unit
-            return c, float((c - c.round()).abs().mean() + (c < -0.5).float().sum())
-
-        absent_total = candidate[candidate[:, -1].argmax()]
-        anchor = int(prior.argmax())
-        others = torch.arange(len(prior)) != anchor
-        total = candidate[anchor].clone()
-        for _ in range(50):  # fixed point of hypothesis (b)
-            sums = observed + prior[:, None] * total
-            mean = sums[others, :-1].sum(0) / sums[others, -1].sum().clamp(min=1e-12)
-            count = total[-1] / len(prior)
-            total = (torch.cat([mean * count, count.reshape(1)]) - observed[anchor]) / prior[anchor]
-        if counts_of(absent_total)[1] <= counts_of(total)[1]:
-            total = absent_total
-        sums = observed + prior[:, None] * total
-        counts = counts_of(total)[0].round().clamp(min=0).long()
-        if counts.sum() == 0:
-            counts[sums[:, -1].argmax()] = 1
-        features = sums[:, :-1] / sums[:, -1].clamp(min=1e-12)[:, None]
-        return features, counts
+    def _probe(model: nn.Module, input_shape, first_fc: nn.Linear, rows: torch.Tensor,
+               prior: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """The conv features of an all-black and an all-white image, and the path
+        weight s = ∂logit_n/∂(owned unit of n) of a mid-grey probe (constant for ReLU
+        paths, nearly so for centred sigmoids): one sample of label y adds
+        s·(π_n − 1[y = n]) to owned bias n."""
+        captured: dict[str, torch.Tensor] = {}
+        hooks = [first_fc.register_forward_pre_hook(lambda _m, inp: captured.__setitem__("in", inp[0])),
+                 first_fc.register_forward_hook(lambda _m, _i, out: captured.__setitem__("out", out))]
+        probe = torch.stack([torch.zeros(input_shape), torch.ones(input_shape),
+                             torch.full(input_shape, 0.5)]).requires_grad_(True)
+        try:
+            with torch.enable_grad():
+                logits = model(probe)
+                loss = F.cross_entropy(logits[2:], torch.zeros(1, dtype=torch.long))
+                grad = torch.autograd.grad(loss, captured["out"])[0][2, rows].double()
+        finally:
+            for h in hooks:
+                h.remove()
+        features = captured["in"].detach().double().flatten(1)
+        path = float((grad[1:] / prior[1:]).mean())  # label 0 is the probe's own
+        return features[0], features[1], path
 
     def _decode(self, features: torch.Tensor, input_shape, model: nn.Module) -> torch.Tensor:
         """Per-label conv features [n, D] → images [n, C, H, W]."""
@@ -318,8 +440,9 @@ class MKOR(Attack):
         colors, height, width = input_shape
         conv_out = self._feature_shape(model, input_shape)
         z = features.reshape(features.shape[0], *conv_out)
-        for _ in range(plan.sigmoids):
-            z = torch.logit(z.clamp(1e-6, 1 - 1e-6))
+        z = z / plan.scale
+        for gain, centre in reversed(plan.sigmoids):  # σ(g·(v − c)) → v
+            z = torch.logit(z.double().clamp(1e-12, 1 - 1e-12)).float() / gain + centre
         if plan.pooling == "avg":
             return self._deconvolve(z, colors, height, width).clamp(0, 1)
         # work on cells of `step` pixels: every region edge falls on a cell edge (regions

@@ -1,0 +1,109 @@
+"""The features a model feeds its first fully connected layer, and their inversion to inputs.
+
+The Cocktail Party Attack separates ∂L/∂W of the first nn.Linear into the vectors that layer
+saw. Behind convolutions those are feature embeddings h = f(x), not inputs; the server knows the
+extractor f (it sent the model) and inverts each recovered h by optimisation (Kariyappa et al.
+ICML 2023, §feature inversion): min_x ‖f(x) − h‖² / ‖h − f(gray)‖² + λ·TV(x), x ∈ [0, 1], or,
+when the scale of h is unknown (bias-free layer), 1 − cos(f(x), h).
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..options import check
+
+
+class _Reached(Exception):
+    """Raised by the hook to stop the forward pass at the layer whose input we want."""
+
+
+class FeatureExtractor:
+    """x → the flattened input of `layer` in `model`, differentiable.
+
+    Runs a private copy of the model (attacks must not touch the observed model; batch-norm layers
+    in train mode would update its running statistics) up to `layer` and stops there. The copy
+    keeps the model's mode: a client trains in train mode, so batch-norm uses the statistics of
+    the batch passed in — invert a whole batch at once to reproduce them.
+    """
+
+    def __init__(self, model: nn.Module, layer_name: str):
+        self.model = copy.deepcopy(model)
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.layer = self.model.get_submodule(layer_name)
+        self._captured: torch.Tensor | None = None
+        self.layer.register_forward_pre_hook(self._capture)
+
+    def _capture(self, _module, inputs):
+        self._captured = inputs[0]
+        raise _Reached
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            self.model(x)
+        except _Reached:
+            pass
+        else:
+            raise RuntimeError("the forward pass never reached the feature layer")
+        out, self._captured = self._captured, None
+        return out.flatten(1)
+
+
+@dataclass
+class FeatureInversionOptions:
+    steps: int = 1000  # Adam steps (cosine-annealed learning rate)
+    lr: float = 0.05
+    tv: float = 0.01  # weight of the total-variation prior per image
+
+    def __post_init__(self):
+        check(self.steps >= 1, "feature inversion: steps must be >= 1")
+        check(self.lr > 0, "feature inversion: lr must be > 0")
+        check(self.tv >= 0, "feature inversion: tv must be >= 0")
+
+
+def _total_variation(x: torch.Tensor) -> torch.Tensor:
+    """Per-image anisotropic TV (mean absolute neighbour difference)."""
+    if x.dim() < 4:
+        return x.new_zeros(x.shape[0])
+    return ((x[:, :, :, 1:] - x[:, :, :, :-1]).abs().mean((1, 2, 3))
+            + (x[:, :, 1:, :] - x[:, :, :-1, :]).abs().mean((1, 2, 3)))
+
+
+def invert_features(extract: FeatureExtractor, targets: torch.Tensor, input_shape: tuple[int, ...],
+                    options: FeatureInversionOptions, *, scale_known: bool = True,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+    """Inputs in [0, 1] whose features match `targets` (B, F), row by row.
+
+    scale_known: targets carry their true scale (bias-resolved CPA) → relative squared error, with
+    the distance of h from the features of a flat gray input as the unit, so every row weighs the
+    same whatever its offset (sigmoid features sit around 0.5); otherwise cosine distance.
+    """
+    targets = targets.detach().float()
+    batch = targets.shape[0]
+    with torch.no_grad():
+        gray = extract(torch.full((batch, *input_shape), 0.5))
+    unit = (targets - gray).pow(2).sum(1).clamp_min(1e-12)
+    x = (0.5 + 0.1 * torch.randn((batch, *input_shape), generator=generator)).clamp(0, 1)
+    x.requires_grad_(True)
+    optimizer = torch.optim.Adam([x], lr=options.lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda it: 0.5 * (1 + math.cos(math.pi * it / options.steps)))
+    for _ in range(options.steps):
+        optimizer.zero_grad(set_to_none=True)
+        features = extract(x)
+        if scale_known:
+            distance = (features - targets).pow(2).sum(1) / unit
+        else:
+            distance = 1 - torch.nn.functional.cosine_similarity(features, targets, dim=1)
+        loss = (distance + options.tv * _total_variation(x)).sum()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        with torch.no_grad():
+            x.clamp_(0, 1)
+    return x.detach()
