@@ -108,7 +108,7 @@ class GradInversion(Attack):
             distances = []
             for x in group:
                 loss, distance = member_loss(x, mean)
-                loss.backward()
+                loss.backward(inputs=group)  # skip the simulator's weights
                 distances.append(float(distance.detach()))
             optimizer.step()
             schedule.step()

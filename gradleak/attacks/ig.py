@@ -69,7 +69,7 @@ class InvertingGradients(Attack):
                 optimizer.zero_grad(set_to_none=True)
                 distance = update_distance(sim(x, labels), sim.target, opt.distance)
                 loss = distance + (opt.tv * total_variation(x) if image and opt.tv else 0.0)
-                loss.backward()
+                loss.backward(inputs=[x])  # skip the simulator's weights
                 if opt.signed:
                     x.grad.sign_()
                 optimizer.step()

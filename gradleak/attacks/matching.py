@@ -7,6 +7,7 @@ optimisation loop live here so every optimisation attack shares them.
 """
 from __future__ import annotations
 
+import copy
 import math
 from typing import Callable, Literal
 
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 from ..fl.local import local_update, model_state
 from ..fl.training import TrainingSpec
 from ..threat import Observation
+from .double_backward import make_twice_differentiable
 
 Tensors = dict[str, torch.Tensor]
 Distance = Literal["l2", "cosine", "l1", "weighted-cosine"]
@@ -24,9 +26,16 @@ Distance = Literal["l2", "cosine", "l1", "weighted-cosine"]
 class UpdateSimulator:
     """Candidate data → the update the client would send (differentiable)."""
 
-    def __init__(self, obs: Observation, device: torch.device | str = "cpu"):
+    def __init__(self, obs: Observation, device: torch.device | str = "cpu", *,
+                 cheap_double_backward: bool = True):
         self.obs = obs
-        self.model = obs.model.to(device)
+        # A private copy whose conv / batch-norm layers get the cheaper second
+        # derivative (`double_backward`); the observed model is never touched.
+        self.cheap_double_backward = cheap_double_backward
+        if cheap_double_backward:
+            self.model = make_twice_differentiable(copy.deepcopy(obs.model).to(device))
+        else:
+            self.model = obs.model.to(device)
         self.params, self.buffers = model_state(self.model)
         self.params = {k: v.to(device) for k, v in self.params.items()}
         self.names = [n for n in obs.update.tensors if n in self.params]
@@ -40,6 +49,10 @@ class UpdateSimulator:
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> Tensors:
         buffers = {k: v.clone() for k, v in self.buffers.items()}
+        if self.cheap_double_backward and x.grad_fn is None:
+            # a non-leaf handle lets the first layer skip its unused input
+            # gradient while the update is simulated (see double_backward)
+            x = x.view_as(x)
         _, update = local_update(self.model, self.params, buffers, x, y, self.training,
                                  create_graph=True)
         if self.sent is not None:
@@ -74,10 +87,16 @@ def update_distance(candidate: Tensors, target: Tensors, kind: Distance = "cosin
         return sum(w.get(n, 1.0) * (candidate[n] - target[n]).pow(2).sum() for n in names)
     if kind == "l1":
         return sum(w.get(n, 1.0) * (candidate[n] - target[n]).abs().sum() for n in names)
-    dot = sum(w.get(n, 1.0) * (candidate[n] * target[n]).sum() for n in names)
-    cn = sum(w.get(n, 1.0) * candidate[n].pow(2).sum() for n in names)
-    tn = sum(w.get(n, 1.0) * target[n].pow(2).sum() for n in names)
-    return 1 - dot / (cn.sqrt() * tn.sqrt() + 1e-12)
+    # One flat vector per side (weights folded in as √w): three reductions
+    # instead of three per tensor, which dominates the cost for small models.
+    scale = {n: math.sqrt(w[n]) for n in names if n in w and w[n] != 1.0}
+    a = _flat([candidate[n] * scale[n] if n in scale else candidate[n] for n in names])
+    b = _flat([target[n] * scale[n] if n in scale else target[n] for n in names])
+    return 1 - (a * b).sum() / (a.pow(2).sum().sqrt() * b.pow(2).sum().sqrt() + 1e-12)
+
+
+def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors])
 
 
 def total_variation(x: torch.Tensor) -> torch.Tensor:

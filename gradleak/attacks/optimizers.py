@@ -49,11 +49,12 @@ def minimise(objective: Objective, optimizer: torch.optim.Optimizer, iterations:
     lbfgs = isinstance(optimizer, torch.optim.LBFGS)
     trace: list[float] = []
     last = [float("inf")]
+    variables = [p for group in optimizer.param_groups for p in group["params"]]
 
     def closure() -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
         loss, distance = objective()
-        loss.backward()
+        loss.backward(inputs=variables)  # skip the simulator's weights
         last[0] = finite_or_inf(distance)
         return loss
 

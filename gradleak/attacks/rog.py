@@ -26,6 +26,7 @@ from ..options import check
 from ..threat import Observation
 from .base import Attack, AttackContext, Reconstruction
 from .labels import recover_labels
+from .head_unroll import make_simulator
 from .matching import UpdateSimulator, finite_or_inf, total_variation, update_distance
 
 Tensors = dict[str, torch.Tensor]
@@ -33,24 +34,36 @@ Tensors = dict[str, torch.Tensor]
 
 @dataclass
 class ROGOptions:
-    iterations: int = 400
-    lr: float = 0.05
+    iterations: int = 100  # paper 02's code: T_max = 100
+    optimizer: Literal["lbfgs", "adam"] = "lbfgs"
+    lr: float = 0.05  # Adam step size (paper), cosine-annealed to lr/10; L-BFGS takes unit steps + line search
     scale: int = 4  # bicubic down-sampling factor of the latent (paper: 4)
-    distance: Literal["l2", "cosine"] = "l2"  # paper: l2 (Eq. 14)
-    tv: float = 0.0  # optional TV on the decoded image (ROG relies on the U-Net instead)
+    # paper: l2 (Eq. 14); layer-cosine sums 1 − cos per tensor, for quantized targets (docs/rog.md)
+    distance: Literal["l2", "cosine", "layer-cosine"] = "l2"
+    tv: float = 0.3  # TV on the decoded image, relative to the normalised distance (see docs/rog.md)
+    anneal: bool = True  # Adam only: cosine-anneal lr to lr/10 (paper 02's code)
+    box: bool = False  # Adam only: clamp the latent to [0, 1] after every step
     postprocess: bool = True  # enhance the decoded image with the shipped U-Net
     weights: str | None = None  # another enhancement U-Net (safetensors), e.g. from train-postprocessor
     label_method: Literal["auto", "bias", "weight"] = "auto"
+    history: int = 20  # L-BFGS memory
+    refine: int = 0  # extra iterations on a latent twice as fine (scale/2), started from the result
 
     def __post_init__(self):
         check(self.iterations >= 1, "attack 'rog': iterations must be >= 1")
         check(self.lr > 0, "attack 'rog': lr must be > 0")
         check(self.scale >= 1, "attack 'rog': scale must be >= 1")
         check(self.tv >= 0, "attack 'rog': tv must be >= 0")
+        check(self.history >= 1, "attack 'rog': history must be >= 1")
+        check(self.refine >= 0, "attack 'rog': refine must be >= 0")
 
 
 @dataclass
 class ROGSignOptions(ROGOptions):
+    iterations: int = 400
+    optimizer: Literal["lbfgs", "adam"] = "adam"
+    tv: float = 0.0
+    anneal: bool = False
     # signSGD: 1-bit updates carry no magnitude, so no U-Net by default
     postprocess: bool = False
     equalize: bool = True  # histogram equalisation after max-abs normalisation (paper Fig. 7)
@@ -80,56 +93,138 @@ class ROG(Attack):
     name = "rog"
     Options = ROGOptions
     requires = frozenset({"batch_size"})
-    uses = frozenset({"labels", "local_training"})
+    uses = frozenset({"labels", "local_training", "defenses"})
     modalities = ("image",)
+    # Divide the distance by its value at the starting point: FedAvg deltas of a
+    # default-initialised model give L2 distances of ~1e-7, where Adam's eps and
+    # L-BFGS's tolerances would stall the optimiser.
+    normalise = True
 
     def objective(self, simulated: Tensors, target: Tensors) -> torch.Tensor:
+        if self.options.distance == "layer-cosine":
+            return layer_cosine_distance(simulated, target)
         return update_distance(simulated, target, self.options.distance)
 
     def observed_target(self, sim: UpdateSimulator) -> Tensors:
         return sim.target
-
-    def box(self) -> bool:
-        """Keep the latent in [0, 1] (pixel range) during optimisation."""
-        return True
 
     def finish(self, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
         return x.clamp(0, 1), {}
 
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
         opt = self.options
-        sim = UpdateSimulator(obs, ctx.device)
+        sim = make_simulator(obs, ctx.device)
         target = self.observed_target(sim)
         labels = recover_labels(obs, opt.label_method, ctx.generator(17)).to(ctx.device)
         latent = BicubicLatent(obs.input_shape, opt.scale)
         noise = torch.rand((obs.batch_size, *obs.input_shape), generator=ctx.generator(0))
         z = latent.encode(noise).to(ctx.device).requires_grad_(True)
-        optimizer = torch.optim.Adam([z], lr=opt.lr)
+        search = _LatentSearch(self, sim, target, labels, latent, z)
         trace: list[float] = []
-        for it in range(opt.iterations):
-            optimizer.zero_grad(set_to_none=True)
-            x = latent.decode(z)
-            distance = self.objective(sim(x, labels), target)
-            loss = distance + (opt.tv * total_variation(x) if opt.tv else 0.0)
-            loss.backward()
-            optimizer.step()
-            if self.box():
-                with torch.no_grad():
-                    z.clamp_(0, 1)
-            if it % 25 == 0 or it == opt.iterations - 1:
-                trace.append(float(distance.detach()))
-                if ctx.progress:
-                    ctx.progress(it + 1, opt.iterations, float(distance.detach()))
-        decoded = latent.decode(z.detach())
-        final = finite_or_inf(self.objective(sim(decoded, labels), target))  # sim needs autograd
-        image, extras = self.finish(decoded.detach().cpu())
+        total = opt.iterations + opt.refine
+        self._optimise(search, opt.iterations, trace, ctx, 0, total)
+        if opt.refine and search.finite:
+            # coarse-to-fine: continue on a latent twice as fine, started from the coarse image
+            latent = BicubicLatent(obs.input_shape, max(1, opt.scale // 2))
+            search.switch(latent, latent.encode(search.latent.decode(search.best_z)))
+            self._optimise(search, opt.refine, trace, ctx, opt.iterations, total)
+        decoded = search.latent.decode(search.best_z)
+        image, extras = self.finish(decoded.cpu())
         if opt.postprocess:
             from ..postprocess import enhance, load_enhancer
 
             image = enhance(image, load_enhancer(opt.weights))
-        extras["latent_dim"] = int(z[0].numel())
-        return Reconstruction(inputs=image, labels=labels.cpu(), iterations=opt.iterations,
-                              final_distance=final, trace=trace, extras=extras)
+        extras.update(latent_dim=int(search.z[0].numel()), evaluations=search.evaluations)
+        return Reconstruction(inputs=image, labels=labels.cpu(), iterations=total,
+                              final_distance=search.best_distance, trace=trace, extras=extras)
+
+    def _optimise(self, search: _LatentSearch, iterations: int, trace: list[float], ctx: AttackContext,
+                  done: int, total: int) -> None:
+        opt = self.options
+        z = search.z
+        if opt.optimizer == "lbfgs":
+            # tolerances off: the normalised objective's gradients are tiny per latent entry
+            optimizer = torch.optim.LBFGS([z], lr=1.0, max_iter=1, history_size=opt.history,
+                                          tolerance_grad=0.0, tolerance_change=0.0,
+                                          line_search_fn="strong_wolfe")
+            step = lambda: optimizer.step(search.closure)  # noqa: E731
+        else:
+            optimizer = torch.optim.Adam([z], lr=opt.lr)
+            schedule = torch.optim.lr_scheduler.CosineAnnealingLR(
+                optimizer, iterations, eta_min=opt.lr / 10 if opt.anneal else opt.lr)
+
+            def step():
+                search.closure()
+                optimizer.step()
+                schedule.step()
+                if opt.box:
+                    with torch.no_grad():
+                        z.clamp_(0, 1)
+
+        for it in range(done, done + iterations):
+            step()
+            if not search.finite:
+                break
+            if it % 10 == 0 or it == total - 1:
+                trace.append(search.last)
+                if ctx.progress:
+                    ctx.progress(it + 1, total, search.last)
+
+
+class _LatentSearch:
+    """The objective as an optimiser closure; remembers the best latent evaluated
+    (L-BFGS line searches and Adam can both step past the best point)."""
+
+    def __init__(self, attack: ROG, sim: UpdateSimulator, target: Tensors, labels: torch.Tensor,
+                 latent: BicubicLatent, z: torch.Tensor):
+        self.attack, self.sim, self.target, self.labels, self.latent, self.z = attack, sim, target, labels, latent, z
+        self.reference: float | None = None
+        self.best_loss = float("inf")
+        self.best_distance = float("inf")
+        self.best_z = z.detach().clone()
+        self.last = float("inf")
+        self.finite = True
+        self.evaluations = 0
+
+    def switch(self, latent: BicubicLatent, z: torch.Tensor) -> None:
+        """Continue on another latent space (keeps the distance normalisation)."""
+        self.latent = latent
+        self.z = z.detach().clone().requires_grad_(True)
+        self.best_loss = float("inf")
+        self.best_z = self.z.detach().clone()
+
+    def closure(self) -> torch.Tensor:
+        opt = self.attack.options
+        self.z.grad = None
+        x = self.latent.decode(self.z)
+        distance = self.attack.objective(self.sim(x, self.labels), self.target)
+        if self.attack.normalise:
+            if self.reference is None:
+                self.reference = float(distance.detach()) or 1.0
+            distance = distance / self.reference
+        loss = distance + (opt.tv * total_variation(x) if opt.tv else 0.0)
+        loss.backward(inputs=[self.z])  # skip the simulator's weights
+        self.evaluations += 1
+        value = finite_or_inf(loss)
+        self.finite = value < float("inf")
+        self.last = finite_or_inf(distance)
+        if value < self.best_loss:
+            self.best_loss, self.best_distance = value, self.last
+            self.best_z = self.z.detach().clone()
+        return loss
+
+
+def layer_cosine_distance(simulated: Tensors, target: Tensors) -> torch.Tensor:
+    """Σ over tensors of 1 − cos(g′, g). Under 3-bit quantization the head's rounding
+    error alone outweighs every image-dependent difference in a summed L2, so each
+    tensor counts equally and scale-free here; all-zero target tensors are skipped."""
+    total = 0.0
+    for name, t in target.items():
+        norm = t.norm()
+        if float(norm) > 0:
+            g = simulated[name]
+            total = total + 1 - (g * t).sum() / (g.norm() * norm + 1e-30)
+    return total
 
 
 class ROGSign(ROG):
@@ -137,6 +232,7 @@ class ROGSign(ROG):
 
     name = "rog-sign"
     Options = ROGSignOptions
+    normalise = False  # tanh(g′) − sign(g) is already O(1) per entry
 
     def observed_target(self, sim: UpdateSimulator) -> Tensors:
         # Works on a sign-compressed update and on a raw one (it is signed here).
@@ -150,9 +246,6 @@ class ROGSign(ROG):
                 g = g / (g.detach().pow(2).mean().sqrt() + 1e-12)
             total = total + (torch.tanh(g) - t).pow(2).sum()
         return total
-
-    def box(self) -> bool:
-        return False
 
     def finish(self, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """Max-abs normalisation per image, then optional histogram equalisation."""
