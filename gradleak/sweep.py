@@ -471,10 +471,11 @@ def estimated_cost(cell: Cell) -> float:
         return 1.5 * spec["rounds"] * spec["per_round"] * (spec.get("local_steps") or 10)
     from .attacks import make_attack
 
-    options = make_attack(spec["attack"]).options
+    attack = make_attack(spec["attack"])
+    options = attack.options
     iterations = getattr(options, "iterations", 1) * getattr(options, "restarts", 1)
     # An L-BFGS iteration evaluates the objective up to ~20 times (DLG always uses it).
-    if getattr(options, "optimizer", "lbfgs" if cell.labels.get("attack") == "dlg" else "adam") == "lbfgs":
+    if getattr(options, "optimizer", "lbfgs" if attack.name == "dlg" else "adam") == "lbfgs":
         iterations *= 20
     steps = spec.get("local_steps") or 1
     return iterations * steps * (1 + spec["batch_size"] / 4)

@@ -188,16 +188,8 @@ def test_semantic_match_with_a_trained_classifier(mnist_test):
     assert semantic_match(classifier, noise, held_y) < 0.3
 
 
-def test_rog_options_validated():
+@pytest.mark.parametrize("spec", ["rog:scale=0", "rog-sign:tanh_scale=cube", "rog:iterations=0", "rog:refine=-1",
+                                  "rog:optimizer=sgd", "rog:distance=layer-l1"])
+def test_rog_options_validated(spec):
     with pytest.raises(GradleakError):
-        make_attack("rog:scale=0")
-    with pytest.raises(GradleakError):
-        make_attack("rog-sign:tanh_scale=cube")
-    with pytest.raises(GradleakError):
-        make_attack("rog:iterations=0")
-    with pytest.raises(GradleakError):
-        make_attack("rog:refine=-1")
-    with pytest.raises(GradleakError):
-        make_attack("rog:optimizer=sgd")
-    with pytest.raises(GradleakError):
-        make_attack("rog:distance=layer-l1")
+        make_attack(spec)

@@ -254,12 +254,23 @@ def class_feature_loss(features: torch.Tensor, groups: list[ClassFeatures]) -> t
     unit = F.normalize(features, dim=1)
     total, count = unit.new_zeros(()), 0
     for group in groups:
-        rows = group.rows.to(unit.device)
-        cos2 = (unit[rows] @ group.features.to(unit).T).pow(2)
-        r, c = linear_sum_assignment(-cos2.detach().cpu().numpy())
-        total = total + (1 - cos2[torch.as_tensor(r), torch.as_tensor(c)]).sum()
-        count += len(r)
+        matched = matched_cos2(unit[group.rows.to(unit.device)], group.features.to(unit))
+        total = total + (1 - matched).sum()
+        count += len(matched)
     return total / max(count, 1)
+
+
+def matched_cos2(unit: torch.Tensor, recovered: torch.Tensor) -> torch.Tensor:
+    """cos² of each row of `unit` with its partner among `recovered`'s rows (both
+    unit-norm), the pairing maximising Σ cos² (Hungarian); differentiable in both."""
+    cos2 = (unit @ recovered.T).pow(2)
+    rows, cols = linear_sum_assignment(-cos2.detach().cpu().numpy())
+    return cos2[torch.as_tensor(rows), torch.as_tensor(cols)]
+
+
+def span_distance(unit: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
+    """‖(I − QQᵀ) z_i‖ per unit row z_i, Q (d, k) orthonormal."""
+    return (1 - (unit @ span).pow(2).sum(1)).clamp_min(0).sqrt()
 
 
 def feature_errors(true_features: torch.Tensor, labels: torch.Tensor, obs: Observation,
@@ -270,19 +281,15 @@ def feature_errors(true_features: torch.Tensor, labels: torch.Tensor, obs: Obser
     batch = true.shape[0]
     out: dict[str, float] = {}
     whole = recover_features(obs, batch, seed=seed)
-    out["span_error"] = float((1 - (true @ whole.span.double()).pow(2).sum(1)).clamp_min(0).sqrt().mean())
-    cos2 = (true @ whole.features.double().T).pow(2)
-    r, c = linear_sum_assignment(-cos2.numpy())
-    out["matched_cos2"] = float(cos2[r, c].mean())
+    out["span_error"] = float(span_distance(true, whole.span.double()).mean())
+    out["matched_cos2"] = float(matched_cos2(true, whole.features.double()).mean())
     groups = recover_class_features(obs, labels, seed)
     if groups is not None:
         matched, outside = [], []
         for g in groups:
             t = true[g.rows]
-            cos2 = (t @ g.features.double().T).pow(2)
-            r, c = linear_sum_assignment(-cos2.numpy())
-            matched += cos2[r, c].tolist()
-            outside += (1 - (t @ g.span.double()).pow(2).sum(1)).clamp_min(0).sqrt().tolist()
+            matched += matched_cos2(t, g.features.double()).tolist()
+            outside += span_distance(t, g.span.double()).tolist()
         out["class_matched_cos2"] = sum(matched) / len(matched)
         out["class_span_error"] = sum(outside) / len(outside)
     return out
@@ -290,9 +297,7 @@ def feature_errors(true_features: torch.Tensor, labels: torch.Tensor, obs: Obser
 
 def feature_match_loss(features: torch.Tensor, recovered: torch.Tensor) -> torch.Tensor:
     """mean_i 1 − cos²(φ(x̂_i), ẑ_π(i)), π maximising Σ cos² (Hungarian)."""
-    cos2 = (F.normalize(features, dim=1) @ recovered.T).pow(2)
-    rows, cols = linear_sum_assignment(-cos2.detach().cpu().numpy())
-    return 1 - cos2[torch.as_tensor(rows), torch.as_tensor(cols)].mean()
+    return 1 - matched_cos2(F.normalize(features, dim=1), recovered).mean()
 
 
 def span_loss(features: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:

@@ -91,11 +91,7 @@ class LowRankHeadSimulator(UpdateSimulator):
                 update[name] = body_grads[name]
             else:
                 update[name] = self.body_params[name] - theta[name]
-        # entries a sparsifying defense withheld, as `UpdateSimulator` does
-        sent = getattr(self, "sent", None)
-        if sent is not None:
-            return {n: update[n] * sent[n] for n in self.names}
-        return update
+        return self.as_sent(update)
 
 
 def make_simulator(obs: Observation, device: torch.device | str = "cpu") -> UpdateSimulator:

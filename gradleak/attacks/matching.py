@@ -20,7 +20,7 @@ from ..threat import Observation
 from .double_backward import make_twice_differentiable
 
 Tensors = dict[str, torch.Tensor]
-Distance = Literal["l2", "cosine", "l1", "weighted-cosine"]
+Distance = Literal["l2", "cosine", "l1", "weighted-cosine", "layer-cosine"]
 
 
 class UpdateSimulator:
@@ -55,9 +55,14 @@ class UpdateSimulator:
             x = x.view_as(x)
         _, update = local_update(self.model, self.params, buffers, x, y, self.training,
                                  create_graph=True)
-        if self.sent is not None:
-            return {n: update[n] * self.sent[n] for n in self.names}
-        return {n: update[n] for n in self.names}
+        return self.as_sent(update)
+
+    def as_sent(self, update: Tensors) -> Tensors:
+        """The observed tensors of a simulated update, with the entries a
+        sparsifying defense withheld zeroed (see `sent_entries`)."""
+        if self.sent is None:
+            return {n: update[n] for n in self.names}
+        return {n: update[n] * self.sent[n] for n in self.names}
 
 
 def sent_entries(obs: Observation, target: Tensors) -> Tensors | None:
@@ -79,7 +84,10 @@ def update_distance(candidate: Tensors, target: Tensors, kind: Distance = "cosin
 
     l2: Σ‖a−b‖² (DLG); l1; cosine: 1 − ⟨a,b⟩/(‖a‖‖b‖) over the whole
     concatenated update (Geiping et al.); weighted-cosine: the same with a
-    per-tensor weight (paper 01's norm-reweighting).
+    per-tensor weight (paper 01's norm-reweighting); layer-cosine: Σ over tensors
+    of 1 − cos, so each tensor counts equally and scale-free (quantised targets,
+    where one tensor's rounding error outweighs every image-dependent difference
+    in a summed L2; docs/rog.md); all-zero target tensors are skipped.
     """
     names = list(target)
     w = weights or {}
@@ -87,6 +95,14 @@ def update_distance(candidate: Tensors, target: Tensors, kind: Distance = "cosin
         return sum(w.get(n, 1.0) * (candidate[n] - target[n]).pow(2).sum() for n in names)
     if kind == "l1":
         return sum(w.get(n, 1.0) * (candidate[n] - target[n]).abs().sum() for n in names)
+    if kind == "layer-cosine":
+        total = 0.0
+        for n in names:
+            norm = target[n].norm()
+            if float(norm) > 0:
+                g = candidate[n]
+                total = total + w.get(n, 1.0) * (1 - (g * target[n]).sum() / (g.norm() * norm + 1e-30))
+        return total
     # One flat vector per side (weights folded in as √w): three reductions
     # instead of three per tensor, which dominates the cost for small models.
     scale = {n: math.sqrt(w[n]) for n in names if n in w and w[n] != 1.0}

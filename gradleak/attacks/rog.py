@@ -101,8 +101,6 @@ class ROG(Attack):
     normalise = True
 
     def objective(self, simulated: Tensors, target: Tensors) -> torch.Tensor:
-        if self.options.distance == "layer-cosine":
-            return layer_cosine_distance(simulated, target)
         return update_distance(simulated, target, self.options.distance)
 
     def observed_target(self, sim: UpdateSimulator) -> Tensors:
@@ -212,19 +210,6 @@ class _LatentSearch:
             self.best_loss, self.best_distance = value, self.last
             self.best_z = self.z.detach().clone()
         return loss
-
-
-def layer_cosine_distance(simulated: Tensors, target: Tensors) -> torch.Tensor:
-    """Σ over tensors of 1 − cos(g′, g). Under 3-bit quantization the head's rounding
-    error alone outweighs every image-dependent difference in a summed L2, so each
-    tensor counts equally and scale-free here; all-zero target tensors are skipped."""
-    total = 0.0
-    for name, t in target.items():
-        norm = t.norm()
-        if float(norm) > 0:
-            g = simulated[name]
-            total = total + 1 - (g * t).sum() / (g.norm() * norm + 1e-30)
-    return total
 
 
 class ROGSign(ROG):
