@@ -39,6 +39,7 @@ class AttackRunSpec:
     local_steps: int = 1
     local_epochs: int | None = None
     local_batch_size: int | None = None
+    bn_mode: str = "train"  # batch norm during local training: "train" (batch statistics) or "eval"
     lr: float = 0.1
     seed: int = 0
     threat: str = "honest"
@@ -147,7 +148,7 @@ def run_attack(spec: AttackRunSpec, progress: Callable[[int, int, float], None] 
     threat = make_threat_model(spec.threat, spec.knows)
     threat.check(attack_spec.name, attack.needs())
     training = TrainingSpec(lr=spec.lr, local_steps=spec.local_steps, local_epochs=spec.local_epochs,
-                            local_batch_size=spec.local_batch_size)
+                            local_batch_size=spec.local_batch_size, batchnorm=spec.bn_mode)
 
     data = load_dataset(dataset_spec(spec.dataset, spec.split, spec.resize))
     if data.modality not in attack.modalities:

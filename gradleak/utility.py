@@ -42,6 +42,7 @@ class UtilitySpec:
     local_steps: int | None = None  # if set: this many local SGD steps instead of local epochs
     local_epochs: int = 1
     local_batch_size: int = 32
+    bn_mode: str = "train"  # batch norm during local training, as in attack runs
     lr: float = 0.1  # measured: 93.5% test accuracy after 20 MNIST rounds (Dirichlet 0.5)
     seed: int = 0
     delta: float = 1e-5  # δ of the reported (ε, δ)
@@ -64,8 +65,10 @@ class UtilitySpec:
 
     def training(self) -> TrainingSpec:
         if self.local_steps is not None:
-            return TrainingSpec(lr=self.lr, local_steps=self.local_steps, local_batch_size=self.local_batch_size)
-        return TrainingSpec(lr=self.lr, local_epochs=self.local_epochs, local_batch_size=self.local_batch_size)
+            return TrainingSpec(lr=self.lr, local_steps=self.local_steps, local_batch_size=self.local_batch_size,
+                                batchnorm=self.bn_mode)
+        return TrainingSpec(lr=self.lr, local_epochs=self.local_epochs, local_batch_size=self.local_batch_size,
+                            batchnorm=self.bn_mode)
 
     def to_dict(self) -> dict:
         return asdict(self)

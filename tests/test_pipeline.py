@@ -178,3 +178,44 @@ def test_cli_list_names():
     proc = _cli("list")
     for name in ("mnist", "lenet", "noise", "ig"):
         assert name in proc.stdout
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_bn_mode_eval_uses_running_statistics_and_attacks_replay_it(steps):
+    from gradleak.attacks.matching import UpdateSimulator, update_distance
+
+    model = build_model(ModelSpec("convnet", (3, 16, 16), 10, seed=0, options={"width": "4"}))
+    with torch.no_grad():  # non-trivial running statistics, as in a trained model
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+    x, y = torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0)), torch.tensor([3, 7])
+    frozen = TrainingSpec(lr=0.1, local_steps=steps, batchnorm="eval")
+    update = compute_update(model, x, y, frozen)
+    assert model.training and all(m.training for m in model.modules())  # modes restored
+    train_update = compute_update(model, x, y, TrainingSpec(lr=0.1, local_steps=steps))
+    assert not torch.allclose(update.flat(), train_update.flat(), atol=1e-4)
+    reference = build_model(ModelSpec("convnet", (3, 16, 16), 10, seed=0, options={"width": "4"}))
+    reference.load_state_dict(model.state_dict())
+    reference.eval()
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for _ in range(steps):  # the client's computation, written the ordinary way
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(reference(x), y).backward()
+        opt.step()
+    expected = torch.cat([(p0 - p1).reshape(-1) for p0, p1 in
+                          zip(model.parameters(), reference.parameters())])
+    got = update.flat() * (0.1 if update.kind == "gradient" else 1.0)
+    assert torch.allclose(got, expected, atol=1e-6)
+    # an honest server replays the frozen batch norm: the true batch matches exactly
+    obs = observe(update, model, make_threat_model("honest"), input_shape=(3, 16, 16), num_classes=10,
+                  training=frozen, batch_size=2, labels=y, defenses=[])
+    sim = UpdateSimulator(obs)
+    assert float(update_distance(sim(x, y), sim.target, "l2").detach()) < 1e-10
+    assert float(update_distance(sim(x.flip(-1), y), sim.target, "l2").detach()) > 1e-6
+
+
+def test_bn_mode_bad_value_is_one_line(tmp_path):
+    with pytest.raises(GradleakError, match="--bn-mode must be 'train' or 'eval'"):
+        TrainingSpec(batchnorm="frozen")

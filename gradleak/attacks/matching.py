@@ -45,7 +45,8 @@ class UpdateSimulator:
         if obs.update.kind == "delta":
             self.training = obs.training
         else:
-            self.training = TrainingSpec(lr=obs.update.lr)
+            batchnorm = obs.training.batchnorm if obs.knows("local_training") else "train"
+            self.training = TrainingSpec(lr=obs.update.lr, batchnorm=batchnorm)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> Tensors:
         buffers = {k: v.clone() for k, v in self.buffers.items()}

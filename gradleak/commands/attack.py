@@ -18,6 +18,8 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local-steps", type=int, default=1, help="local SGD steps (1 = FedSGD gradient)")
     p.add_argument("--local-epochs", type=int, default=None)
     p.add_argument("--local-batch-size", type=int, default=None)
+    p.add_argument("--bn-mode", default="train", choices=["train", "eval"],
+                   help="batch norm in local training: batch statistics (train) or running statistics (eval)")
     p.add_argument("--lr", type=float, default=0.1, help="client learning rate")
     p.add_argument("--images", type=int, default=None, help="images to attack (default: one batch)")
     p.add_argument("--seed", type=int, default=0)
@@ -36,7 +38,7 @@ def spec_from_args(args: argparse.Namespace, attack: str) -> AttackRunSpec:
     return AttackRunSpec(
         dataset=args.dataset, model=args.model, attack=attack, batch_size=args.batch_size,
         defenses=tuple(args.defense), images=args.images, local_steps=args.local_steps,
-        local_epochs=args.local_epochs, local_batch_size=args.local_batch_size, lr=args.lr,
+        local_epochs=args.local_epochs, local_batch_size=args.local_batch_size, bn_mode=args.bn_mode, lr=args.lr,
         seed=args.seed, threat=args.threat,
         knows=tuple(k.strip() for k in args.knows.split(",") if k.strip()),
         activation=args.activation, pretrain_steps=args.pretrain_steps, checkpoint=args.checkpoint,

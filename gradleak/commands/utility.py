@@ -21,6 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local-steps", type=int, default=None, help="local SGD steps (default: --local-epochs)")
     p.add_argument("--local-epochs", type=int, default=1)
     p.add_argument("--local-batch-size", type=int, default=32)
+    p.add_argument("--bn-mode", default="train", choices=["train", "eval"],
+                   help="batch norm in local training: batch statistics (train) or running statistics (eval)")
     p.add_argument("--lr", type=float, default=UtilitySpec.lr, help="client learning rate")
     p.add_argument("--delta", type=float, default=1e-5, help="δ of the reported (ε, δ)")
     p.add_argument("--seed", type=int, default=0)
@@ -31,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     spec = UtilitySpec(dataset=args.dataset, model=args.model, defenses=tuple(args.defense), clients=args.clients,
                        per_round=args.per_round, rounds=args.rounds, dirichlet=args.dirichlet,
                        local_steps=args.local_steps, local_epochs=args.local_epochs,
-                       local_batch_size=args.local_batch_size, lr=args.lr, seed=args.seed, delta=args.delta)
+                       local_batch_size=args.local_batch_size, bn_mode=args.bn_mode, lr=args.lr, seed=args.seed, delta=args.delta)
     if args.json:
         result = run_utility(spec)
         print(json.dumps(result.to_json()))

@@ -7,7 +7,8 @@ the client computed (paper 02's τ-step FedAvg matching, CPL's local iterations)
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from contextlib import contextmanager
+from typing import Callable, Iterator, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +44,20 @@ def plain_gradient(model: nn.Module, params: Tensors, buffers: Tensors, x: torch
     return dict(zip(names, grads))
 
 
+@contextmanager
+def batchnorm_mode(model: nn.Module, mode: str) -> Iterator[None]:
+    """Switch only the batch-norm layers to `mode` (dropout keeps its own mode)."""
+    layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    before = [m.training for m in layers]
+    for m in layers:
+        m.training = mode == "train"
+    try:
+        yield
+    finally:
+        for m, flag in zip(layers, before):
+            m.training = flag
+
+
 def local_update(model: nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor,
                  y: torch.Tensor, training: TrainingSpec, *, create_graph: bool = False,
                  step_gradient: StepGradient = plain_gradient,
@@ -54,17 +69,18 @@ def local_update(model: nn.Module, params: Tensors, buffers: Tensors, x: torch.T
     requires_grad; for an attacker: the model's parameters).
     """
     samples = x.shape[0]
-    if training.is_fedsgd:
-        return "gradient", step_gradient(model, params, buffers, x, y, create_graph)
-    current = dict(params)
-    for step, idx in enumerate(training.step_indices(samples)):
-        index = torch.tensor(idx, device=x.device)
-        grads = step_gradient(model, current, buffers, x[index], y[index], create_graph)
-        current = {n: (p - training.lr * grads[n]) if n in grads else p for n, p in current.items()}
-        if not create_graph:
-            current = {n: p.detach().requires_grad_(params[n].requires_grad) for n, p in current.items()}
-        if on_step is not None:
-            on_step(step, grads)
+    with batchnorm_mode(model, training.batchnorm):
+        if training.is_fedsgd:
+            return "gradient", step_gradient(model, params, buffers, x, y, create_graph)
+        current = dict(params)
+        for step, idx in enumerate(training.step_indices(samples)):
+            index = torch.tensor(idx, device=x.device)
+            grads = step_gradient(model, current, buffers, x[index], y[index], create_graph)
+            current = {n: (p - training.lr * grads[n]) if n in grads else p for n, p in current.items()}
+            if not create_graph:
+                current = {n: p.detach().requires_grad_(params[n].requires_grad) for n, p in current.items()}
+            if on_step is not None:
+                on_step(step, grads)
     return "delta", {n: params[n] - current[n] for n in params if params[n].requires_grad}
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from ..options import check
 
@@ -16,12 +17,18 @@ class TrainingSpec:
     mini-batches of `local_batch_size` taken in a fixed cyclic order, and the
     client sends the weight delta. The fixed order is what lets a server that
     knows the local hyper-parameters replay training exactly.
+
+    `batchnorm` is how batch-norm layers normalise during local training:
+    "train" uses each batch's own statistics (PyTorch's training mode), "eval"
+    the model's running statistics (frozen batch norm, as in inversefed's
+    experiments, which call `model.eval()` before computing the gradient).
     """
 
     lr: float = 0.1
     local_steps: int = 1
     local_epochs: int | None = None
     local_batch_size: int | None = None  # None: the whole client batch every step
+    batchnorm: Literal["train", "eval"] = "train"
 
     def __post_init__(self) -> None:
         check(self.lr > 0 and math.isfinite(self.lr), f"--lr must be a positive number, got {self.lr}")
@@ -30,6 +37,8 @@ class TrainingSpec:
               f"--local-epochs must be >= 1, got {self.local_epochs}")
         check(self.local_batch_size is None or self.local_batch_size >= 1,
               f"--local-batch-size must be >= 1, got {self.local_batch_size}")
+        check(self.batchnorm in ("train", "eval"),
+              f"--bn-mode must be 'train' or 'eval', got '{self.batchnorm}'")
 
     @property
     def is_fedsgd(self) -> bool:
