@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from gradleak.attacks import double_backward
+from gradleak.attacks import double_backward, matching
 from gradleak.attacks.double_backward import make_twice_differentiable
 from gradleak.attacks.matching import UpdateSimulator, update_distance
 from gradleak.fl import TrainingSpec, compute_update
@@ -102,3 +102,73 @@ def test_first_order_use_of_the_copy_is_unchanged():
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-10, atol=1e-12, msg=n)
     model.eval(), fast.eval()
     torch.testing.assert_close(fast(x), model(x))
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_fused_cosine_distance_equals_autograd_reference(monkeypatch, weighted):
+    # `_CosineDistance`'s hand-written gradient vs plain autograd on concatenated
+    # vectors, in float64, through both reduction paths (concatenated small
+    # tensors; chunked BLAS dots, with chunks made tiny so the split is exercised)
+    monkeypatch.setattr(matching, "_FUSE_MIN", 0)
+    monkeypatch.setattr(matching, "_SMALL", 64)
+    monkeypatch.setattr(matching, "_CHUNK", 100)
+    gen = torch.Generator().manual_seed(3)
+    shapes = {"conv.weight": (6, 3, 3, 3), "conv.bias": (6,), "fc.weight": (10, 45), "fc.bias": (10,),
+              "head.weight": (7, 33)}
+    target = {n: torch.randn(s, generator=gen, dtype=torch.double) for n, s in shapes.items()}
+    target["conv.bias"].zero_()  # an all-zero tensor (sparsified / frozen) must not matter
+    base = {n: torch.randn(s, generator=gen, dtype=torch.double) for n, s in shapes.items()}
+    weights = {"conv.weight": 2.5, "head.weight": 0.3, "fc.bias": 4.0} if weighted else None
+    names = list(shapes)
+    values, grads = [], []
+    for fused in (True, False):
+        cand = {n: t.clone().requires_grad_(True) for n, t in base.items()}
+        # a non-contiguous candidate tensor, as a transposed weight gradient can be
+        cand_in = dict(cand, **{"fc.weight": cand["fc.weight"].t().contiguous().t()})
+        if fused:
+            d = update_distance(cand_in, target, "weighted-cosine" if weighted else "cosine", weights)
+            assert type(d.grad_fn).__name__.startswith("_CosineDistance")
+        else:
+            d = matching._cosine_reference([cand_in[n] for n in names], [target[n] for n in names],
+                                           [(weights or {}).get(n, 1.0) for n in names])
+        values.append(d.detach())
+        grads.append(torch.autograd.grad(d * 3.0, [cand[n] for n in names]))
+    torch.testing.assert_close(values[0], values[1], rtol=1e-12, atol=1e-14)
+    for n, fast, ref in zip(names, *grads):
+        assert ref.abs().max() > 0
+        torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-14, msg=n)
+    # a target modified in place is re-read, not served from the cache
+    target["fc.weight"].mul_(-1)
+    d = update_distance(base, target, "weighted-cosine" if weighted else "cosine", weights)
+    ref = matching._cosine_reference([base[n] for n in names], [target[n] for n in names],
+                                     [(weights or {}).get(n, 1.0) for n in names])
+    torch.testing.assert_close(d, ref, rtol=1e-12, atol=1e-14)
+
+
+def test_matching_iteration_with_fused_cosine_equals_reference(monkeypatch):
+    # the whole IG step on an MLP (the fused path by default) against the
+    # autograd reference distance: the candidate's gradient is unchanged
+    shape = (1, 8, 8)
+    model = build_model(ModelSpec("mlp", shape, 10, seed=0)).double()
+    gen = torch.Generator().manual_seed(4)
+    x = torch.rand((4, *shape), generator=gen, dtype=torch.double)
+    y = torch.randint(10, (4,), generator=gen)
+    training = TrainingSpec(lr=0.1)
+    obs = observe(compute_update(model, x, y, training), model, make_threat_model("honest"),
+                  input_shape=shape, num_classes=10, training=training, batch_size=4, labels=y, defenses=[])
+    sim = UpdateSimulator(obs)
+    assert sum(t.numel() for t in sim.target.values()) >= matching._FUSE_MIN
+    candidate = torch.rand(x.shape, generator=gen, dtype=torch.double)
+    grads = []
+    for fused in (True, False):
+        z = candidate.clone().requires_grad_(True)
+        update = sim(z, y)
+        if fused:
+            d = update_distance(update, sim.target, "cosine")
+        else:
+            d = matching._cosine_reference(list(update.values()), [sim.target[n] for n in update],
+                                           [1.0] * len(update))
+        d.backward(inputs=[z])
+        grads.append(z.grad)
+    assert grads[1].abs().max() > 0
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-14 * float(grads[1].abs().max()))

@@ -20,7 +20,7 @@ from gradleak.models.checkpoint import load_checkpoint, save_checkpoint
 from gradleak.models.training import evaluate, pretrain
 
 IMAGE_SHAPES = [(1, 28, 28), (3, 32, 32), (1, 25, 25), (3, 64, 64)]
-CONV_MODELS = ["lenet", "lenet5", "convnet", "resnet18", "resnet20", "vgg16"]
+CONV_MODELS = ["lenet", "lenet5", "lenet-rog", "convnet", "resnet18", "resnet20", "vgg16"]
 # Cheaper variants where the test is about behaviour, not size.
 SMALL = {"convnet": {"width": "8"}, "vgg16": {"width_divisor": "8"}, "twolayer": {"width": "64"},
          "mlp": {"hidden": "32;16"}}
@@ -45,7 +45,7 @@ def test_forward_backward_shapes(name, shape):
     assert all(p.grad is not None for p in model.parameters())
 
 
-DEFAULT_PARAMS_3x32x32_10 = {"lenet": 15_826, "lenet5": 62_006, "convnet": 733_642, "resnet18": 11_173_962,
+DEFAULT_PARAMS_3x32x32_10 = {"lenet": 15_826, "lenet5": 62_006, "lenet-rog": 2_155_968, "convnet": 733_642, "resnet18": 11_173_962,
                              "resnet20": 269_722, "vgg16": 15_245_130, "mlp": 855_050, "twolayer": 3_082_000}
 
 
@@ -96,6 +96,26 @@ def test_lenet_matches_dlg():
     assert model[-1].in_features == 768  # DLG's Linear(768, 100) on 32×32
     weights = torch.cat([p.flatten() for p in model.parameters()])
     assert weights.abs().max() <= 0.5 and weights.std() > 0.25  # U(-0.5, 0.5), not Kaiming
+
+
+def test_lenet_rog_matches_paper_02_code():
+    # KAI-YUE/rog networks/vgg.py LeNet_5: 32/64 5×5 convs (pad 2), max-pools, bias-free
+    # Linear(64·H/4·W/4, 512) and Linear(512, classes); at 128 px fc1 has 33.5 M weights.
+    model = build_model(spec("lenet-rog", (3, 128, 128), classes=1000))
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert [(c.in_channels, c.out_channels, c.kernel_size, c.padding) for c in convs] == [
+        (3, 32, (5, 5), (2, 2)), (32, 64, (5, 5), (2, 2))]
+    assert [(m.in_features, m.out_features, m.bias) for m in linears] == [(65536, 512, None), (512, 1000, None)]
+    assert sum(isinstance(m, nn.MaxPool2d) for m in model.modules()) == 2
+    assert isinstance(model[1], nn.ReLU)
+    assert sum(p.numel() for p in model.parameters()) == 2432 + 51264 + 65536 * 512 + 512 * 1000
+    small = build_model(spec("lenet-rog", (1, 28, 28), classes=10, options={"width": "4", "hidden": "16"}))
+    assert small[7].in_features == 8 * 7 * 7 and small(torch.rand(2, 1, 28, 28)).shape == (2, 10)
+    with pytest.raises(GradleakError, match="'hidden' must be at least 1"):
+        build_model(spec("lenet-rog", options={"hidden": "0"}))
+    with pytest.raises(GradleakError, match="at least 4×4 pixels"):
+        build_model(spec("lenet-rog", (3, 3, 3)))
 
 
 def test_resnet_stems_and_sizes():

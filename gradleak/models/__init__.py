@@ -7,6 +7,7 @@ from .base import ACTIVATIONS, ModelSpec, make_activation
 MODELS: Registry = Registry("model", {
     "lenet": "gradleak.models.lenet:build_lenet",
     "lenet5": "gradleak.models.lenet5:build_lenet5",
+    "lenet-rog": "gradleak.models.lenet_rog:build_lenet_rog",
     "convnet": "gradleak.models.convnet:build_convnet",
     "resnet18": "gradleak.models.resnet:build_resnet18",
     "resnet20": "gradleak.models.resnet:build_resnet20",
