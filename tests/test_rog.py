@@ -81,6 +81,8 @@ def _observation(dataset: str, n: int, model: str = "lenet", options: dict | Non
     # paper 02's LeNet: two bias-free linear layers, both replayed in low rank
     ("lenet-rog", {"width": "8", "hidden": "32"}, TrainingSpec(lr=5e-3, local_steps=3), ()),
     ("lenet5", {}, TrainingSpec(lr=0.1, local_steps=2), ("quantize:bits=4",)),  # biases, sigmoid, 3 linears
+    # batch norm frozen on running statistics, as the client ran it
+    ("convnet", {"width": "4"}, TrainingSpec(lr=0.1, local_steps=2, batchnorm="eval"), ()),
 ])
 def test_low_rank_head_replay_equals_generic_replay(model, options, training, defenses):
     from gradleak.attacks.head_unroll import LowRankHeadSimulator, make_simulator

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from ..fl.local import batch_loss
+from ..fl.local import batch_loss, batchnorm_mode
 from ..threat import Observation
 from .matching import UpdateSimulator
 
@@ -64,6 +64,10 @@ class LowRankHeadSimulator(UpdateSimulator):
         return {n[len(prefix):]: t for n, t in tensors.items() if n.startswith(prefix)}
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> Tensors:
+        with batchnorm_mode(self.model, self.training.batchnorm):  # as the client's local_update
+            return self._replay(x, y)
+
+    def _replay(self, x: torch.Tensor, y: torch.Tensor) -> Tensors:
         buffers = {k: v.clone() for k, v in self.buffers.items()}
         fedsgd = self.training.is_fedsgd
         step_lr = 1.0 if fedsgd else self.training.lr
