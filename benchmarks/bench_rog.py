@@ -41,8 +41,10 @@ COMPRESSORS = {"quantize": "quantize:bits=3", "qsgd": "qsgd:bits=3", "topk": "to
 QUANTIZED_OPTIONS = ",distance=layer-cosine,tv=2"
 PAPER_MODEL = "lenet-rog"  # paper 02's LeNet_5; Adam with one objective evaluation per iteration
 PAPER_MODEL_OPTIONS = ",optimizer=adam"
-# paper 02's code quantises to quant_level − 1 magnitude levels plus a sign: its "3-bit" is bits=4 here
-PAPER_COMPRESSORS = {**COMPRESSORS, "quantize_paper_levels": "quantize:bits=4"}
+# paper 02's code quantises to quant_level − 1 magnitude levels plus a sign: its "3-bit" is bits=4 here;
+# its QSGD scales the levels by the tensor's max-abs (gradleak's QSGD default is the L2 norm)
+PAPER_COMPRESSORS = {**COMPRESSORS, "quantize_paper_levels": "quantize:bits=4",
+                     "qsgd_max_abs": "qsgd:bits=3,norm=inf", "qsgd_paper_levels": "qsgd:bits=4,norm=inf"}
 
 
 def _spec(attack: str, batch: int, model: str = MODEL, defenses: tuple[str, ...] = (),
