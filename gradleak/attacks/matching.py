@@ -42,12 +42,13 @@ class UpdateSimulator:
         self.names = [n for n in obs.update.tensors if n in self.params]
         self.target = {n: obs.update.tensors[n].to(device) for n in self.names}
         self.sent = sent_entries(obs, self.target)
-        # A FedAvg delta can only be replayed with the local hyper-parameters.
-        if obs.update.kind == "delta":
+        # The declared local training when revealed (a FedAvg delta cannot be replayed
+        # without it: `obs.training` refuses); otherwise a FedSGD gradient is one plain
+        # step at the update's learning rate.
+        if obs.update.kind == "delta" or obs.knows("local_training"):
             self.training = obs.training
         else:
-            batchnorm = obs.training.batchnorm if obs.knows("local_training") else "train"
-            self.training = TrainingSpec(lr=obs.update.lr, batchnorm=batchnorm)
+            self.training = TrainingSpec(lr=obs.update.lr)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> Tensors:
         buffers = {k: v.clone() for k, v in self.buffers.items()}
@@ -108,7 +109,7 @@ def update_distance(candidate: Tensors, target: Tensors, kind: Distance = "cosin
     a_list, b_list = [candidate[n] for n in names], [target[n] for n in names]
     if sum(b.numel() for b in b_list) >= _FUSE_MIN and _fusable(a_list, b_list):
         weight = [float(w.get(n, 1.0)) for n in names] if w else None
-        return _CosineDistance.apply((_TargetTerms(b_list, weight), b_list), *a_list)
+        return _CosineDistance.apply(weight, b_list, *a_list)
     return _cosine_reference(a_list, b_list, [w.get(n, 1.0) for n in names])
 
 
@@ -154,23 +155,6 @@ def _fusable(a_list: list[torch.Tensor], b_list: list[torch.Tensor]) -> bool:
         for a, b in zip(a_list, b_list) for t in (a, b))
 
 
-class _TargetTerms:
-    """What the cosine distance needs of a fixed target: the small tensors
-    concatenated (weights folded in), the weighted squared norm, the weights."""
-
-    def __init__(self, b_list: list[torch.Tensor], weight: list[float] | None):
-        self.weight = weight
-        self.small = [i for i, b in enumerate(b_list) if b.numel() < _SMALL]
-        self.big = [i for i, b in enumerate(b_list) if b.numel() >= _SMALL]
-        with torch.no_grad():
-            wb = [b if weight is None else b * weight[i] for i, b in enumerate(b_list)]
-            self.b_small = _flat([wb[i] for i in self.small]) if self.small else None
-            self.w_small = None if weight is None or not self.small else _flat(
-                [torch.full((b_list[i].numel(),), weight[i], dtype=b_list[i].dtype, device=b_list[i].device)
-                 for i in self.small])
-            self.sb = sum(_dot(wb[i], b_list[i]) for i in range(len(b_list)))
-
-
 class _CosineDistance(torch.autograd.Function):
     """1 − ⟨a,b⟩_w / (‖a‖_w ‖b‖_w + 1e-12) over all tensors of an update, with
     ⟨a,b⟩_w = Σᵢ wᵢ⟨aᵢ,bᵢ⟩: `_cosine_reference`'s value and gradient without
@@ -179,47 +163,54 @@ class _CosineDistance(torch.autograd.Function):
     ḡ, ∂/∂aᵢ = wᵢ(c_b·bᵢ + c_a·aᵢ), c_b = −ḡ/D, c_a = ḡ⟨a,b⟩‖b‖/(D²‖a‖)."""
 
     @staticmethod
-    def forward(ctx, target, *a_list):
-        terms, b_list = target
-        w = terms.weight
-        dots, squares = [], []
-        ctx.a_small = None
-        if terms.small:
-            a_small = ctx.a_small = _flat([a_list[i] for i in terms.small])
-            dots.append((a_small * terms.b_small).sum())
-            squares.append((a_small * a_small).sum() if w is None else (a_small * a_small * terms.w_small).sum())
-        for i in terms.big:
-            d, s = _dot(a_list[i], b_list[i]), _dot(a_list[i], a_list[i])
-            if w is not None and w[i] != 1.0:
-                d, s = d * w[i], s * w[i]
+    def forward(ctx, weight, b_list, *a_list):
+        small = [i for i, b in enumerate(b_list) if b.numel() < _SMALL]
+        big = [i for i, b in enumerate(b_list) if b.numel() >= _SMALL]
+        dots, squares, target_squares = [], [], []
+        a_small = wb_small = w_small = None
+        if small:
+            a_small = _flat([a_list[i] for i in small])
+            b_small = _flat([b_list[i] for i in small])
+            if weight is not None:
+                w_small = _flat([torch.full((b_list[i].numel(),), weight[i], dtype=b_small.dtype,
+                                            device=b_small.device) for i in small])
+            wb_small = b_small if w_small is None else b_small * w_small
+            dots.append((a_small * wb_small).sum())
+            squares.append((a_small * a_small).sum() if w_small is None else (a_small * a_small * w_small).sum())
+            target_squares.append((wb_small * b_small).sum())
+        for i in big:
+            d, s, t = _dot(a_list[i], b_list[i]), _dot(a_list[i], a_list[i]), _dot(b_list[i], b_list[i])
+            if weight is not None and weight[i] != 1.0:
+                d, s, t = d * weight[i], s * weight[i], t * weight[i]
             dots.append(d)
             squares.append(s)
-        dot, sa = torch.stack(dots).sum(), torch.stack(squares).sum()
-        norm_a, norm_b = sa.sqrt(), terms.sb.sqrt()
+            target_squares.append(t)
+        dot = torch.stack(dots).sum()
+        norm_a, norm_b = torch.stack(squares).sum().sqrt(), torch.stack(target_squares).sum().sqrt()
         denom = norm_a * norm_b + 1e-12
-        ctx.terms, ctx.b_list = terms, b_list
         ctx.save_for_backward(*a_list)
+        ctx.weight, ctx.b_list, ctx.small, ctx.big = weight, b_list, small, big
+        ctx.a_small, ctx.wb_small, ctx.w_small = a_small, wb_small, w_small
         ctx.coefficients = (dot, norm_a, norm_b, denom)
         return 1 - dot / denom
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        a_list, terms, b_list = ctx.saved_tensors, ctx.terms, ctx.b_list
+        a_list, weight, b_list = ctx.saved_tensors, ctx.weight, ctx.b_list
         dot, norm_a, norm_b, denom = ctx.coefficients
         c_b = -grad / denom
         c_a = grad * dot * norm_b / (denom * denom * norm_a)
-        w = terms.weight
         grads: list[torch.Tensor | None] = [None] * len(a_list)
-        if terms.small:
-            a_small = ctx.a_small if w is None else ctx.a_small * terms.w_small
-            g_small = torch.mul(terms.b_small, c_b).addcmul_(a_small, c_a)
-            for i, part in zip(terms.small, g_small.split([a_list[i].numel() for i in terms.small])):
+        if ctx.small:
+            a_small = ctx.a_small if ctx.w_small is None else ctx.a_small * ctx.w_small
+            g_small = torch.mul(ctx.wb_small, c_b).addcmul_(a_small, c_a)
+            for i, part in zip(ctx.small, g_small.split([a_list[i].numel() for i in ctx.small])):
                 grads[i] = part.view(a_list[i].shape)
-        for i in terms.big:
-            scale = 1.0 if w is None else w[i]
+        for i in ctx.big:
+            scale = 1.0 if weight is None else weight[i]
             grads[i] = torch.mul(b_list[i], c_b * scale).addcmul_(a_list[i], c_a * scale)
-        return (None, *grads)
+        return (None, None, *grads)
 
 
 def total_variation(x: torch.Tensor) -> torch.Tensor:
