@@ -63,6 +63,8 @@ class AttackRunSpec:
             raise GradleakError(f"--lpips must be alex, vgg or none, got '{self.lpips}'")
         if self.split not in ("train", "test"):
             raise GradleakError(f"--split must be train or test, got '{self.split}'")
+        if self.bn_mode not in ("train", "eval"):
+            raise GradleakError(f"--bn-mode must be 'train' or 'eval', got '{self.bn_mode}'")
 
     def to_dict(self) -> dict:
         return asdict(self)

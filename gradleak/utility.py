@@ -62,6 +62,7 @@ class UtilitySpec:
         require(self.local_epochs >= 1, f"--local-epochs must be >= 1, got {self.local_epochs}")
         require(self.local_batch_size >= 1, f"--local-batch-size must be >= 1, got {self.local_batch_size}")
         require(0 < self.delta < 1, f"--delta must be in (0, 1), got {self.delta}")
+        require(self.bn_mode in ("train", "eval"), f"--bn-mode must be 'train' or 'eval', got '{self.bn_mode}'")
 
     def training(self) -> TrainingSpec:
         if self.local_steps is not None:

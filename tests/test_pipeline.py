@@ -218,5 +218,12 @@ def test_bn_mode_eval_uses_running_statistics_and_attacks_replay_it(steps):
 
 
 def test_bn_mode_bad_value_is_one_line(tmp_path):
-    with pytest.raises(GradleakError, match="--bn-mode must be 'train' or 'eval'"):
-        TrainingSpec(batchnorm="frozen")
+    from gradleak.experiment import AttackRunSpec
+    from gradleak.utility import UtilitySpec
+
+    # checked when the spec is built, so a sweep refuses it before running any cell
+    for build in (lambda: TrainingSpec(batchnorm="frozen"),
+                  lambda: AttackRunSpec(dataset="mnist", model="lenet", attack="ig", bn_mode="frozen"),
+                  lambda: UtilitySpec(bn_mode="frozen")):
+        with pytest.raises(GradleakError, match="--bn-mode must be 'train' or 'eval', got 'frozen'"):
+            build()
