@@ -20,6 +20,7 @@ from .data import DatasetSpec, load_dataset
 from .defenses import make_chain
 from .errors import GradleakError
 from .fl import TrainingSpec, aggregate_updates, compute_update
+from .fl.training import check_bn_mode
 from .metrics import score_batch, summarize
 from .models import ModelSpec, build_model
 from .options import ComponentSpec, parse_spec
@@ -63,8 +64,7 @@ class AttackRunSpec:
             raise GradleakError(f"--lpips must be alex, vgg or none, got '{self.lpips}'")
         if self.split not in ("train", "test"):
             raise GradleakError(f"--split must be train or test, got '{self.split}'")
-        if self.bn_mode not in ("train", "eval"):
-            raise GradleakError(f"--bn-mode must be 'train' or 'eval', got '{self.bn_mode}'")
+        check_bn_mode(self.bn_mode)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -23,6 +23,7 @@ from .defenses import make_chain
 from .errors import GradleakError
 from .experiment import dataset_spec
 from .fl import TrainingSpec, aggregate_updates, compute_update
+from .fl.training import check_bn_mode
 from .fl.local import batch_loss
 from .models import ModelSpec, build_model
 from .options import parse_spec
@@ -62,14 +63,12 @@ class UtilitySpec:
         require(self.local_epochs >= 1, f"--local-epochs must be >= 1, got {self.local_epochs}")
         require(self.local_batch_size >= 1, f"--local-batch-size must be >= 1, got {self.local_batch_size}")
         require(0 < self.delta < 1, f"--delta must be in (0, 1), got {self.delta}")
-        require(self.bn_mode in ("train", "eval"), f"--bn-mode must be 'train' or 'eval', got '{self.bn_mode}'")
+        check_bn_mode(self.bn_mode)
 
     def training(self) -> TrainingSpec:
-        if self.local_steps is not None:
-            return TrainingSpec(lr=self.lr, local_steps=self.local_steps, local_batch_size=self.local_batch_size,
-                                batchnorm=self.bn_mode)
-        return TrainingSpec(lr=self.lr, local_epochs=self.local_epochs, local_batch_size=self.local_batch_size,
-                            batchnorm=self.bn_mode)
+        schedule = ({"local_steps": self.local_steps} if self.local_steps is not None
+                    else {"local_epochs": self.local_epochs})
+        return TrainingSpec(lr=self.lr, local_batch_size=self.local_batch_size, batchnorm=self.bn_mode, **schedule)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -6,7 +6,13 @@ import json
 import sys
 
 from ..experiment import AttackRunSpec, run_attack, write_outputs
+from ..fl.training import BN_MODES
 from ..threat import KNOWLEDGE, PRESETS
+
+
+def add_bn_mode_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bn-mode", default="train", choices=BN_MODES,
+                   help="batch norm in local training: batch statistics (train) or running statistics (eval)")
 
 
 def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,8 +24,7 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local-steps", type=int, default=1, help="local SGD steps (1 = FedSGD gradient)")
     p.add_argument("--local-epochs", type=int, default=None)
     p.add_argument("--local-batch-size", type=int, default=None)
-    p.add_argument("--bn-mode", default="train", choices=["train", "eval"],
-                   help="batch norm in local training: batch statistics (train) or running statistics (eval)")
+    add_bn_mode_argument(p)
     p.add_argument("--lr", type=float, default=0.1, help="client learning rate")
     p.add_argument("--images", type=int, default=None, help="images to attack (default: one batch)")
     p.add_argument("--seed", type=int, default=0)

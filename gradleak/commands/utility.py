@@ -6,6 +6,7 @@ import json
 import sys
 
 from ..utility import DEFAULT_MODEL, UtilitySpec, run_utility
+from .attack import add_bn_mode_argument
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,8 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local-steps", type=int, default=None, help="local SGD steps (default: --local-epochs)")
     p.add_argument("--local-epochs", type=int, default=1)
     p.add_argument("--local-batch-size", type=int, default=32)
-    p.add_argument("--bn-mode", default="train", choices=["train", "eval"],
-                   help="batch norm in local training: batch statistics (train) or running statistics (eval)")
+    add_bn_mode_argument(p)
     p.add_argument("--lr", type=float, default=UtilitySpec.lr, help="client learning rate")
     p.add_argument("--delta", type=float, default=1e-5, help="δ of the reported (ε, δ)")
     p.add_argument("--seed", type=int, default=0)

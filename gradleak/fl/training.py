@@ -7,6 +7,13 @@ from typing import Literal
 
 from ..options import check
 
+BN_MODES = ("train", "eval")  # batch norm in local training: batch or running statistics
+
+
+def check_bn_mode(mode: str) -> None:
+    """The one check of a batch-norm mode, shared by every spec that takes one."""
+    check(mode in BN_MODES, f"--bn-mode must be 'train' or 'eval', got '{mode}'")
+
 
 @dataclass(frozen=True)
 class TrainingSpec:
@@ -37,8 +44,7 @@ class TrainingSpec:
               f"--local-epochs must be >= 1, got {self.local_epochs}")
         check(self.local_batch_size is None or self.local_batch_size >= 1,
               f"--local-batch-size must be >= 1, got {self.local_batch_size}")
-        check(self.batchnorm in ("train", "eval"),
-              f"--bn-mode must be 'train' or 'eval', got '{self.batchnorm}'")
+        check_bn_mode(self.batchnorm)
 
     @property
     def is_fedsgd(self) -> bool:
