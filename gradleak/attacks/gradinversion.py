@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from scipy.optimize import linear_sum_assignment
 from torch import nn
 from torch.func import functional_call
 
@@ -25,8 +24,8 @@ from ..threat import Observation
 from .base import Attack, AttackContext, Reconstruction
 from .initialization import initial_inputs
 from .labels import recover_labels
-from .matching import (UpdateSimulator, finite_or_inf, step_decay_lr, total_variation,
-                       update_distance)
+from .matching import (UpdateSimulator, finite_or_inf, registered_mean, step_decay_lr,
+                       total_variation, update_distance)
 
 
 @dataclass
@@ -104,7 +103,7 @@ class GradInversion(Attack):
 
         for it in range(opt.iterations):
             optimizer.zero_grad(set_to_none=True)
-            mean = group_mean(group, labels) if opt.group and opt.restarts > 1 and it >= group_from else None
+            mean = registered_mean(group, labels) if opt.group and opt.restarts > 1 and it >= group_from else None
             distances = []
             for x in group:
                 loss, distance = member_loss(x, mean)
@@ -123,7 +122,7 @@ class GradInversion(Attack):
         finals = [finite_or_inf(update_distance(sim(x, labels), sim.target, opt.distance)) for x in group]
         best = min(range(len(group)), key=finals.__getitem__)
         if opt.final == "mean" and len(group) > 1:
-            inputs = group_mean(group, labels).clamp(0, 1)
+            inputs = registered_mean(group, labels).clamp(0, 1)
             final = finite_or_inf(update_distance(sim(inputs, labels), sim.target, opt.distance))
         else:
             inputs, final = group[best].detach(), finals[best]
@@ -145,18 +144,3 @@ def _stats_hook(captured: list):
         dims = [0] + list(range(2, h.dim()))
         captured.append((h.mean(dims), h.var(dims, unbiased=False)))
     return hook
-
-
-@torch.no_grad()
-def group_mean(group: list[torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
-    """Mean of the restarts after registering each to the first: rows are
-    permuted (only among rows of the same label) to best match the reference."""
-    reference = group[0].detach()
-    registered = [reference]
-    same_label = labels[:, None] == labels[None, :]
-    for x in group[1:]:
-        cost = torch.cdist(reference.flatten(1), x.detach().flatten(1)).pow(2)
-        cost = torch.where(same_label, cost, torch.full_like(cost, 1e12))
-        _, cols = linear_sum_assignment(cost.cpu().numpy())
-        registered.append(x.detach()[torch.as_tensor(cols, device=x.device)])
-    return torch.stack(registered).mean(0)

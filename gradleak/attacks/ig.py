@@ -3,8 +3,14 @@
 Cosine distance between the simulated and the observed update plus a total-
 variation prior, optimised with Adam on the sign of the gradient, learning rate
 decayed ×0.1 at 3/8, 5/8, 7/8 of the run, pixels kept in [0, 1]; several
-restarts, keeping the one whose update matches best. Works on FedSGD gradients
-and on FedAvg deltas (the τ local steps are unrolled, see `UpdateSimulator`).
+restarts, keeping the one whose update matches best (`final=best`, the paper's
+rule) or the registered mean of those that match almost as well (`final=mean`,
+final distance ≤ `mean_within` × the best): pixels the update barely constrains
+— borders, rows a floor-mode pool drops — end where each restart's random start
+left them, and averaging restarts cancels part of that noise, while a restart
+stuck far from the best would only blur it (docs/optimization-attacks.md).
+Works on FedSGD gradients and on FedAvg deltas (the τ local steps are unrolled,
+see `UpdateSimulator`).
 """
 from __future__ import annotations
 
@@ -17,8 +23,8 @@ from ..options import check
 from ..threat import Observation
 from .base import Attack, AttackContext, Reconstruction
 from .labels import recover_labels
-from .matching import (UpdateSimulator, finite_or_inf, random_init, step_decay_lr,
-                       total_variation, update_distance)
+from .matching import (UpdateSimulator, finite_or_inf, random_init, registered_mean,
+                       step_decay_lr, total_variation, update_distance)
 
 
 @dataclass
@@ -29,6 +35,8 @@ class IGOptions:
     lr: float = 0.1
     tv: float = 1e-6
     restarts: int = 1
+    final: Literal["best", "mean"] = "best"
+    mean_within: float = 2.0
     distance: Literal["cosine", "l2", "l1"] = "cosine"
     init: Literal["randn", "rand", "gray"] = "randn"
     signed: bool = True
@@ -40,6 +48,7 @@ class IGOptions:
         check(self.lr > 0, "attack 'ig': lr must be > 0")
         check(self.tv >= 0, "attack 'ig': tv must be >= 0")
         check(self.restarts >= 1, "attack 'ig': restarts must be >= 1")
+        check(self.mean_within >= 1, "attack 'ig': mean_within must be >= 1")
 
 
 class InvertingGradients(Attack):
@@ -56,7 +65,7 @@ class InvertingGradients(Attack):
         labels = recover_labels(obs, opt.label_method, ctx.generator(17)).to(ctx.device)
         shape = (obs.batch_size, *obs.input_shape)
         image = obs.modality == "image"
-        best, best_distance, trace = None, float("inf"), []
+        results, trace = [], []
         for restart in range(opt.restarts):
             x = random_init(shape, opt.init, ctx.generator(restart)).to(ctx.device)
             if image:
@@ -82,9 +91,18 @@ class InvertingGradients(Attack):
                     if ctx.progress:
                         ctx.progress(restart * opt.iterations + it + 1,
                                      opt.restarts * opt.iterations, float(distance.detach()))
-            final = finite_or_inf(update_distance(sim(x, labels), sim.target, opt.distance))
-            if best is None or final < best_distance:
-                best, best_distance = x.detach().clone(), final
-        return Reconstruction(inputs=best.cpu(), labels=labels.cpu(),
-                              iterations=opt.iterations * opt.restarts,
-                              final_distance=best_distance, trace=trace)
+            results.append((finite_or_inf(update_distance(sim(x, labels), sim.target, opt.distance)),
+                            x.detach()))
+        finals = [distance for distance, _ in results]
+        final, inputs = min(results, key=lambda r: r[0])
+        # the best restart first: the others are registered to it
+        close = [x for d, x in sorted(results, key=lambda r: r[0]) if d <= opt.mean_within * final]
+        if opt.final == "mean" and len(close) > 1:
+            inputs = registered_mean(close, labels)
+            if image:
+                inputs = inputs.clamp(0, 1)
+            final = finite_or_inf(update_distance(sim(inputs, labels), sim.target, opt.distance))
+        averaged = len(close) if opt.final == "mean" else 1
+        return Reconstruction(inputs=inputs.cpu(), labels=labels.cpu(),
+                              iterations=opt.iterations * opt.restarts, final_distance=final, trace=trace,
+                              extras={"restart_distances": finals, "restarts_averaged": averaged})

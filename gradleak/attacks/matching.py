@@ -13,6 +13,7 @@ from typing import Callable, Literal
 
 import torch
 import torch.nn.functional as F
+from scipy.optimize import linear_sum_assignment
 from torch.autograd.function import once_differentiable
 
 from ..fl.local import local_update, model_state
@@ -211,6 +212,23 @@ class _CosineDistance(torch.autograd.Function):
             scale = 1.0 if weight is None else weight[i]
             grads[i] = torch.mul(b_list[i], c_b * scale).addcmul_(a_list[i], c_a * scale)
         return (None, None, *grads)
+
+
+@torch.no_grad()
+def registered_mean(group: list[torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
+    """Mean of several reconstructions of one batch (restarts) after registering
+    each to the first: rows are permuted (only among rows of the same label) to
+    best match the reference. Pixels the update barely constrains carry
+    init-dependent noise, which averaging independent restarts reduces."""
+    reference = group[0].detach()
+    registered = [reference]
+    same_label = labels[:, None] == labels[None, :]
+    for x in group[1:]:
+        cost = torch.cdist(reference.flatten(1), x.detach().flatten(1)).pow(2)
+        cost = torch.where(same_label, cost, torch.full_like(cost, 1e12))
+        _, cols = linear_sum_assignment(cost.cpu().numpy())
+        registered.append(x.detach()[torch.as_tensor(cols, device=x.device)])
+    return torch.stack(registered).mean(0)
 
 
 def total_variation(x: torch.Tensor) -> torch.Tensor:
