@@ -95,14 +95,16 @@ class InvertingGradients(Attack):
                             x.detach()))
         finals = [distance for distance, _ in results]
         final, inputs = min(results, key=lambda r: r[0])
-        # the best restart first: the others are registered to it
-        close = [x for d, x in sorted(results, key=lambda r: r[0]) if d <= opt.mean_within * final]
-        if opt.final == "mean" and len(close) > 1:
-            inputs = registered_mean(close, labels)
-            if image:
-                inputs = inputs.clamp(0, 1)
-            final = finite_or_inf(update_distance(sim(inputs, labels), sim.target, opt.distance))
-        averaged = len(close) if opt.final == "mean" else 1
+        averaged = 1
+        if opt.final == "mean":
+            # the best restart first: the others are registered to it
+            close = [x for d, x in sorted(results, key=lambda r: r[0]) if d <= opt.mean_within * final]
+            averaged = len(close)
+            if averaged > 1:
+                inputs = registered_mean(close, labels)
+                if image:
+                    inputs = inputs.clamp(0, 1)
+                final = finite_or_inf(update_distance(sim(inputs, labels), sim.target, opt.distance))
         return Reconstruction(inputs=inputs.cpu(), labels=labels.cpu(),
                               iterations=opt.iterations * opt.restarts, final_distance=final, trace=trace,
                               extras={"restart_distances": finals, "restarts_averaged": averaged})
