@@ -43,9 +43,12 @@ MODELS = {  # model -> (dataset input shape, classes)
 def iteration_cost(name: str, batch_size: int, repeats: int, rounds: int = 5) -> dict:
     """Seconds of one IG-style matching iteration (simulate the update with a graph,
     cosine distance, backward to the candidate, Adam step) vs one SGD training step,
-    with the cheap double backward of `attacks.double_backward` (`ratio`) and with
-    PyTorch's own (`ratio_stock`). Thread CPU time, so the other jobs on a shared
-    machine inflate it less than wall-clock time; the minimum over interleaved rounds."""
+    with the cheap double backward of `attacks.double_backward` (`ratio`), with
+    PyTorch's own (`ratio_stock`) and with the frozen-kink finite difference of
+    `attacks.finite_difference` (`ratio_difference`: what IG, DLG and CPL run by
+    default on convolutional models; an MLP keeps `ratio`). Thread CPU time, so
+    the other jobs on a shared machine inflate it less than wall-clock time; the
+    minimum over interleaved rounds."""
     shape, classes = MODELS[name]
     model = build_model(ModelSpec(name, shape, classes, seed=0))
     gen = torch.Generator().manual_seed(0)
@@ -82,7 +85,8 @@ def iteration_cost(name: str, batch_size: int, repeats: int, rounds: int = 5) ->
 
     runs = {"training": training_step,
             "matching": matching_iteration(UpdateSimulator(obs)),
-            "matching_stock": matching_iteration(UpdateSimulator(obs, cheap_double_backward=False))}
+            "matching_stock": matching_iteration(UpdateSimulator(obs, cheap_double_backward=False)),
+            "matching_difference": matching_iteration(UpdateSimulator(obs, second_order="difference"))}
     # interleave to share the machine's contention evenly between them
     seconds: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(rounds):
@@ -91,9 +95,11 @@ def iteration_cost(name: str, batch_size: int, repeats: int, rounds: int = 5) ->
     best = {k: min(v) for k, v in seconds.items()}
     return {"matching_ms": round(1e3 * best["matching"], 2),
             "matching_stock_ms": round(1e3 * best["matching_stock"], 2),
+            "matching_difference_ms": round(1e3 * best["matching_difference"], 2),
             "training_ms": round(1e3 * best["training"], 2),
             "ratio": round(best["matching"] / best["training"], 2),
-            "ratio_stock": round(best["matching_stock"] / best["training"], 2)}
+            "ratio_stock": round(best["matching_stock"] / best["training"], 2),
+            "ratio_difference": round(best["matching_difference"] / best["training"], 2)}
 
 
 def run(quick: bool) -> dict:

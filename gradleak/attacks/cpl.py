@@ -38,7 +38,7 @@ from ..threat import Observation
 from .base import Attack, AttackContext, Reconstruction
 from .initialization import InitKind, initial_inputs
 from .labels import recover_labels
-from .matching import UpdateSimulator, update_distance
+from .matching import SecondOrder, UpdateSimulator, update_distance
 from .optimizers import OptimizerKind, gradient_scale, make_optimizer, minimise
 
 DEFAULT_LR = {"lbfgs": 1.0, "adam": 0.1, "sgd": 0.1}
@@ -60,6 +60,9 @@ class CPLOptions:
     history_size: int = 100
     line_search: bool = False
     label_method: Literal["auto", "bias", "weight"] = "auto"
+    # auto: the frozen-kink finite difference on convolutional models' FedSGD gradients
+    # (attacks.finite_difference; cheaper per iteration, same L-BFGS result), else exact
+    second_order: SecondOrder = "auto"
 
     def __post_init__(self):
         check(self.tile in (2, 4), "attack 'cpl': tile must be 2 or 4")
@@ -88,7 +91,7 @@ class CPL(Attack):
 
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
         opt = self.options
-        sim = UpdateSimulator(obs, ctx.device)
+        sim = UpdateSimulator(obs, ctx.device, second_order=opt.second_order)
         labels = recover_labels(obs, opt.label_method, ctx.generator(17)).to(ctx.device)
         prior = obs.get("prior_data") if opt.init == "optimal" else None
         x = initial_inputs(opt.init, (obs.batch_size, *obs.input_shape), ctx.generator(0), tile=opt.tile,

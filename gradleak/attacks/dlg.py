@@ -17,7 +17,7 @@ from ..options import check
 from ..threat import Observation
 from .base import Attack, AttackContext, Reconstruction
 from .initialization import initial_inputs
-from .matching import UpdateSimulator, update_distance
+from .matching import SecondOrder, UpdateSimulator, update_distance
 from .optimizers import gradient_scale, make_optimizer, minimise
 
 
@@ -30,6 +30,9 @@ class DLGOptions:
     history_size: int = 100
     line_search: bool = False
     threshold: float = 0.0  # stop once the gradient distance is <= this (0: run all iterations)
+    # auto: the frozen-kink finite difference on convolutional models' FedSGD gradients
+    # (attacks.finite_difference; cheaper per iteration, same L-BFGS result), else exact
+    second_order: SecondOrder = "auto"
 
     def __post_init__(self):
         check(self.iterations >= 1, "attack 'dlg': iterations must be >= 1")
@@ -49,7 +52,7 @@ class DLG(Attack):
 
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
         opt = self.options
-        sim = UpdateSimulator(obs, ctx.device)
+        sim = UpdateSimulator(obs, ctx.device, second_order=opt.second_order)
         shape = (obs.batch_size, *obs.input_shape)
         x = initial_inputs(opt.init, shape, ctx.generator(0)).to(ctx.device).requires_grad_(True)
         label_logits = torch.randn((obs.batch_size, obs.num_classes), generator=ctx.generator(1)

@@ -23,7 +23,7 @@ from ..options import check
 from ..threat import Observation
 from .base import Attack, AttackContext, Reconstruction
 from .labels import recover_labels
-from .matching import (UpdateSimulator, finite_or_inf, random_init, registered_mean,
+from .matching import (SecondOrder, UpdateSimulator, finite_or_inf, random_init, registered_mean,
                        step_decay_lr, total_variation, update_distance)
 
 
@@ -42,6 +42,9 @@ class IGOptions:
     signed: bool = True
     decay: bool = True
     label_method: Literal["auto", "bias", "weight"] = "auto"
+    # auto: the frozen-kink finite difference on convolutional models' FedSGD gradients
+    # (attacks.finite_difference; ~1.7× faster per iteration, same PSNR), else exact
+    second_order: SecondOrder = "auto"
 
     def __post_init__(self):
         check(self.iterations >= 1, "attack 'ig': iterations must be >= 1")
@@ -61,7 +64,7 @@ class InvertingGradients(Attack):
 
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
         opt = self.options
-        sim = UpdateSimulator(obs, ctx.device)
+        sim = UpdateSimulator(obs, ctx.device, second_order=opt.second_order)
         labels = recover_labels(obs, opt.label_method, ctx.generator(17)).to(ctx.device)
         shape = (obs.batch_size, *obs.input_shape)
         image = obs.modality == "image"
