@@ -82,20 +82,12 @@ def test_kinks_must_be_frozen():
     exact = _distance_grads(UpdateSimulator(obs), candidate, y)[1][0]
     sim = UpdateSimulator(obs, second_order="difference")
     frozen = _distance_grads(sim, candidate, y)[1][0]
-    sim.differenced.recorder.__class__ = _NeverReplays
+    record_and_replay = sim.differenced.gradients
+    sim.differenced.gradients = lambda params, x, y, mode, **which: record_and_replay(
+        params, x, y, "off", **which)
     thawed = _distance_grads(sim, candidate, y)[1][0]
     assert _cosine(frozen, exact) >= 0.9999
     assert _cosine(thawed, exact) < 0.9
-
-
-class _NeverReplays(finite_difference._KinkRecorder):
-    @property
-    def mode(self):
-        return "off"
-
-    @mode.setter
-    def mode(self, value):
-        pass
 
 
 class _GeluNet(nn.Module):

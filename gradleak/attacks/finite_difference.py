@@ -133,9 +133,10 @@ class DifferencedGradient:
     """x, y → the FedSGD gradient g(x) over `names`, with the backward
     ∇ₓ⟨g, u⟩ computed as a frozen-kink finite difference (module doc)."""
 
-    def __init__(self, model: nn.Module, recorder: _KinkRecorder, params: Tensors,
-                 buffers: Tensors, names: list[str], training: TrainingSpec):
-        self.model, self.recorder = model, recorder
+    def __init__(self, model: nn.Module, params: Tensors, buffers: Tensors, names: list[str],
+                 training: TrainingSpec):
+        """`model`: a private copy, whose kink layers are swapped here (`freeze_kinks`)."""
+        self.model, self.recorder = model, freeze_kinks(model)
         self.params = {n: p.detach().requires_grad_(n in names) for n, p in params.items()}
         self.buffers, self.names, self.training = buffers, names, training
         self.observed = [self.params[n] for n in names]
@@ -192,5 +193,5 @@ class _Differenced(torch.autograd.Function):
         engine.recorder.kinks = ctx.kinks
         shifted = engine.gradients(moved, x, y, "replay", of_params=False, of_inputs=True)[1]
         grad_x = (shifted[0] - ctx.base[0]) / h
-        grad_y = (shifted[1] - ctx.base[1]) / h if ctx.needs_input_grad[2] and shifted[1] is not None else None
+        grad_y = (shifted[1] - ctx.base[1]) / h if ctx.needs_input_grad[2] else None  # soft labels
         return None, grad_x, grad_y

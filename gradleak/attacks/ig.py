@@ -43,7 +43,7 @@ class IGOptions:
     decay: bool = True
     label_method: Literal["auto", "bias", "weight"] = "auto"
     # auto: the frozen-kink finite difference on convolutional models' FedSGD gradients
-    # (attacks.finite_difference; ~1.7× faster per iteration, same PSNR), else exact
+    # (attacks.finite_difference; 1.3–1.9× faster per iteration, same PSNR), else exact
     second_order: SecondOrder = "auto"
 
     def __post_init__(self):

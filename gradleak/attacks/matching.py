@@ -20,14 +20,14 @@ from ..fl.local import local_update, model_state
 from ..fl.training import TrainingSpec
 from ..threat import Observation
 from .double_backward import make_twice_differentiable
-from .finite_difference import DifferencedGradient, freeze_kinks, has_convolutions, supports
+from .finite_difference import DifferencedGradient, has_convolutions, supports
 
 Tensors = dict[str, torch.Tensor]
 # how a matching iteration differentiates the simulated gradient: autograd's exact
 # double backward, the frozen-kink finite difference of `finite_difference`, or
 # "auto": the difference where it applies and pays — models with convolutions
-# (1.7× a training step instead of 2.2–3.3×); on an MLP its second pass's fixed
-# overhead makes it slower than the exact path
+# (1.75–2.17× a training step instead of 2.48–3.40×); on an MLP its second
+# pass's fixed overhead makes it slower than the exact path
 SecondOrder = Literal["exact", "difference", "auto"]
 Distance = Literal["l2", "cosine", "l1", "weighted-cosine", "layer-cosine"]
 
@@ -55,7 +55,6 @@ class UpdateSimulator:
         self.cheap_double_backward = cheap_double_backward and not differenced
         if differenced:
             self.model = copy.deepcopy(obs.model).to(device)
-            recorder = freeze_kinks(self.model)
         elif cheap_double_backward:
             self.model = make_twice_differentiable(copy.deepcopy(obs.model).to(device))
         else:
@@ -65,8 +64,8 @@ class UpdateSimulator:
         self.names = [n for n in obs.update.tensors if n in self.params]
         self.target = {n: obs.update.tensors[n].to(device) for n in self.names}
         self.sent = sent_entries(obs, self.target)
-        self.differenced = (DifferencedGradient(self.model, recorder, self.params, self.buffers,
-                                                self.names, self.training) if differenced else None)
+        self.differenced = (DifferencedGradient(self.model, self.params, self.buffers, self.names,
+                                                self.training) if differenced else None)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> Tensors:
         if self.differenced is not None:
