@@ -2,6 +2,8 @@
 same update and, up to its O(h) error, the same gradient of the update distance
 as autograd's exact second derivative — for every registered model it accepts —
 and fall back to the exact path where it does not apply."""
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -83,11 +85,64 @@ def test_kinks_must_be_frozen():
     sim = UpdateSimulator(obs, second_order="difference")
     frozen = _distance_grads(sim, candidate, y)[1][0]
     record_and_replay = sim.differenced.gradients
-    sim.differenced.gradients = lambda params, x, y, mode, **which: record_and_replay(
-        params, x, y, "off", **which)
+    sim.differenced.gradients = lambda x, y, mode, **which: record_and_replay(x, y, "off", **which)
     thawed = _distance_grads(sim, candidate, y)[1][0]
     assert _cosine(frozen, exact) >= 0.9999
     assert _cosine(thawed, exact) < 0.9
+
+
+def test_entry_weight_not_observed():
+    # the first layer's weights withheld from the update: they do not move, and its
+    # output still carries the input's graph
+    obs, candidate, y = _observation("lenet")
+    sent = {n: t for n, t in obs.update.tensors.items() if not n.startswith("0.")}
+    obs = dataclasses.replace(obs, update=dataclasses.replace(obs.update, tensors=sent))
+    differenced = UpdateSimulator(obs, second_order="difference")
+    assert differenced.differenced.entry is not None and "0.weight" not in differenced.names
+    grad_e = _distance_grads(UpdateSimulator(obs), candidate, y)[1][0]
+    grad_d = _distance_grads(differenced, candidate, y)[1][0]
+    assert _cosine(grad_d, grad_e) >= 0.9998
+
+
+def test_tied_weights_move_in_every_layer_that_holds_them():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
+                          nn.Linear(16, 10))
+    model[3].weight = model[1].weight
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.rand(3, 1, 4, 4, generator=gen), torch.tensor([1, 2, 3])
+    training = TrainingSpec(lr=0.1)
+    obs = observe(compute_update(model, x, y, training), model, make_threat_model("honest"),
+                  input_shape=(1, 4, 4), num_classes=10, training=training, batch_size=3, labels=y,
+                  defenses=[])
+    candidate = torch.rand(x.shape, generator=gen)
+    grad_e = _distance_grads(UpdateSimulator(obs), candidate, y)[1][0]
+    grad_d = _distance_grads(UpdateSimulator(obs, second_order="difference"), candidate, y)[1][0]
+    assert _cosine(grad_d, grad_e) >= 0.9998
+
+
+class _TwoReaders(nn.Module):
+    def __init__(self, shared: bool):
+        super().__init__()
+        self.a = nn.Conv2d(1, 4, 3)
+        self.b = self.a if shared else nn.Conv2d(1, 4, 3)
+
+    def forward(self, x):
+        return (self.a(x) + self.b(x)).flatten(1)
+
+
+@pytest.mark.parametrize("model, found", [
+    (nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(144, 10)), nn.Conv2d),
+    (nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), nn.Linear),
+    (nn.Sequential(nn.Conv2d(1, 4, 3, padding="same"), nn.Flatten()), None),
+    (nn.Sequential(nn.BatchNorm2d(1), nn.Conv2d(1, 4, 3), nn.Flatten()), None),
+    (_TwoReaders(shared=False), None),
+    (_TwoReaders(shared=True), None),
+])
+def test_entry_layer_only_where_one_plain_layer_reads_the_input(model, found):
+    # the stacked-weight input gradient is right only if that layer's output carries
+    # all of the input's influence and its backward is Wᵀδ folded back
+    entry = finite_difference._entry_layer(model, (1, 8, 8))
+    assert (type(entry.module) if entry else None) is found
 
 
 class _GeluNet(nn.Module):

@@ -26,7 +26,7 @@ Tensors = dict[str, torch.Tensor]
 # how a matching iteration differentiates the simulated gradient: autograd's exact
 # double backward, the frozen-kink finite difference of `finite_difference`, or
 # "auto": the difference where it applies and pays — models with convolutions
-# (1.75–2.17× a training step instead of 2.48–3.40×); on an MLP its second
+# (1.8–2.2× a training step instead of 2.5–3.4×); on an MLP its second
 # pass's fixed overhead makes it slower than the exact path
 SecondOrder = Literal["exact", "difference", "auto"]
 Distance = Literal["l2", "cosine", "l1", "weighted-cosine", "layer-cosine"]
@@ -64,8 +64,8 @@ class UpdateSimulator:
         self.names = [n for n in obs.update.tensors if n in self.params]
         self.target = {n: obs.update.tensors[n].to(device) for n in self.names}
         self.sent = sent_entries(obs, self.target)
-        self.differenced = (DifferencedGradient(self.model, self.params, self.buffers, self.names,
-                                                self.training) if differenced else None)
+        self.differenced = (DifferencedGradient(self.model, self.names, self.training, obs.input_shape)
+                            if differenced else None)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> Tensors:
         if self.differenced is not None:
