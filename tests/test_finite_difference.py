@@ -139,7 +139,7 @@ class _TwoReaders(nn.Module):
     (_TwoReaders(shared=True), None),
 ])
 def test_entry_layer_only_where_one_plain_layer_reads_the_input(model, found):
-    # the stacked-weight input gradient is right only if that layer's output carries
+    # the two-pair input gradient is right only if that layer's output carries
     # all of the input's influence and its backward is Wᵀδ folded back
     entry = finite_difference._entry_layer(model, (1, 8, 8))
     assert (type(entry.module) if entry else None) is found
