@@ -219,8 +219,8 @@ class DifferencedGradient:
             owner, _, attr = full_name.rpartition(".")
             slots.setdefault(id(p), []).append((model.get_submodule(owner), attr))
         self._slots = [slots[id(p)] for p in self.observed]
-        norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(self.observed))).detach())
-        self.observed_norm = norm or 1.0  # all-zero weights: the step is then STEP / ‖u‖
+        # all-zero weights: the step is then STEP / ‖u‖
+        self.observed_norm = _global_norm(self.observed) or 1.0
         self.entry = _entry_layer(model, input_shape)
         self._entry_output: torch.Tensor | None = None
         if self.entry is not None:
@@ -282,6 +282,11 @@ class DifferencedGradient:
         return self.entry.input_gradient(pairs, input_shape)
 
 
+def _global_norm(tensors: list[torch.Tensor]) -> float:
+    """‖concatenation of `tensors`‖ without concatenating them."""
+    return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors))).detach())
+
+
 class _Differenced(torch.autograd.Function):
     """forward: g(x) (recording kinks and the entry gradient when a backward will
     follow); backward: the difference of ∇ₓL (and ∇ᵧL for soft labels) along u."""
@@ -300,7 +305,7 @@ class _Differenced(torch.autograd.Function):
     def backward(ctx, *grad_update):
         engine, (x, y) = ctx.engine, ctx.saved_tensors
         u = [g if g is not None else torch.zeros_like(p) for p, g in zip(engine.observed, grad_update)]
-        u_norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(u))))
+        u_norm = _global_norm(u)
         if u_norm == 0:
             return None, torch.zeros_like(x), (torch.zeros_like(y) if ctx.needs_input_grad[2] else None)
         h = STEP * engine.observed_norm / u_norm
