@@ -43,7 +43,8 @@ MODELS = {  # model -> (dataset input shape, classes)
 def iteration_cost(name: str, batch_size: int, repeats: int, rounds: int = 5) -> dict:
     """Seconds of one IG-style matching iteration (simulate the update with a graph,
     cosine distance, backward to the candidate, Adam step) vs one SGD training step,
-    with the cheap double backward of `attacks.double_backward` (`ratio`), with
+    with the cheap double backward of `attacks.double_backward` (`ratio`; for an
+    all-linear model the factored gradient of `attacks.factored`), with
     PyTorch's own (`ratio_stock`) and with the frozen-kink finite difference of
     `attacks.finite_difference` (`ratio_difference`: what IG, DLG and CPL run by
     default on convolutional models; an MLP keeps `ratio`). Thread CPU time, so

@@ -146,7 +146,7 @@ def test_fused_cosine_distance_equals_autograd_reference(monkeypatch, weighted):
 
 
 def test_matching_iteration_with_fused_cosine_equals_reference(monkeypatch):
-    # the whole IG step on an MLP (the fused path by default) against the
+    # the whole IG step on an MLP's materialised update (the fused path) against the
     # autograd reference distance: the candidate's gradient is unchanged
     shape = (1, 8, 8)
     model = build_model(ModelSpec("mlp", shape, 10, seed=0)).double()
@@ -156,7 +156,7 @@ def test_matching_iteration_with_fused_cosine_equals_reference(monkeypatch):
     training = TrainingSpec(lr=0.1)
     obs = observe(compute_update(model, x, y, training), model, make_threat_model("honest"),
                   input_shape=shape, num_classes=10, training=training, batch_size=4, labels=y, defenses=[])
-    sim = UpdateSimulator(obs)
+    sim = UpdateSimulator(obs, cheap_double_backward=False)  # materialised (not `factored`)
     assert sum(t.numel() for t in sim.target.values()) >= matching._FUSE_MIN
     candidate = torch.rand(x.shape, generator=gen, dtype=torch.double)
     grads = []
