@@ -176,3 +176,18 @@ def _compression(row: dict) -> str | None:
 
 def _sortable(value):
     return (0, value, "") if isinstance(value, (int, float)) else (1, 0, str(value))
+
+
+def leakage_by_round(cells: list[CellRecord]) -> list[dict]:
+    """Rows of a federation's audit (cells labelled with a round): one per round ×
+    client × attack, sorted by round, client and attack."""
+    rows = []
+    for c in cells:
+        if c.kind != "attack" or "round" not in c.labels:
+            continue
+        lab = c.labels
+        rows.append({"round": lab["round"], "client": lab.get("client"), "attack": lab.get("attack_spec"),
+                     "defense": lab.get("defense"), **{k: c.metrics.get(k) for k in ATTACK_METRICS},
+                     "key": c.key})
+    rows.sort(key=lambda r: (_sortable(r["round"]), _sortable(r["client"]), str(r["attack"])))
+    return rows

@@ -13,7 +13,9 @@ import sys
 from .errors import GradleakError
 
 COMMANDS: dict[str, tuple[str, str]] = {
+    "audit": ("gradleak.commands.audit", "every applicable attack on your model and data, with an HTML report"),
     "attack": ("gradleak.commands.attack", "run one attack scenario and score it"),
+    "flower": ("gradleak.commands.flower", "simulate a Flower app with its gradleak hook and report its leakage"),
     "inspect-model": ("gradleak.commands.inspect_model", "checks a client would run on a malicious server's model"),
     "list": ("gradleak.commands.listing", "list attacks, defenses, datasets or models"),
     "demo": ("gradleak.commands.demo", "run the main job on the embedded default and write the report"),

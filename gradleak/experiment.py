@@ -11,12 +11,13 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
+from torch import nn
 
-from .attacks import AttackContext, make_attack
-from .data import DatasetSpec, load_dataset
+from .attacks import Attack, AttackContext, Reconstruction, make_attack
+from .data import Dataset, DatasetSpec, load_dataset
 from .defenses import make_chain
 from .errors import GradleakError
 from .fl import TrainingSpec, aggregate_updates, compute_update
@@ -24,7 +25,8 @@ from .fl.training import check_bn_mode
 from .metrics import score_batch, summarize
 from .models import ModelSpec, build_model
 from .options import ComponentSpec, parse_spec
-from .threat import capture_bn_statistics, make_threat_model, observe
+from .seeding import stream
+from .threat import Observation, capture_bn_statistics, make_threat_model, observe
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ class AttackRunResult:
     originals: torch.Tensor
     reconstructions: torch.Tensor
     extras: dict = field(default_factory=dict)
+    # converged / final_distance / trace as the attack reported them (None: not reported)
+    convergence: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         """The CLI's JSON contract."""
@@ -93,8 +97,9 @@ class AttackRunResult:
             "metrics": self.metrics,
             "seconds": self.seconds,
             "per_image": self.per_image,
+            "convergence": {k: v for k, v in self.convergence.items() if k != "trace"},
             "spec": s.to_dict(),
-            **({"extras": self.extras} if self.extras else {}),
+            **({"extras": _jsonable(self.extras)} if self.extras else {}),
         }
 
 
@@ -110,7 +115,36 @@ def pick_device(name: str = "auto") -> torch.device:
     return device
 
 
+# A bare path in place of a dataset name: a folder of images or a tensor file.
+TENSOR_FILE_SUFFIXES = (".npz", ".safetensors", ".pt", ".pth")
+
+
+def dataset_path_form(text: str) -> str | None:
+    """The registered loader for a bare path (`data/client.npz`, `photos/`), or
+    None when `text` is a dataset name."""
+    head = text.strip()
+    if not head or (":" in head and parse_spec(head, "dataset").name in _dataset_names()):
+        return None
+    if "/" not in head and "\\" not in head and not head.lower().endswith(TENSOR_FILE_SUFFIXES):
+        return None
+    if head.lower().endswith(TENSOR_FILE_SUFFIXES):
+        return "tensors"
+    return "image-folder"
+
+
+def _dataset_names():
+    from .data import DATASETS
+
+    return DATASETS.names()
+
+
 def dataset_spec(text: str, split: str, resize: int | None) -> DatasetSpec:
+    loader = dataset_path_form(text)
+    if loader is not None:
+        path = Path(text.strip()).expanduser()
+        if not path.exists():
+            raise GradleakError(f"dataset path '{path}' not found")
+        return DatasetSpec(loader, split=split, resize=resize, path=str(path))
     spec = parse_spec(text, "dataset")
     opts = dict(spec.options)
     known = {"path", "resize", "crop", "channels"}
@@ -131,17 +165,52 @@ def dataset_spec(text: str, split: str, resize: int | None) -> DatasetSpec:
 
 
 def build_scenario_model(spec: AttackRunSpec, input_shape, num_classes):
-    model_spec = parse_spec(spec.model, "model")
-    options = dict(model_spec.options)
-    activation = spec.activation or options.pop("activation", None)
-    model = build_model(ModelSpec(model_spec.name, tuple(input_shape), num_classes,
-                                  activation=activation, seed=spec.seed, options=options))
+    return build_named_model(spec.model, input_shape, num_classes, spec.seed, spec.activation)
+
+
+def build_named_model(text: str, input_shape, num_classes: int, seed: int = 0,
+                      activation: str | None = None) -> nn.Module:
+    """A built-in model (`name[:k=v,...]`) or the user's own
+    (`path/to/file.py:factory[:k=v,...]`, `package.module:factory[:k=v,...]`),
+    seeded, checked to output at least one logit per class."""
+    from .models.user import build_user_model, check_model_fits, is_user_model_ref
+
+    if is_user_model_ref(text):
+        if activation:
+            raise GradleakError("--activation applies to built-in models only; set it in your own model")
+        model = build_user_model(text, tuple(input_shape), num_classes, seed)
+    else:
+        model_spec = parse_spec(text, "model")
+        options = dict(model_spec.options)
+        activation = activation or options.pop("activation", None)
+        model = build_model(ModelSpec(model_spec.name, tuple(input_shape), num_classes,
+                                      activation=activation, seed=seed, options=options))
+    check_model_fits(model, tuple(input_shape), num_classes, f"model '{text}'")
     return model
 
 
 def run_attack(spec: AttackRunSpec, progress: Callable[[int, int, float], None] | None = None
                ) -> AttackRunResult:
-    """Run one scenario. Deterministic given `spec.seed`."""
+    """Run one scenario named by registry names (or user references). Deterministic given `spec.seed`."""
+    data = load_dataset(dataset_spec(spec.dataset, spec.split, spec.resize))
+    model = build_scenario_model(spec, data.input_shape, data.num_classes)
+    if spec.checkpoint:
+        from .models.checkpoint import load_checkpoint
+        load_checkpoint(model, spec.checkpoint)
+    if spec.pretrain_steps:
+        model = _pretrained(model, spec)
+    return run_scenario(spec, model, data, progress,
+                        prior_data=lambda targets: _prior_data(spec, data, targets))
+
+
+def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
+                 progress: Callable[[int, int, float], None] | None = None,
+                 prior_data: Callable[[torch.Tensor], Any] | None = None) -> AttackRunResult:
+    """Attack the built `model` on `data` as `spec` describes (its dataset and
+    model fields only label the result). The one path behind the CLI, sweeps
+    and `gradleak.audit`. `model` is not modified; `prior_data(targets)` gives
+    held-out examples when the threat model grants them (default: every
+    example of `data` that is not a target)."""
     start = time.perf_counter()
     device = pick_device(spec.device)
     attack_spec: ComponentSpec = parse_spec(spec.attack, "attack")
@@ -152,7 +221,6 @@ def run_attack(spec: AttackRunSpec, progress: Callable[[int, int, float], None] 
     training = TrainingSpec(lr=spec.lr, local_steps=spec.local_steps, local_epochs=spec.local_epochs,
                             local_batch_size=spec.local_batch_size, batchnorm=spec.bn_mode)
 
-    data = load_dataset(dataset_spec(spec.dataset, spec.split, spec.resize))
     if data.modality not in attack.modalities:
         raise GradleakError(f"attack '{attack_spec.name}' does not support {data.modality} data")
     n_images = spec.images or spec.batch_size
@@ -161,36 +229,33 @@ def run_attack(spec: AttackRunSpec, progress: Callable[[int, int, float], None] 
     if needed > len(data):
         raise GradleakError(f"dataset '{data.name}' has {len(data)} examples, the scenario needs {needed}")
 
-    model = build_scenario_model(spec, data.input_shape, data.num_classes)
-    if spec.checkpoint:
-        from .models.checkpoint import load_checkpoint
-        load_checkpoint(model, spec.checkpoint)
-    if spec.pretrain_steps:
-        model = _pretrained(model, spec)
-    model = chain.transform_model(model)
+    model = chain.transform_model(copy.deepcopy(model))
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(spec.seed))
     targets = order[:n_images]
     pool = order[n_images:]
-    prior = _prior_data(spec, data, targets) if "prior_data" in threat.grants else None
+    prior = None
+    if "prior_data" in threat.grants:
+        prior = prior_data(targets) if prior_data is not None else _held_out(data, targets)
     ctx = AttackContext(seed=spec.seed, device=device, progress=progress, prior_data=prior)
     if attack.malicious:
         model = attack.prepare_model(model, data.input_shape, data.num_classes, ctx)
     model = model.to("cpu")
 
-    scores, originals, recons, iterations, extras = [], [], [], [], {}
+    scores, originals, recons, iterations, extras, runs = [], [], [], [], {}, []
     n_batches = math.ceil(n_images / spec.batch_size)
     for b in range(n_batches):
         idx = targets[b * spec.batch_size:(b + 1) * spec.batch_size]
         x, y = data.inputs[idx], data.labels[idx]
-        gen = torch.Generator().manual_seed(spec.seed * 7919 + b)
-        update = compute_update(model, x, y, training, chain, gen)
+        # Each client's defense randomness is its own stream: clients summed by secure
+        # aggregation must not share a noise draw.
+        update = compute_update(model, x, y, training, chain, stream(spec.seed, "client", "target", b))
         batch_total = x.shape[0]
         if others:
             updates = [update]
             for k in range(others):
                 oidx = pool[(b * others + k) * spec.batch_size:(b * others + k + 1) * spec.batch_size]
                 updates.append(compute_update(model, data.inputs[oidx], data.labels[oidx], training,
-                                              chain, torch.Generator().manual_seed(spec.seed * 104729 + b * 31 + k)))
+                                              chain, stream(spec.seed, "client", "other", b, k)))
             update = aggregate_updates(updates)
             batch_total = update.samples
         bn = capture_bn_statistics(model, x) if "bn_statistics" in threat.grants else None
@@ -198,22 +263,51 @@ def run_attack(spec: AttackRunSpec, progress: Callable[[int, int, float], None] 
                       num_classes=data.num_classes, training=training, batch_size=batch_total,
                       labels=y, defenses=[str(d) for d in spec.defenses], modality=data.modality,
                       bn_statistics=bn, prior_data=prior)
-        batch_ctx = AttackContext(seed=spec.seed * 7919 + b, device=device, progress=progress)
-        rec = attack.reconstruct(obs, batch_ctx)
-        batch_scores, aligned = score_batch(x, y, rec.inputs, rec.labels, data.modality, spec.lpips)
+        batch_ctx = AttackContext(seed=batch_attack_seed(spec.seed, b), device=device, progress=progress)
+        rec, batch_scores, aligned = attack_observation(attack, obs, x, y, batch_ctx, spec.lpips)
         for s in batch_scores:
             s.index += b * spec.batch_size
         scores += batch_scores
         originals.append(x)
         recons.append(aligned)
         iterations.append(rec.iterations)
+        runs.append(rec)
         for key, value in rec.extras.items():
             extras.setdefault(key, []).append(value)
 
     metrics = summarize(scores)
     metrics["iterations"] = float(sum(iterations) / len(iterations))
     return AttackRunResult(spec, metrics, [s.to_dict() for s in scores], time.perf_counter() - start,
-                           torch.cat(originals), torch.cat(recons), extras)
+                           torch.cat(originals), torch.cat(recons), extras, convergence_summary(runs))
+
+
+def batch_attack_seed(seed: int, batch: int) -> int:
+    """The attack's own seed (initialisation, restarts) for batch `batch` of a run."""
+    return seed * 7919 + batch
+
+
+def attack_observation(attack: Attack, obs: Observation, x: torch.Tensor, y: torch.Tensor,
+                       ctx: AttackContext, lpips: str = "alex"):
+    """Reconstruct from one observation and score it against the batch (x, y)
+    the client trained on: (Reconstruction, per-image scores, aligned reconstructions)."""
+    rec = attack.reconstruct(obs, ctx)
+    batch_scores, aligned = score_batch(x, y, rec.inputs, rec.labels, obs.modality, lpips)
+    return rec, batch_scores, aligned
+
+
+def convergence_summary(runs: list[Reconstruction]) -> dict:
+    """Whether every batch's attack reported convergence, and its final matching distance."""
+    flags = [r.converged for r in runs if r.converged is not None]
+    distances = [r.final_distance for r in runs if r.final_distance is not None]
+    return {"converged": all(flags) if flags else None,
+            "final_distance": max(distances) if distances else None,
+            "trace": [list(r.trace) for r in runs] if any(r.trace for r in runs) else []}
+
+
+def _held_out(data: Dataset, targets: torch.Tensor) -> Dataset:
+    mask = torch.ones(len(data), dtype=torch.bool)
+    mask[targets] = False
+    return data.subset(mask.nonzero().flatten())
 
 
 def _pretrained(model, spec: AttackRunSpec):
@@ -230,11 +324,39 @@ def _pretrained(model, spec: AttackRunSpec):
 def _prior_data(spec: AttackRunSpec, data, targets):
     """Held-out examples for attacks that may use the data distribution."""
     if data.samples_only:
-        mask = torch.ones(len(data), dtype=torch.bool)
-        mask[targets] = False
-        return data.subset(mask.nonzero().flatten())
+        return _held_out(data, targets)
     split = "train" if spec.split == "test" else "test"
     return load_dataset(dataset_spec(spec.dataset, split, spec.resize))
+
+
+def result_record(result: AttackRunResult) -> dict:
+    """A picklable, JSON-shaped record of one result for the results store:
+    metrics, extras (with the attack's convergence report), the comparison grid
+    and every image pair as PNG bytes."""
+    import io
+
+    from .viz import image_grid
+
+    def png(image) -> bytes:
+        buf = io.BytesIO()
+        image.save(buf, format="PNG")
+        return buf.getvalue()
+
+    images, grid = [], None
+    if result.originals.dim() == 4:
+        grid = png(image_grid([result.originals, result.reconstructions]))
+        for i, score in enumerate(result.per_image):
+            images.append({"idx": i, "metrics": score,
+                           "original": png(image_grid([result.originals[i:i + 1]], pad=0)),
+                           "reconstruction": png(image_grid([result.reconstructions[i:i + 1]], pad=0))})
+    else:
+        images = [{"idx": i, "metrics": s, "original": None, "reconstruction": None}
+                  for i, s in enumerate(result.per_image)]
+    extras = _jsonable(result.extras)
+    if result.convergence:
+        extras["convergence"] = _jsonable(result.convergence)
+    return {"metrics": result.metrics, "extras": extras, "seconds": result.seconds,
+            "grid_png": grid, "images": images}
 
 
 def write_outputs(result: AttackRunResult, out: str | Path) -> dict[str, Path]:
@@ -252,3 +374,8 @@ def write_outputs(result: AttackRunResult, out: str | Path) -> dict[str, Path]:
     else:
         paths.pop("grid")
     return paths
+
+
+def _jsonable(value):
+    """JSON-safe copy: tensors become lists, anything else unknown its text."""
+    return json.loads(json.dumps(value, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v)))

@@ -8,7 +8,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from .analysis import SCENARIO_KEYS, attack_rows, strongest_attacks, study_tables
+from .analysis import SCENARIO_KEYS, attack_rows, leakage_by_round, strongest_attacks, study_tables
 from .errors import GradleakError
 from .store import ResultStore
 
@@ -79,6 +79,31 @@ def _scenario_title(key: tuple) -> str:
     return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in zip(SCENARIO_KEYS, key))
 
 
+def _rounds_plot(rows: list[dict], path: Path) -> bool:
+    """PSNR of each attack per server round (mean over audited clients)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_attack: dict[str, dict] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if r.get("psnr") is not None:
+            by_attack[str(r["attack"])][r["round"]].append(r["psnr"])
+    if not by_attack:
+        return False
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    for attack, per_round in sorted(by_attack.items()):
+        xs = sorted(per_round)
+        ax.plot(xs, [sum(per_round[x]) / len(per_round[x]) for x in xs], marker="o", label=attack)
+    ax.set_xlabel("server round")
+    ax.set_ylabel("PSNR of the reconstruction (dB)")
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
 def _tradeoff_plot(entries: list[dict], path: Path, title: str) -> bool:
     import matplotlib
     matplotlib.use("Agg")
@@ -131,7 +156,8 @@ def write_report(store_path: str | Path, out: str | Path) -> dict:
         studies = study_tables(cells)
         parts = [f"<h1>gradleak report</h1><p class='note'>store {html.escape(str(store_path))}: "
                  f"{sum(c.kind == 'attack' for c in cells)} attack cells, "
-                 f"{sum(c.kind == 'utility' for c in cells)} utility runs. Exports: "
+                 f"{sum(c.kind == 'utility' for c in cells)} utility runs, "
+                 f"{sum(c.kind == 'skipped' for c in cells)} attacks not run. Exports: "
                  "<a href='strongest.csv'>strongest.csv</a>, <a href='attacks.csv'>attacks.csv</a>, "
                  "<a href='utility.csv'>utility.csv</a>, <a href='results.json'>results.json</a>.</p>"]
 
@@ -150,6 +176,17 @@ def write_report(store_path: str | Path, out: str | Path) -> dict:
                 parts.append(f"<figure class='plot'><img src='{name}' alt='trade-off {i}'>"
                              f"<figcaption>{html.escape(_scenario_title(key))}</figcaption></figure>")
 
+        rounds = leakage_by_round(cells)
+        if rounds:
+            parts.append("<h2>Leakage per round</h2><p class='note'>Each audited client update of the "
+                         "federation, by server round: the strongest attack's PSNR (mean over the audited "
+                         "clients; higher = more leaked).</p>")
+            if _rounds_plot(rounds, out / "rounds.png"):
+                parts.append("<figure class='plot'><img src='rounds.png' alt='leakage per round'></figure>")
+            parts.append(_table(rounds, [("round", "round"), ("client", "client"), ("attack", "attack"),
+                                         ("mse", "MSE"), ("psnr", "PSNR"), ("ssim", "SSIM"), ("lpips", "LPIPS"),
+                                         ("asr", "ASR")]))
+
         if studies:
             parts.append("<h2>Studies (paper 03 style)</h2>")
             for title, table in studies.items():
@@ -162,6 +199,16 @@ def write_report(store_path: str | Path, out: str | Path) -> dict:
         parts.append(_table(rows, [("attack_spec", "attack"), ("dataset", "dataset"), ("batch_size", "batch"),
                                    ("local_steps", "local steps"), ("defense", "defense"),
                                    ("strength", "strength"), *metric_cols, ("seconds", "seconds")]))
+
+        skipped = [c for c in cells if c.kind == "skipped"]
+        if skipped:
+            parts.append("<h2>Attacks not run</h2><p class='note'>Each attack the threat model or the "
+                         "architecture rules out, with the reason.</p>")
+            parts.append(_table([{"attack": c.labels.get("attack_spec"), "model": c.labels.get("model"),
+                                  "defense": c.labels.get("defense"), "reason": c.labels.get("reason")}
+                                 for c in skipped],
+                                [("attack", "attack"), ("model", "model"), ("defense", "defense"),
+                                 ("reason", "reason")]))
 
         parts.append("<h2>Originals (top) vs reconstructions (bottom)</h2>")
         n_images = 0

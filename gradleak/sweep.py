@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import itertools
 import json
 import os
@@ -190,6 +189,10 @@ class _SweepParser:
         if fieldname in ("dataset", "model"):
             if not isinstance(value, str) or not value.strip():
                 self.fail(where, f"must be a {fieldname} name, got {value!r}")
+            if fieldname == "model" and _is_user_model(value):
+                return
+            if fieldname == "dataset" and _dataset_path(value):
+                return
             registry = _registry(fieldname)
             name = parse_spec(value, fieldname).name
             if name not in registry:
@@ -304,11 +307,23 @@ class _SweepParser:
                 except (GradleakError, TypeError, ValueError) as exc:
                     self.fail("utility.options", str(exc))
                 spec_dict = _canonical(dataclasses.asdict(spec))
-                labels = {"dataset": parse_spec(dataset, "dataset").name, "model": model,
+                labels = {"dataset": dataset_label(dataset), "model": model,
                           "defense": defense_label(defenses), "strength": strength_label(defenses),
                           "defenses": list(defenses), "seed": seed}
                 out.append(Cell("utility", spec_dict, labels))
         return out
+
+
+def _is_user_model(text: str) -> bool:
+    from .models.user import is_user_model_ref
+
+    return is_user_model_ref(text)
+
+
+def _dataset_path(text: str) -> bool:
+    from .experiment import dataset_path_form
+
+    return dataset_path_form(text) is not None
 
 
 def _registry(kind: str):
@@ -344,9 +359,14 @@ def strength_label(defenses) -> str:
     return ",".join(parts) or "default" if defenses else ""
 
 
+def dataset_label(text: str) -> str:
+    """A dataset's name for tables: the registry name, or the path as given."""
+    return text.strip() if _dataset_path(text) else parse_spec(text, "dataset").name
+
+
 def attack_labels(spec: AttackRunSpec) -> dict:
     attack = parse_spec(spec.attack, "attack")
-    return {"dataset": parse_spec(spec.dataset, "dataset").name, "model": spec.model,
+    return {"dataset": dataset_label(spec.dataset), "model": spec.model,
             "batch_size": spec.batch_size, "local_steps": spec.local_steps, "seed": spec.seed,
             "defense": defense_label(spec.defenses), "strength": strength_label(spec.defenses),
             "defenses": list(spec.defenses), "attack": attack.name, "attack_spec": str(attack),
@@ -385,26 +405,12 @@ def execute_cell(kind: str, spec: dict, progress: Callable[[int, int, float], No
 
 
 def _execute_attack(spec: dict, progress) -> dict:
-    from .experiment import run_attack
+    from .experiment import result_record, run_attack
 
     fields = dict(spec)
     fields["defenses"] = tuple(fields["defenses"])
     fields["knows"] = tuple(fields["knows"])
-    result = run_attack(AttackRunSpec(**fields), progress)
-    images = []
-    grid = None
-    if result.originals.dim() == 4:
-        from .viz import image_grid
-        grid = _png(image_grid([result.originals, result.reconstructions]))
-        for i, score in enumerate(result.per_image):
-            images.append({"idx": i, "metrics": score,
-                           "original": _png(image_grid([result.originals[i:i + 1]], pad=0)),
-                           "reconstruction": _png(image_grid([result.reconstructions[i:i + 1]], pad=0))})
-    else:
-        images = [{"idx": i, "metrics": s, "original": None, "reconstruction": None}
-                  for i, s in enumerate(result.per_image)]
-    return {"metrics": result.metrics, "extras": _jsonable(result.extras), "seconds": result.seconds,
-            "grid_png": grid, "images": images}
+    return result_record(run_attack(AttackRunSpec(**fields), progress))
 
 
 def _execute_utility(spec: dict) -> dict:
@@ -437,12 +443,6 @@ def _execute_utility(spec: dict) -> dict:
             "seconds": seconds, "grid_png": None, "images": []}
 
 
-def _png(image) -> bytes:
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return buf.getvalue()
-
-
 def _jsonable(value):
     return json.loads(json.dumps(value, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v)))
 
@@ -450,9 +450,15 @@ def _jsonable(value):
 # --------------------------------------------------------------------------- running
 
 def store_result(store, sweep_name: str, cell: Cell, result: dict) -> bool:
+    return store_result_record(store, sweep_name, cell.kind, cell.spec, cell.labels, result, cell.key)
+
+
+def store_result_record(store, sweep_name: str, kind: str, spec: dict, labels: dict, result: dict,
+                        key: str | None = None) -> bool:
+    """Write one result (as `experiment.result_record` shapes it) as a store row."""
     from .store import CellRecord, ImageRecord
 
-    record = CellRecord(cell.key, cell.kind, sweep_name, cell.spec, cell.labels, result["metrics"],
+    record = CellRecord(key or cell_key(kind, spec), kind, sweep_name, spec, labels, result["metrics"],
                         result["extras"], result["seconds"], result["grid_png"], result.get("cpu_seconds"))
     images = [ImageRecord(im["idx"], im["metrics"], im["original"], im["reconstruction"])
               for im in result["images"]]

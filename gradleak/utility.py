@@ -27,6 +27,7 @@ from .fl.training import check_bn_mode
 from .fl.local import batch_loss
 from .models import ModelSpec, build_model
 from .options import parse_spec
+from .seeding import stream
 
 DEFAULT_MODEL = "lenet:activation=relu,init=default"
 
@@ -146,14 +147,14 @@ def run_utility(spec: UtilitySpec, progress: Callable[[int, int, dict], None] | 
     shards = [s if len(s) else torch.tensor([i]) for i, s in enumerate(shards)]
     client_state: dict[int, dict] = {}
     dp_steps = [0] * spec.clients
-    sampler = torch.Generator().manual_seed(spec.seed)
+    sampler = stream(spec.seed, "utility", "client-sampling")
     history = []
     for rnd in range(spec.rounds):
         chosen = torch.randperm(spec.clients, generator=sampler)[:spec.per_round].tolist()
         updates = []
         for client in chosen:
             idx = shards[client]
-            generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + rnd * 1009 + client)
+            generator = stream(spec.seed, "utility", "client", rnd, client)
             updates.append(compute_update(model, train.inputs[idx], train.labels[idx], training, chain,
                                           generator, client_state.setdefault(client, {})))
             dp_steps[client] += training.num_steps(len(idx))

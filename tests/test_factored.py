@@ -69,7 +69,9 @@ def test_factored_equals_autograd(case):
             assert set(update_f) == set(update_s)
             for n in update_s:
                 torch.testing.assert_close(update_f[n], update_s[n], rtol=1e-5, atol=1e-7)
-            torch.testing.assert_close(value_f, value_s, rtol=1e-5, atol=1e-7)
+            # 1 - cos is computed from terms near 1: float32 rounding of those terms (~6e-8 each)
+            # sets the absolute error floor, whatever the thread count's reduction order.
+            torch.testing.assert_close(value_f, value_s, rtol=1e-5, atol=5e-7)
             for g_f, g_s in zip(grads_f, grads_s):
                 torch.testing.assert_close(g_f, g_s, rtol=1e-3, atol=1e-4 * float(g_s.abs().max()))
 

@@ -17,6 +17,7 @@ DATASETS: Registry = Registry("dataset", {
     "cifar-batches": "gradleak.data.user_files:load_cifar_batches",
     "mnist-idx": "gradleak.data.user_files:load_mnist_idx",
     "image-folder": "gradleak.data.user_files:load_image_folder",
+    "tensors": "gradleak.data.tensors:load_tensor_file",
 })
 
 __all__ = ["DATASETS", "Dataset", "DatasetSpec", "load_dataset"]

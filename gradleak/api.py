@@ -1,0 +1,436 @@
+"""The public Python API: how much of *your* client's data leaks.
+
+`audit` takes the user's own model (an `nn.Module`, a factory, or a model
+reference such as `"lenet"` or `"my_model.py:Net"`) and the client's data (a
+torch `Dataset`, a `DataLoader`, `(inputs, labels)` tensors, or a dataset
+reference such as `"mnist"`), simulates the client's training with the
+defenses applied where a real client applies them, and runs every attack the
+threat model allows on it. `audit_update` does the same for an update captured
+from a running federation (see `gradleak.flower`).
+
+Both return an `AuditResult`: one `AttackRunResult` per attack that ran, and
+every attack that did not, with a one-line reason.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+from torch import nn
+
+from .attacks import ATTACKS, Attack, AttackContext, make_attack
+from .data import Dataset
+from .errors import GradleakError
+from .experiment import (AttackRunResult, AttackRunSpec, attack_observation, batch_attack_seed, build_named_model,
+                         convergence_summary, dataset_spec, pick_device, run_scenario)
+from .fl import TrainingSpec
+from .fl.update import Update
+from .metrics import summarize
+from .options import ComponentSpec, parse_spec
+from .threat import ThreatModel, capture_bn_statistics, make_threat_model, observe
+
+__all__ = ["audit", "audit_update", "AuditResult", "SkippedAttack", "select_attacks", "BUDGETS"]
+
+# Budget presets: "quick" fits a laptop CPU in minutes, "standard" is each
+# attack's own defaults, "thorough" spends more iterations or restarts.
+BUDGETS = ("quick", "standard", "thorough")
+
+
+@dataclass(frozen=True)
+class SkippedAttack:
+    """An attack that did not run, and why (one line)."""
+
+    attack: str
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"attack": self.attack, "reason": self.reason}
+
+
+@dataclass
+class AuditResult:
+    """The attacks that ran (with the CLI's metrics each) and those that were skipped."""
+
+    runs: list[AttackRunResult]
+    skipped: list[SkippedAttack]
+    setting: dict = field(default_factory=dict)
+
+    def by_attack(self) -> dict[str, dict]:
+        """Attack spec → its summary metrics."""
+        return {r.spec.attack: r.metrics for r in self.runs}
+
+    def strongest(self, metric: str = "mse") -> AttackRunResult | None:
+        """The run with the best reconstruction by `metric` (lowest MSE/LPIPS, highest PSNR/SSIM/ASR)."""
+        lower_better = metric in ("mse", "rmse", "lpips")
+        scored = [r for r in self.runs if r.metrics.get(metric) is not None]
+        if not scored:
+            return None
+        pick = min if lower_better else max
+        return pick(scored, key=lambda r: r.metrics[metric])
+
+    def to_json(self) -> dict:
+        return {"setting": self.setting, "runs": [r.to_json() for r in self.runs],
+                "skipped": [s.to_dict() for s in self.skipped]}
+
+    def save(self, store_path: str | Path, sweep: str = "audit", labels: dict | None = None) -> int:
+        """Write one store row per attack that ran and one per skipped attack;
+        `labels` (e.g. round and client) are added to every row and its key.
+        Returns the number of rows written (rows already present are kept)."""
+        from .store import CellRecord, ResultStore
+        from .sweep import attack_labels, cell_key, store_result_record
+        from .experiment import result_record
+
+        extra = dict(labels or {})
+        written = 0
+        with ResultStore(store_path) as store:
+            for run in self.runs:
+                spec = {**json.loads(json.dumps(run.spec.to_dict(), default=list)), **self._identity(), **extra}
+                row_labels = {**attack_labels(run.spec), **extra}
+                written += store_result_record(store, sweep, "attack", spec, row_labels, result_record(run))
+            for skip in self.skipped:
+                spec = {"attack": skip.attack, **self._identity(), **extra}
+                row_labels = {"attack": parse_spec(skip.attack, "attack").name, "attack_spec": skip.attack,
+                              "reason": skip.reason, **self._scenario_labels(), **extra}
+                record = CellRecord(cell_key("skipped", spec), "skipped", sweep, spec, row_labels,
+                                    {}, {"reason": skip.reason}, 0.0)
+                written += store.add_cell(record)
+        return written
+
+    def write_report(self, out: str | Path, store_path: str | Path | None = None) -> Path:
+        """Save into `store_path` (default OUT/results.db) and write OUT/index.html."""
+        from .report import write_report
+
+        out = Path(out)
+        store_path = Path(store_path) if store_path is not None else out / "results.db"
+        self.save(store_path)
+        return Path(write_report(store_path, out)["html"])
+
+    def _identity(self) -> dict:
+        return {k: self.setting[k] for k in ("model_digest", "data_digest") if k in self.setting}
+
+    def _scenario_labels(self) -> dict:
+        s = self.setting
+        return {"dataset": s.get("dataset"), "model": s.get("model"), "batch_size": s.get("batch_size"),
+                "local_steps": s.get("local_steps"), "seed": s.get("seed"),
+                "defense": s.get("defense", "none"), "strength": s.get("strength", ""),
+                "defenses": s.get("defenses", [])}
+
+
+def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
+          attacks: str | Sequence[str | Attack] = "auto",
+          defenses: Sequence[str | Any] = (),
+          threat: str = "honest", knows: Iterable[str] = (),
+          training: TrainingSpec | None = None, lr: float = 0.1, local_steps: int = 1,
+          local_epochs: int | None = None, local_batch_size: int | None = None, bn_mode: str = "train",
+          batch_size: int = 1, images: int | None = None, seed: int = 0, budget: str = "quick",
+          lpips: str = "alex", device: str = "auto", checkpoint: str | None = None,
+          split: str = "test", resize: int | None = None,
+          out: str | Path | None = None, progress: bool = False) -> AuditResult:
+    """Attack a simulated client that trains `model` on `data` and sends its update.
+
+    model:   an `nn.Module` (not modified), a zero-argument factory, or a model
+             reference (`"lenet"`, `"convnet:width=64"`, `"path/to/file.py:factory:k=v"`).
+    data:    `(inputs, labels)`, a torch `Dataset` or `DataLoader`, a gradleak
+             `Dataset`, or a dataset reference (`"mnist"`, `"tensors:path=FILE"`).
+             Images are float in [0, 1] (or uint8), shaped (N, C, H, W).
+    attacks: `"auto"` (every registered attack the threat model and the
+             architecture allow, at the `budget` preset) or a list of
+             `"name:k=v"` strings / `Attack` objects.
+    defenses: `"name:k=v"` strings or `Defense` objects, applied in order where a
+             real client applies each (data, per-step gradient, final update).
+    training: the client's local training (FedSGD when one step on the whole
+             batch); alternatively `lr`, `local_steps`, `local_epochs`,
+             `local_batch_size`, `bn_mode`.
+    out:     when given, the store and the HTML report are written there.
+    """
+    start = time.perf_counter()
+    training = training or TrainingSpec(lr=lr, local_steps=local_steps, local_epochs=local_epochs,
+                                        local_batch_size=local_batch_size, batchnorm=bn_mode)
+    _check_budget(budget)
+    threat_model = make_threat_model(threat, tuple(knows))
+    dataset, data_label, prior_loader = _resolve_data(data, split, resize)
+    built, model_label = _resolve_model(model, dataset, seed)
+    if checkpoint:
+        from .models.checkpoint import load_checkpoint
+        load_checkpoint(built, checkpoint)
+    dataset = _fit_classes(built, dataset)
+    defense_texts = tuple(_component_text(d, "defense") for d in defenses)
+    selected, skipped = select_attacks(attacks, built, dataset.input_shape, dataset.num_classes,
+                                       dataset.modality, threat_model, budget)
+    base = AttackRunSpec(dataset=data_label, model=model_label, attack="ig", batch_size=batch_size,
+                         defenses=defense_texts, images=images, local_steps=training.local_steps,
+                         local_epochs=training.local_epochs, local_batch_size=training.local_batch_size,
+                         bn_mode=training.batchnorm, lr=training.lr, seed=seed, threat=threat,
+                         knows=tuple(knows), lpips=lpips, device=device)
+    runs: list[AttackRunResult] = []
+    for text in selected:
+        spec = dataclasses.replace(base, attack=text)
+        try:
+            runs.append(_run_with_progress(spec, built, dataset, prior_loader, progress))
+        except GradleakError as exc:
+            skipped.append(SkippedAttack(text, str(exc)))
+    setting = {"dataset": data_label, "model": model_label, "batch_size": batch_size,
+               "local_steps": training.local_steps, "local_epochs": training.local_epochs,
+               "lr": training.lr, "seed": seed, "threat": threat_model.name, "budget": budget,
+               "defenses": list(defense_texts), **_defense_labels(defense_texts),
+               "model_digest": _model_digest(built), "data_digest": _data_digest(dataset),
+               "seconds": time.perf_counter() - start}
+    result = AuditResult(runs, skipped, setting)
+    if out is not None:
+        result.write_report(out)
+    return result
+
+
+def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels: torch.Tensor, *,
+                 training: TrainingSpec, attacks: str | Sequence[str | Attack] = "auto",
+                 threat: str = "honest", knows: Iterable[str] = (), defenses: Sequence[str] = (),
+                 num_classes: int | None = None, seed: int = 0, budget: str = "quick",
+                 lpips: str = "alex", device: str = "auto", model_label: str | None = None,
+                 data_label: str = "captured") -> AuditResult:
+    """Attack one update the server received (e.g. captured from a Flower run).
+
+    `model` is the global model the server sent, with the weights before local
+    training; `update` what came back (kind "delta" is sent minus returned
+    weights); `inputs`/`labels` the batch the client trained on, used only to
+    score the reconstruction. `defenses` names what the client applied, as the
+    threat model may grant that knowledge. Malicious-server attacks are skipped:
+    the update was computed on the model the server actually sent.
+    """
+    from .data.tensors import dataset_from_tensors
+
+    start = time.perf_counter()
+    _check_budget(budget)
+    threat_model = make_threat_model(threat, tuple(knows))
+    update.check_finite()
+    data = dataset_from_tensors(inputs, labels, name=data_label, num_classes=num_classes)
+    data = _fit_classes(model, data)
+    _check_update_fits(model, update)
+    selected, skipped = select_attacks(attacks, model, data.input_shape, data.num_classes, data.modality,
+                                       threat_model, budget)
+    label = model_label or type(model).__name__
+    runs: list[AttackRunResult] = []
+    for text in selected:
+        attack = make_attack(text)
+        if attack.malicious:
+            skipped.append(SkippedAttack(text, "needs the server to send a modified model before the client "
+                                               "trains; this update was computed on the model actually sent"))
+            continue
+        spec = AttackRunSpec(dataset=data_label, model=label, attack=text, batch_size=len(data),
+                             defenses=tuple(defenses), local_steps=training.local_steps,
+                             local_epochs=training.local_epochs, local_batch_size=training.local_batch_size,
+                             bn_mode=training.batchnorm, lr=training.lr, seed=seed, threat=threat,
+                             knows=tuple(knows), lpips=lpips, device=device)
+        try:
+            runs.append(_attack_captured(spec, attack, model, update, data, threat_model, training))
+        except GradleakError as exc:
+            skipped.append(SkippedAttack(text, str(exc)))
+    setting = {"dataset": data_label, "model": label, "batch_size": len(data),
+               "local_steps": training.local_steps, "local_epochs": training.local_epochs, "lr": training.lr,
+               "seed": seed, "threat": threat_model.name, "budget": budget, "defenses": list(defenses),
+               **_defense_labels(tuple(defenses)), "model_digest": _model_digest(model),
+               "data_digest": _data_digest(data), "seconds": time.perf_counter() - start}
+    return AuditResult(runs, skipped, setting)
+
+
+def select_attacks(attacks: str | Sequence[str | Attack], model: nn.Module, input_shape: tuple[int, ...],
+                   num_classes: int, modality: str, threat: ThreatModel, budget: str = "quick"
+                   ) -> tuple[list[str], list[SkippedAttack]]:
+    """The attack specs to run and the skipped ones with their reasons.
+
+    `"auto"` considers every registered attack at the `budget` preset; an
+    explicit list is taken as given, the preset filling only options it does
+    not set. An attack is skipped when the threat model does not grant the
+    knowledge it needs, when it does not handle the data's modality, or when
+    the architecture lacks what it works on (`Attack.unsupported`)."""
+    if isinstance(attacks, str):
+        if attacks.strip().lower() != "auto":
+            attacks = [attacks]
+        else:
+            attacks = list(ATTACKS.names())
+    if not attacks:
+        raise GradleakError("no attack given (use attacks='auto' for every applicable attack)")
+    selected, skipped = [], []
+    for item in attacks:
+        spec = parse_spec(_component_text(item, "attack"), "attack")
+        options = {**_budget_options(spec.name, budget), **spec.options}
+        text = str(ComponentSpec(spec.name, options))
+        attack = make_attack(text)
+        reason = _why_not(attack, model, input_shape, num_classes, modality, threat)
+        if reason:
+            skipped.append(SkippedAttack(text, reason))
+        else:
+            selected.append(text)
+    return selected, skipped
+
+
+def _why_not(attack: Attack, model, input_shape, num_classes, modality, threat: ThreatModel) -> str | None:
+    missing = sorted(attack.needs() - threat.grants)
+    if missing:
+        return f"needs {', '.join(missing)}, which threat model '{threat.name}' does not grant"
+    if modality not in attack.modalities:
+        return f"does not handle {modality} data"
+    check = getattr(attack, "unsupported", None)
+    return check(model, tuple(input_shape), num_classes, modality) if check else None
+
+
+def _budget_options(name: str, budget: str) -> dict:
+    return dict(getattr(ATTACKS.get(name), "budgets", {}).get(budget, {}))
+
+
+def _check_budget(budget: str) -> None:
+    if budget not in BUDGETS:
+        raise GradleakError(f"unknown budget '{budget}'; choose from: {', '.join(BUDGETS)}")
+
+
+def _component_text(item: Any, kind: str) -> str:
+    """A `name:k=v` string for a spec string or an attack/defense object (its
+    options that differ from the defaults)."""
+    if isinstance(item, str):
+        return str(parse_spec(item, kind))
+    name = getattr(item, "name", None)
+    if not name or not hasattr(item, "options"):
+        raise GradleakError(f"a {kind} must be a 'name:key=value' string or a gradleak {kind} object, "
+                            f"got {type(item).__name__}")
+    options = item.options
+    values: dict[str, Any] = {}
+    if options is not None and dataclasses.is_dataclass(options):
+        try:
+            defaults = type(options)()
+        except TypeError:
+            defaults = None
+        for f in dataclasses.fields(options):
+            value = getattr(options, f.name)
+            if defaults is None or value != getattr(defaults, f.name):
+                values[f.name] = _format_option(value)
+    return str(ComponentSpec(name, values))
+
+
+def _format_option(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "none"
+    if isinstance(value, (list, tuple)):
+        return ";".join(_format_option(v) for v in value)
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _resolve_data(data: Any, split: str, resize: int | None):
+    """(Dataset, label, prior-data loader or None)."""
+    if isinstance(data, str):
+        from .data import load_dataset
+        from .experiment import _prior_data
+
+        dataset = load_dataset(dataset_spec(data, split, resize))
+        probe = AttackRunSpec(dataset=data, model="lenet", attack="ig", split=split, resize=resize)
+        return dataset, data, lambda targets: _prior_data(probe, dataset, targets)
+    from .data.tensors import dataset_from_user
+
+    dataset = dataset_from_user(data)
+    return dataset, dataset.name, None
+
+
+def _resolve_model(model: Any, data: Dataset, seed: int) -> tuple[nn.Module, str]:
+    if isinstance(model, nn.Module):
+        return model, type(model).__name__
+    if isinstance(model, str):
+        return build_named_model(model, data.input_shape, data.num_classes, seed), model
+    if callable(model):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed))
+            try:
+                built = model()
+            except GradleakError:
+                raise
+            except Exception as exc:
+                raise GradleakError(f"model factory {getattr(model, '__name__', model)!s} raised "
+                                    f"{type(exc).__name__}: {_first_line(exc)}") from None
+        if not isinstance(built, nn.Module):
+            raise GradleakError(f"model factory returned {type(built).__name__}, not a torch.nn.Module")
+        return built.float(), getattr(model, "__name__", type(built).__name__)
+    raise GradleakError(f"model must be an nn.Module, a factory or a model name, got {type(model).__name__}")
+
+
+def _fit_classes(model: nn.Module, data: Dataset) -> Dataset:
+    """Check the model's output against the data's classes; widen the class list
+    when the model has more outputs than the data's labels reach."""
+    from .models.user import check_model_fits
+
+    width = check_model_fits(model, data.input_shape, data.num_classes, "model")
+    if width > data.num_classes:
+        names = list(data.class_names) + [str(i) for i in range(data.num_classes, width)]
+        data = dataclasses.replace(data, class_names=names)
+    return data
+
+
+def _check_update_fits(model: nn.Module, update: Update) -> None:
+    params = dict(model.named_parameters())
+    unknown = [n for n in update.tensors if n not in params]
+    if unknown:
+        raise GradleakError(f"update tensor '{unknown[0]}' is not a parameter of the model")
+    for name, tensor in update.tensors.items():
+        if tuple(tensor.shape) != tuple(params[name].shape):
+            raise GradleakError(f"update tensor '{name}' has shape {tuple(tensor.shape)}, "
+                                f"the model's parameter {tuple(params[name].shape)}")
+
+
+def _run_with_progress(spec: AttackRunSpec, model, data, prior_loader, progress: bool) -> AttackRunResult:
+    if not progress:
+        return run_scenario(spec, model, data, None, prior_data=prior_loader)
+    from .progress import attack_progress
+
+    with attack_progress(spec.attack) as bar:
+        return run_scenario(spec, model, data, bar, prior_data=prior_loader)
+
+
+def _attack_captured(spec: AttackRunSpec, attack: Attack, model: nn.Module, update: Update, data: Dataset,
+                     threat: ThreatModel, training: TrainingSpec) -> AttackRunResult:
+    start = time.perf_counter()
+    device = pick_device(spec.device)
+    x, y = data.inputs, data.labels
+    sent = copy.deepcopy(model).to("cpu")
+    bn = capture_bn_statistics(sent, x) if "bn_statistics" in threat.grants else None
+    obs = observe(update, sent, threat, input_shape=data.input_shape, num_classes=data.num_classes,
+                  training=training, batch_size=update.samples, labels=y, defenses=list(spec.defenses),
+                  modality=data.modality, bn_statistics=bn)
+    rec, scores, aligned = attack_observation(attack, obs, x, y, AttackContext(seed=batch_attack_seed(spec.seed, 0), device=device),
+                                              spec.lpips)
+    metrics = summarize(scores)
+    metrics["iterations"] = float(rec.iterations)
+    return AttackRunResult(spec, metrics, [s.to_dict() for s in scores], time.perf_counter() - start,
+                           x, aligned, dict(rec.extras), convergence_summary([rec]))
+
+
+def _defense_labels(defenses: tuple[str, ...]) -> dict:
+    from .sweep import defense_label, strength_label
+
+    return {"defense": defense_label(defenses), "strength": strength_label(defenses)}
+
+
+def _model_digest(model: nn.Module) -> str:
+    h = hashlib.sha256(type(model).__qualname__.encode())
+    for name, tensor in model.state_dict().items():
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _data_digest(data: Dataset) -> str:
+    h = hashlib.sha256()
+    h.update(data.inputs.detach().cpu().contiguous().numpy().tobytes())
+    h.update(data.labels.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else ""

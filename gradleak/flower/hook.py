@@ -1,0 +1,262 @@
+"""`FlowerAudit`: gradleak's hook for an otherwise unmodified Flower app.
+
+Two Flower extension points, one object:
+
+- `audit.client_mod`, a client mod: on the audited rounds it writes the examples
+  the client trains on to a folder of the simulation's (for scoring only; they
+  never enter a Flower message, so the server never sees them);
+- `audit.wrap(strategy, run_config)`, a strategy wrapper: it remembers the global
+  arrays each round sends and, in `aggregate_train`, takes every audited reply
+  exactly as the server received it (after all of the client's mods, Flower's
+  clipping and local DP included), turns `sent - returned` into a gradleak
+  `Update` and runs the attacks on it. What the threat model may know about the
+  clients' training (learning rate, local epochs, batch size) is read from the
+  app's run config, where the server legitimately has it.
+
+Results go to the gradleak results store, one row per round × client × attack.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..errors import GradleakError
+from ..fl import TrainingSpec, Update
+
+# Where the runner (`gradleak flower`) tells the hook to write; see runner.py.
+OUT_ENV = "GRADLEAK_FLOWER_OUT"
+DEFAULT_OUT = "gradleak-flower"
+# TrainingSpec fields the server may learn from the run config.
+TRAINING_FIELDS = ("lr", "local_steps", "local_epochs", "local_batch_size")
+
+
+@dataclass
+class CapturedUpdate:
+    """One audited client update as the server received it, with its ground truth."""
+
+    round: int
+    node_id: int
+    partition_id: int | None
+    sent: dict[str, torch.Tensor]  # the global weights the server sent (state dict)
+    update: Update  # sent - returned, for the model's parameters
+    inputs: torch.Tensor
+    labels: torch.Tensor
+
+
+@dataclass
+class FlowerAudit:
+    """Audit a Flower app's client updates with gradleak's attacks.
+
+    model_fn:      builds the app's model (architecture only; weights come from the server).
+    ground_truth:  `(context, message) -> (inputs, labels)`: the examples this client
+                   trains on in this round, in training order (the app's own data code).
+    training_keys: gradleak training field → the app's run-config key (`lr`,
+                   `local_epochs`, `local_steps`, `local_batch_size`); the server knows these.
+    rounds:        server rounds to audit; clients: how many clients per audited round
+                   (by node id), None for all.
+    attacks, threat, knows, budget, seed, lpips: as for `gradleak.audit`.
+    out:           folder of the results store and the ground-truth exchange; defaults
+                   to $GRADLEAK_FLOWER_OUT, else ./gradleak-flower.
+    """
+
+    model_fn: Callable[[], nn.Module]
+    ground_truth: Callable[[Any, Any], tuple[torch.Tensor, torch.Tensor]]
+    training_keys: dict[str, str] = field(default_factory=lambda: {"lr": "lr"})
+    rounds: tuple[int, ...] = (1,)
+    clients: int | None = 2
+    attacks: Any = "auto"
+    threat: str = "honest"
+    knows: tuple[str, ...] = ()
+    budget: str = "quick"
+    seed: int = 0
+    lpips: str = "alex"
+    out: str | None = None
+    # Filled on the server side while the federation runs (not sent to clients).
+    captured: list[CapturedUpdate] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        unknown = [k for k in self.training_keys if k not in TRAINING_FIELDS]
+        if unknown:
+            raise GradleakError(f"FlowerAudit: training_keys names '{unknown[0]}'; valid: "
+                                f"{', '.join(TRAINING_FIELDS)}")
+        if "lr" not in self.training_keys:
+            raise GradleakError("FlowerAudit: training_keys must name the run-config key of the learning rate "
+                                "('lr')")
+        self.rounds = tuple(int(r) for r in self.rounds)
+
+    # ---------------------------------------------------------------- paths
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.out or os.environ.get(OUT_ENV) or DEFAULT_OUT).resolve()
+
+    @property
+    def store_path(self) -> Path:
+        return self.out_dir / "results.db"
+
+    def truth_path(self, server_round: int, node_id: int) -> Path:
+        return self.out_dir / "ground-truth" / f"round-{server_round}" / f"node-{node_id}.safetensors"
+
+    # ---------------------------------------------------------------- client side
+
+    def client_mod(self, msg, context, call_next):
+        """Flower client mod: record the audited clients' training examples, then train."""
+        if _is_train(msg):
+            server_round = _server_round(msg)
+            if server_round in self.rounds:
+                inputs, labels = self.ground_truth(context, msg)
+                partition = context.node_config.get("partition-id")
+                _write_truth(self.truth_path(server_round, context.node_id), inputs, labels, partition)
+        return call_next(msg, context)
+
+    # ---------------------------------------------------------------- server side
+
+    def wrap(self, strategy, run_config) -> "AuditStrategy":
+        """Wrap the app's strategy; `run_config` is the ServerApp's `context.run_config`."""
+        from .strategy import AuditStrategy
+
+        return AuditStrategy(strategy, self, self.training_from(run_config))
+
+    def training_from(self, run_config) -> TrainingSpec:
+        values: dict[str, Any] = {}
+        for name, key in self.training_keys.items():
+            if key not in run_config:
+                raise GradleakError(f"FlowerAudit: the run config has no '{key}' (for {name}); "
+                                    f"keys: {', '.join(sorted(run_config))}")
+            values[name] = float(run_config[key]) if name == "lr" else int(run_config[key])
+        return TrainingSpec(**values)
+
+    def audit_round(self, server_round: int, sent: dict[str, torch.Tensor], replies: list,
+                    training: TrainingSpec) -> None:
+        """Attack the audited replies of one round and store the results."""
+        from ..api import audit_update
+
+        model = self.model_fn()
+        if not isinstance(model, nn.Module):
+            raise GradleakError(f"FlowerAudit: model_fn returned {type(model).__name__}, not an nn.Module")
+        _load(model, sent)
+        # Audit the same clients in every run: by partition id (node ids are drawn anew per run).
+        candidates = []
+        for reply in replies:
+            if reply.has_error():
+                continue
+            node = int(reply.metadata.src_node_id)
+            inputs, labels, partition = _read_truth(self.truth_path(server_round, node))
+            order = partition if partition is not None else node
+            candidates.append((order, node, reply, inputs, labels, partition))
+        candidates.sort(key=lambda item: (item[0], item[1]))
+        if self.clients is not None:
+            candidates = candidates[:self.clients]
+        for _, node, reply, inputs, labels, partition in candidates:
+            samples = sample_count(reply)
+            if samples is not None and samples != len(inputs):
+                raise GradleakError(f"FlowerAudit: node {node} reports num-examples={samples} but trained on "
+                                    f"{len(inputs)} examples (check ground_truth)")
+            update = _received_update(model, sent, reply, training, samples or len(inputs))
+            self.captured.append(CapturedUpdate(server_round, node, partition, sent, update, inputs, labels))
+            result = audit_update(model, update, inputs, labels, training=training, attacks=self.attacks,
+                                  threat=self.threat, knows=self.knows, seed=self.seed, budget=self.budget,
+                                  lpips=self.lpips, model_label=type(model).__name__,
+                                  data_label=f"flower round {server_round}")
+            # Rows keyed by round and client (not the run's random node id): a re-run replaces nothing.
+            client = partition if partition is not None else node
+            result.save(self.store_path, sweep="flower", labels={"round": server_round, "client": client})
+
+
+def _is_train(msg) -> bool:
+    return str(msg.metadata.message_type).split(".")[0] == "train"
+
+
+def _server_round(msg) -> int:
+    for record in msg.content.config_records.values():
+        if "server-round" in record:
+            return int(record["server-round"])
+    raise GradleakError("FlowerAudit: the train message carries no 'server-round' in its config "
+                        "(the app's strategy is not one of Flower's message-based strategies)")
+
+
+def _state_dict_of(reply) -> dict[str, torch.Tensor]:
+    records = list(reply.content.array_records.values())
+    if len(records) != 1:
+        raise GradleakError(f"FlowerAudit: a reply from node {reply.metadata.src_node_id} holds "
+                            f"{len(records)} array records; the hook audits apps that return one")
+    return {k: torch.as_tensor(v) for k, v in records[0].to_torch_state_dict().items()}
+
+
+def _load(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    extra = [k for k in state if k not in expected]
+    if missing or extra:
+        raise GradleakError(f"FlowerAudit: the arrays the server sends do not fit model_fn's model "
+                            f"(missing {missing[:3]}, unexpected {extra[:3]})")
+    for k, v in expected.items():
+        if tuple(state[k].shape) != tuple(v.shape):
+            raise GradleakError(f"FlowerAudit: array '{k}' has shape {tuple(state[k].shape)}, "
+                                f"the model's {tuple(v.shape)}")
+    model.load_state_dict(state)
+
+
+def _received_update(model: nn.Module, sent: dict[str, torch.Tensor], reply, training: TrainingSpec,
+                     samples: int) -> Update:
+    """sent - returned for every parameter: a FedAvg delta in gradleak's sign convention."""
+    returned = _state_dict_of(reply)
+    names = [n for n, _ in model.named_parameters()]
+    missing = [n for n in names if n not in returned]
+    if missing:
+        raise GradleakError(f"FlowerAudit: the reply from node {reply.metadata.src_node_id} lacks "
+                            f"parameter '{missing[0]}'")
+    tensors = {}
+    for n in names:
+        if tuple(returned[n].shape) != tuple(sent[n].shape):
+            raise GradleakError(f"FlowerAudit: parameter '{n}' came back with shape {tuple(returned[n].shape)}, "
+                                f"sent {tuple(sent[n].shape)}")
+        tensors[n] = (sent[n].float() - returned[n].float()).detach()
+    update = Update(tensors=tensors, kind="delta", lr=training.lr, steps=training.num_steps(samples),
+                    batch_size=training.step_batch_size(samples), samples=samples,
+                    epochs=training.local_epochs)
+    update.check_finite()
+    return update
+
+
+def _write_truth(path: Path, inputs, labels, partition) -> None:
+    from safetensors.torch import save_file
+
+    x = torch.as_tensor(inputs).detach().float().cpu().contiguous()
+    y = torch.as_tensor(labels).detach().long().cpu().contiguous()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tensors = {"inputs": x, "labels": y}
+    if partition is not None:
+        tensors["partition"] = torch.tensor([int(partition)])
+    save_file(tensors, str(tmp))
+    tmp.replace(path)
+
+
+def _read_truth(path: Path) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise GradleakError(f"FlowerAudit: no ground truth at {path}: add audit.client_mod to the ClientApp's "
+                            "mods (gradleak audits Flower simulations, where the examples can be scored)")
+    try:
+        tensors = load_file(str(path))
+    except Exception as exc:
+        raise GradleakError(f"FlowerAudit: ground truth file {path} is unreadable ({exc})") from None
+    partition = int(tensors["partition"][0]) if "partition" in tensors else None
+    return tensors["inputs"], tensors["labels"], partition
+
+
+def sample_count(reply) -> int | None:
+    """The reply's `num-examples` metric (what FedAvg weights by), when it has one."""
+    for record in reply.content.metric_records.values():
+        if "num-examples" in record:
+            value = record["num-examples"]
+            return int(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+    return None

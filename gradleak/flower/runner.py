@@ -1,0 +1,203 @@
+"""Run a Flower app directory as a local simulation with its gradleak audit on.
+
+The app is what `flwr run` would run: `pyproject.toml` names the ServerApp and
+ClientApp (`[tool.flwr.app.components]`), its run config (`[tool.flwr.app.config]`)
+and the simulation's number of SuperNodes (`[tool.flwr.federations]`). The app's
+modules must define a `gradleak.flower.FlowerAudit` hook. Everything runs on this
+machine with Flower's Ray simulation backend; nothing is downloaded.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import GradleakError
+from ..fl import TrainingSpec
+from .hook import OUT_ENV, CapturedUpdate, FlowerAudit
+
+
+@dataclass
+class FlowerRun:
+    """What one audited simulation produced."""
+
+    app_dir: Path
+    out: Path
+    seconds: float
+    num_supernodes: int
+    run_config: dict
+    captured: list[CapturedUpdate] = field(default_factory=list)  # every audited update, in order
+    training: TrainingSpec | None = None  # the clients' training, as the threat model read it
+
+    @property
+    def store(self) -> Path:
+        return self.out / "results.db"
+
+
+def read_app(app_dir: str | Path) -> dict:
+    """The app's components, run config (flattened) and default SuperNode count."""
+    import tomllib
+
+    root = Path(app_dir).expanduser()
+    project = root / "pyproject.toml"
+    if not project.is_file():
+        raise GradleakError(f"Flower app '{root}': no pyproject.toml (is it a Flower app folder?)")
+    try:
+        doc = tomllib.loads(project.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise GradleakError(f"Flower app '{root}': pyproject.toml is not valid TOML ({exc})") from None
+    app = doc.get("tool", {}).get("flwr", {}).get("app", {})
+    components = app.get("components", {})
+    for key in ("serverapp", "clientapp"):
+        if not isinstance(components.get(key), str) or ":" not in components[key]:
+            raise GradleakError(f"Flower app '{root}': [tool.flwr.app.components] needs {key} = 'module:object'")
+    federations = doc.get("tool", {}).get("flwr", {}).get("federations", {})
+    default = federations.get(federations.get("default", ""), {}) if isinstance(federations, dict) else {}
+    supernodes = (default.get("options", {}) or {}).get("num-supernodes") if isinstance(default, dict) else None
+    return {"root": root.resolve(), "components": components, "config": _flatten(app.get("config", {})),
+            "num_supernodes": supernodes}
+
+
+def run_app(app_dir: str | Path, *, out: str | Path = "gradleak-flower", num_supernodes: int | None = None,
+            run_config: dict[str, Any] | None = None, rounds: tuple[int, ...] | None = None,
+            clients: int | None = None, attacks: Any = None, budget: str | None = None,
+            threat: str | None = None, lpips: str | None = None, verbose: bool = False) -> FlowerRun:
+    """Simulate the app with its FlowerAudit hook writing to `out`; the keyword
+    arguments after `run_config` override the hook's own settings."""
+    app = read_app(app_dir)
+    config = dict(app["config"])
+    for key, value in (run_config or {}).items():
+        if key not in config:
+            raise GradleakError(f"--run-config: the app has no config key '{key}'; keys: {', '.join(config)}")
+        config[key] = _like(config[key], value, key)
+    supernodes = int(num_supernodes or app["num_supernodes"] or 0)
+    if supernodes < 1:
+        raise GradleakError("Flower app: set the number of SuperNodes (--num-supernodes, or "
+                            "options.num-supernodes in the app's default federation)")
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    # Flower's telemetry would try to reach the network; Ray's workers inherit this environment.
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    os.environ[OUT_ENV] = str(out)
+    root = str(app["root"])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    server_app, server_module = _load(app["components"]["serverapp"], root)
+    client_app, client_module = _load(app["components"]["clientapp"], root)
+    audits = _find_audits(server_module, client_module)
+    # The hook lives in the app's module, so a second run in this process meets the same
+    # object: this run's settings are set for the run and restored afterwards.
+    overrides = {"out": str(out), "rounds": tuple(rounds) if rounds is not None else None, "clients": clients,
+                 "attacks": attacks, "budget": budget, "threat": threat, "lpips": lpips}
+    saved = [{name: getattr(a, name) for name in overrides} for a in audits]
+    for audit in audits:
+        audit.captured.clear()
+        for name, value in overrides.items():
+            if value is not None:
+                setattr(audit, name, value)
+    start = time.perf_counter()
+    flwr_logger = logging.getLogger("flwr")
+    level = flwr_logger.level
+    if not verbose:  # Flower logs every round at INFO; keep the terminal for the audit's own output
+        flwr_logger.setLevel(logging.WARNING)
+    try:
+        _simulate(server_app, client_app, supernodes, config, root, verbose)
+        captured = [c for a in audits for c in a.captured]
+        training = audits[0].training_from(config)
+    finally:
+        flwr_logger.setLevel(level)
+        for audit, before in zip(audits, saved):
+            for name, value in before.items():
+                setattr(audit, name, value)
+    return FlowerRun(app["root"], out, time.perf_counter() - start, supernodes, config, captured, training)
+
+
+def _simulate(server_app, client_app, supernodes: int, config: dict, root: str, verbose: bool) -> None:
+    from flwr.app import Context, RecordDict
+    from flwr.common.constant import RUN_ID_NUM_BYTES, SUPERLINK_NODE_ID, TASK_ID_NUM_BYTES
+    from flwr.server.superlink.linkstate.utils import generate_rand_int_from_bytes
+    from flwr.simulation.run_simulation import _run_simulation
+    from flwr.supercore.constant import NOOP_FEDERATION_ID
+    from flwr.supercore.run import Run
+    from flwr.supercore.task_identity import TaskIdentity
+    from flwr.supercore.telemetry import EventType
+
+    # As flwr.simulation.run_simulation builds its run, plus the run-config overrides, so the
+    # same config reaches the ServerApp (its Context) and every ClientApp (read from the app
+    # folder and fused with the overrides), as under `flwr run`.
+    run_id = generate_rand_int_from_bytes(RUN_ID_NUM_BYTES)
+    run = Run.create_empty(run_id=run_id)
+    run.primary_task_id = generate_rand_int_from_bytes(TASK_ID_NUM_BYTES)
+    run.federation_id = NOOP_FEDERATION_ID
+    run.override_config = dict(config)
+    TaskIdentity.task_id = 1
+    TaskIdentity.run_id = run_id
+    TaskIdentity.node_id = SUPERLINK_NODE_ID
+    context = Context(run_id=run.run_id, node_id=0, node_config={}, state=RecordDict(), run_config=dict(config))
+    backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+               "init_args": {"num_cpus": max(1, min(2, os.cpu_count() or 1)), "logging_level": "ERROR",
+                             "log_to_driver": verbose}}
+    _run_simulation(num_supernodes=supernodes, exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+                    client_app=client_app, server_app=server_app, backend_config=backend,
+                    server_app_context=context, app_dir=root, run=run, is_app=True, verbose_logging=verbose)
+
+
+def _load(reference: str, root: str):
+    module_name, _, attr = reference.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise GradleakError(f"Flower app '{root}': importing {module_name} failed: {type(exc).__name__}: "
+                            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from None
+    obj = getattr(module, attr, None)
+    if obj is None:
+        raise GradleakError(f"Flower app '{root}': {module_name} has no '{attr}'")
+    return obj, module
+
+
+def _find_audits(*modules) -> list[FlowerAudit]:
+    found: dict[int, FlowerAudit] = {}
+    for module in modules:
+        for value in vars(module).values():
+            if isinstance(value, FlowerAudit):
+                found[id(value)] = value
+    if not found:
+        raise GradleakError("Flower app has no gradleak.flower.FlowerAudit hook in its ServerApp or ClientApp "
+                            "module (see docs/flower.md)")
+    return list(found.values())
+
+
+def _flatten(config: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def _like(current: Any, value: Any, key: str) -> Any:
+    """An override converted to the type of the app's own value."""
+    if not isinstance(value, str):
+        return value
+    try:
+        if isinstance(current, bool):
+            if value.lower() not in ("true", "false"):
+                raise ValueError
+            return value.lower() == "true"
+        if isinstance(current, int):
+            return int(value)
+        if isinstance(current, float):
+            return float(value)
+    except ValueError:
+        raise GradleakError(f"--run-config {key}={value}: expected a {type(current).__name__}") from None
+    return value
