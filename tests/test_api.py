@@ -72,6 +72,7 @@ def run_cli(argv, capsys):
 
 
 def test_readme_snippet_runs_as_written(tmp_path, monkeypatch):
+    torch.manual_seed(0)  # the snippet's model draws its weights from the global generator
     """The README's API example, executed verbatim: every attack the honest
     server may run on a user-defined sigmoid CNN, with a report."""
     text = README.read_text()
@@ -92,8 +93,8 @@ def test_readme_snippet_runs_as_written(tmp_path, monkeypatch):
     assert {"ig", "cpl", "dlg"} <= ran
     assert not ran & set(skipped)
     # FedSGD on one image of a sigmoid CNN leaks: the strongest attack reconstructs it
-    # (CPL reaches 40-60 dB here on seeds 0-2; 30 dB is the ASR threshold).
-    assert result.strongest("psnr").metrics["psnr"] >= 30
+    # (measured 68.5-71.2 dB with the snippet at seeds 0-2; 30 dB is the ASR threshold).
+    assert result.strongest("psnr").metrics["psnr"] >= 50
     html = (tmp_path / "audit-report" / "index.html").read_text()
     assert "Attacks not run" in html and "malicious_model" in html
 

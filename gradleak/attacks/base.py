@@ -62,10 +62,35 @@ class Attack(ABC):
     def needs(cls) -> frozenset[str]:
         return cls.requires | (frozenset({"malicious_model"}) if cls.malicious else frozenset())
 
+    # Budget presets (see gradleak.api.BUDGETS): option overrides for "quick" and
+    # "thorough"; "standard" is the attack's own defaults.
+    budgets: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    def unsupported(self, model: nn.Module, input_shape: tuple[int, ...], num_classes: int,
+                    modality: str) -> str | None:
+        """Why this attack cannot run on this architecture (one line), judged on the
+        model's modules; None when it can. Knowledge the attack needs is the threat
+        model's business (`needs`), not this check's."""
+        if modality not in self.modalities:
+            return f"does not handle {modality} data"
+        return None
+
     def prepare_model(self, model: nn.Module, input_shape: tuple[int, ...], num_classes: int,
                       ctx: AttackContext) -> nn.Module:
         """Malicious attacks: return the model the server sends instead."""
         return model
+
+
+def check_result(check: Callable[[], Any]) -> str | None:
+    """The message of the GradleakError `check()` raises, or None: the same
+    architecture checks serve `unsupported` and the attack at run time."""
+    from ..errors import GradleakError
+
+    try:
+        check()
+    except GradleakError as exc:
+        return str(exc)
+    return None
 
     @abstractmethod
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:

@@ -23,7 +23,7 @@ from ..analytic.features import FeatureExtractor, FeatureInversionOptions, inver
 from ..analytic.ica import resolve_sign_scale, unmix_gradient
 from ..options import check
 from ..threat import Observation
-from .base import Attack, AttackContext, Reconstruction
+from .base import Attack, AttackContext, Reconstruction, check_result
 from .labels import recover_labels
 
 
@@ -69,6 +69,10 @@ class CocktailParty(Attack):
     Options = CPAOptions
     requires = frozenset({"batch_size"})
     uses = frozenset({"labels"})
+
+    def unsupported(self, model, input_shape, num_classes, modality):
+        return (super().unsupported(model, input_shape, num_classes, modality)
+                or check_result(lambda: locate_first_linear(model, input_shape)))
 
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
         opt = self.options

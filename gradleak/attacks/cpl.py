@@ -79,6 +79,7 @@ class CPL(Attack):
     """Client privacy leakage (Wei et al.): configurable init, optimizer, distance, termination."""
 
     name = "cpl"
+    budgets = {"quick": {"iterations": 150}, "thorough": {"iterations": 600}}
     Options = CPLOptions
     requires = frozenset({"batch_size"})
     uses = frozenset({"labels", "local_training", "prior_data"})

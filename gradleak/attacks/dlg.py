@@ -46,6 +46,7 @@ class DLG(Attack):
     """DLG: joint L-BFGS over dummy data and soft labels, L2 update matching."""
 
     name = "dlg"
+    budgets = {"quick": {"iterations": 150}, "thorough": {"iterations": 600}}
     Options = DLGOptions
     requires = frozenset({"batch_size"})
     uses = frozenset({"local_training"})

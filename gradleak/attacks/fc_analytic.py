@@ -17,7 +17,7 @@ import torch
 from ..analytic.fc import distinct_consensus, first_linear, layer_gradients, row_ratios
 from ..options import check
 from ..threat import Observation
-from .base import Attack, AttackContext, Reconstruction
+from .base import Attack, AttackContext, Reconstruction, check_result
 from .labels import recover_labels
 
 
@@ -50,6 +50,10 @@ class FCAnalytic(Attack):
     Options = FCAnalyticOptions
     requires = frozenset({"batch_size"})
     uses = frozenset({"labels"})
+
+    def unsupported(self, model, input_shape, num_classes, modality):
+        return (super().unsupported(model, input_shape, num_classes, modality)
+                or check_result(lambda: first_linear(model, input_shape)))
 
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
         x = invert_first_layer(obs, obs.batch_size, self.options)

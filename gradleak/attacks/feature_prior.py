@@ -432,11 +432,23 @@ class FeaturePriorAttack(Attack):
     prior, plus tensor-recovered features of a server-inserted random layer."""
 
     name = "feature-prior"
+    budgets = {"quick": {"iterations": 800}, "thorough": {"iterations": 4000}}
     Options = FeaturePriorOptions
     requires = frozenset({"batch_size"})
     uses = frozenset({"labels", "bn_statistics", "local_training"})
     malicious = True
     modalities = ("image",)
+
+    def unsupported(self, model, input_shape, num_classes, modality):
+        if len(input_shape) != 3:
+            return "needs image inputs (C, H, W)"
+        try:
+            name, _ = last_linear(model)
+        except ValueError:
+            return "the model has no linear classifier head to put the feature probe on"
+        if not name:
+            return "the model is a bare linear layer; there is no feature extractor to probe"
+        return super().unsupported(model, input_shape, num_classes, modality)
 
     def prepare_model(self, model: nn.Module, input_shape: tuple[int, ...], num_classes: int,
                       ctx: AttackContext) -> nn.Module:

@@ -66,6 +66,17 @@ class ClassFishing(Attack):
     requires = frozenset({"batch_size"})
     malicious = True
 
+    def unsupported(self, model, input_shape, num_classes, modality):
+        if self.options.target_class >= num_classes:
+            return f"target_class {self.options.target_class} is not one of the {num_classes} classes"
+        try:
+            _, head = last_linear(model)
+        except ValueError:
+            return "the model has no linear classifier head to fish with"
+        if head.bias is None:
+            return "the classifier head has no bias to fish with"
+        return super().unsupported(model, input_shape, num_classes, modality)
+
     def prepare_model(self, model: nn.Module, input_shape: tuple[int, ...], num_classes: int,
                       ctx: AttackContext) -> nn.Module:
         t = self.options.target_class

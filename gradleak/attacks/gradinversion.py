@@ -56,10 +56,16 @@ class GradInversion(Attack):
     """GradInversion: gradient matching + BN-statistics, TV, l2 priors + group consistency."""
 
     name = "gradinversion"
+    budgets = {"quick": {"iterations": 500}, "thorough": {"iterations": 2000}}
     Options = GradInversionOptions
     requires = frozenset({"batch_size"})
     uses = frozenset({"labels", "local_training", "bn_statistics"})
     modalities = ("image",)
+
+    def unsupported(self, model, input_shape, num_classes, modality):
+        if self.options.bn > 0 and not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+            return "needs batch-norm layers for its BN-statistics prior (the model has none); use bn=0"
+        return super().unsupported(model, input_shape, num_classes, modality)
 
     def needs(self) -> frozenset[str]:  # type: ignore[override]
         extra = frozenset({"bn_statistics"}) if self.options.bn > 0 else frozenset()

@@ -58,6 +58,7 @@ class InvertingGradients(Attack):
     """Inverting Gradients: cosine matching + TV, signed Adam, restarts."""
 
     name = "ig"
+    budgets = {"quick": {"iterations": 1000}, "thorough": {"iterations": 2500, "restarts": 4, "final": "mean"}}
     Options = IGOptions
     requires = frozenset({"batch_size"})
     uses = frozenset({"labels", "local_training", "prior_data"})

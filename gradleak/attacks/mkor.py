@@ -39,7 +39,7 @@ from torch import nn
 from ..errors import GradleakError
 from ..options import check
 from ..threat import Observation
-from .base import Attack, AttackContext, Reconstruction
+from .base import Attack, AttackContext, Reconstruction, check_result
 
 
 @dataclass(frozen=True)
@@ -161,6 +161,10 @@ class MKOR(Attack):
     Options = MKOROptions
     malicious = True
     modalities = ("image",)
+
+    def unsupported(self, model, input_shape, num_classes, modality):
+        return (super().unsupported(model, input_shape, num_classes, modality)
+                or check_result(lambda: self._check_architecture(_layers(model), input_shape, num_classes)))
 
     # ------------------------------------------------------------------ server side
     def prepare_model(self, model: nn.Module, input_shape: tuple[int, ...], num_classes: int,

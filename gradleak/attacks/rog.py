@@ -91,6 +91,7 @@ class ROG(Attack):
     """Gradient matching in a bicubic latent space, L2 distance, U-Net postprocessing."""
 
     name = "rog"
+    budgets = {"thorough": {"iterations": 200, "refine": 100}}
     Options = ROGOptions
     requires = frozenset({"batch_size"})
     uses = frozenset({"labels", "local_training", "defenses"})
@@ -216,6 +217,7 @@ class ROGSign(ROG):
     """ROG against signSGD: ‖tanh(g′) − sign(g)‖² (paper 02, Eq. 15)."""
 
     name = "rog-sign"
+    budgets = {"thorough": {"iterations": 800}}
     Options = ROGSignOptions
     normalise = False  # tanh(g′) − sign(g) is already O(1) per entry
 

@@ -29,7 +29,7 @@ from ..errors import GradleakError
 from ..models import last_linear
 from ..options import check
 from ..threat import Observation
-from .base import Attack, AttackContext, Reconstruction
+from .base import Attack, AttackContext, Reconstruction, check_result
 
 
 @dataclass
@@ -62,6 +62,10 @@ class TensorAttack(Attack):
     Options = TensorOptions
     requires = frozenset({"batch_size"})
     modalities = ("image", "tabular")
+
+    def unsupported(self, model, input_shape, num_classes, modality):
+        return (super().unsupported(model, input_shape, num_classes, modality)
+                or check_result(lambda: _two_layer_parts(model, input_shape)))
 
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
         opt = self.options

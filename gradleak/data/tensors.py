@@ -9,6 +9,7 @@ Labels are integer class indices. A file has no split: both splits read it.
 from __future__ import annotations
 
 import math
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,8 @@ def load_tensor_file(spec: DatasetSpec) -> Dataset:
 
 
 def _read_npz(path: Path) -> dict:
+    if not zipfile.is_zipfile(path):
+        raise GradleakError(f"dataset file '{path}' is not a valid .npz file (not a zip archive)")
     try:
         with np.load(path, allow_pickle=False) as archive:
             return {k: archive[k] for k in archive.files}
@@ -132,7 +135,9 @@ def _read_safetensors(path: Path) -> dict:
 
 def _read_torch(path: Path) -> dict:
     try:
-        content = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about pickle protocols: the one-line error says it all
+            warnings.simplefilter("ignore")
+            content = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # forbidden globals (a pickle payload), truncation, foreign bytes
         raise GradleakError(f"dataset file '{path}' was rejected: not a plain tensor file "
                             f"({_first_line(exc)})") from None

@@ -6,6 +6,7 @@ classic `__reduce__` → `os.system` payload). Every failure is one GradleakErro
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -50,7 +51,9 @@ def _read(path: Path) -> dict[str, torch.Tensor]:
         except Exception as exc:  # SafetensorError, OSError, ...: all mean "not a valid file"
             raise GradleakError(f"checkpoint '{path}' is not a valid safetensors file ({_first_line(exc)})") from None
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # a rejected file's pickle-protocol warning would add lines
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # UnpicklingError for forbidden globals, RuntimeError/EOFError for corrupt files
         raise GradleakError(
             f"checkpoint '{path}' was rejected: not a plain weights file ({_first_line(exc)})"
