@@ -28,8 +28,8 @@ from torch import nn
 from .attacks import ATTACKS, Attack, AttackContext, make_attack
 from .data import Dataset
 from .errors import GradleakError
-from .experiment import (AttackRunResult, AttackRunSpec, attack_observation, batch_attack_seed, build_named_model,
-                         convergence_summary, dataset_spec, pick_device, run_scenario)
+from .experiment import (AttackRunResult, AttackRunSpec, attack_observation, batch_attack_seed,
+                         build_named_model, convergence_summary, dataset_spec, pick_device, run_scenario)
 from .fl import TrainingSpec
 from .fl.update import Update
 from .metrics import summarize
@@ -402,8 +402,8 @@ def _attack_captured(spec: AttackRunSpec, attack: Attack, model: nn.Module, upda
     obs = observe(update, sent, threat, input_shape=data.input_shape, num_classes=data.num_classes,
                   training=training, batch_size=update.samples, labels=y, defenses=list(spec.defenses),
                   modality=data.modality, bn_statistics=bn)
-    rec, scores, aligned = attack_observation(attack, obs, x, y, AttackContext(seed=batch_attack_seed(spec.seed, 0), device=device),
-                                              spec.lpips)
+    ctx = AttackContext(seed=batch_attack_seed(spec.seed, 0), device=device)
+    rec, scores, aligned = attack_observation(attack, obs, x, y, ctx, spec.lpips)
     metrics = summarize(scores)
     metrics["iterations"] = float(rec.iterations)
     return AttackRunResult(spec, metrics, [s.to_dict() for s in scores], time.perf_counter() - start,

@@ -128,6 +128,24 @@ def test_cli_refuses_an_app_it_cannot_audit(tmp_path, capsys):
     assert code == 2 and "no-such-key" in err and len(err.strip().splitlines()) == 1
 
 
+def test_errors_inside_the_simulation_are_one_line(tmp_path, capsys):
+    """A hook that cannot read the clients' training from the run config stops the
+    run from inside Flower's ServerApp thread: still one line, exit code 2."""
+    import shutil
+
+    app = tmp_path / "misconfigured"
+    shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__"))
+    (app / "flower_audit").rename(app / "misconfigured_audit")  # a package name of its own in this process
+    for path in [app / "pyproject.toml", *(app / "misconfigured_audit").glob("*.py")]:
+        path.write_text(path.read_text().replace("flower_audit.", "misconfigured_audit."))
+    hook = app / "misconfigured_audit" / "audit.py"
+    hook.write_text(hook.read_text().replace('"local_batch_size": "batch-size"', '"local_batch_size": "bs"'))
+    code = main(["flower", str(app), "--out", str(tmp_path / "out"), "--attack", "dlg:iterations=2"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "run config has no 'bs'" in err
+
+
 def test_hook_refuses_run_config_without_training_keys():
     from gradleak.flower import FlowerAudit
 

@@ -21,13 +21,16 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
 
 from ..errors import GradleakError
 from ..fl import TrainingSpec, Update
+
+if TYPE_CHECKING:
+    from .strategy import AuditStrategy
 
 # Where the runner (`gradleak flower`) tells the hook to write; see runner.py.
 OUT_ENV = "GRADLEAK_FLOWER_OUT"

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,7 @@ def run_app(app_dir: str | Path, *, out: str | Path = "gradleak-flower", num_sup
     out.mkdir(parents=True, exist_ok=True)
     # Flower's telemetry would try to reach the network; Ray's workers inherit this environment.
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # no GPU is asked for: keep Ray quiet
     os.environ[OUT_ENV] = str(out)
     root = str(app["root"])
     if root not in sys.path:
@@ -103,10 +105,13 @@ def run_app(app_dir: str | Path, *, out: str | Path = "gradleak-flower", num_sup
     start = time.perf_counter()
     flwr_logger = logging.getLogger("flwr")
     level = flwr_logger.level
-    if not verbose:  # Flower logs every round at INFO; keep the terminal for the audit's own output
-        flwr_logger.setLevel(logging.WARNING)
+    if not verbose:  # Flower logs every round; keep the terminal for the audit's own output
+        flwr_logger.setLevel(logging.ERROR)
     try:
-        _simulate(server_app, client_app, supernodes, config, root, verbose)
+        with warnings.catch_warnings():
+            if not verbose:  # Ray's start-up FutureWarnings are not the user's concern
+                warnings.simplefilter("ignore")
+            _simulate(server_app, client_app, supernodes, config, root, verbose)
         captured = [c for a in audits for c in a.captured]
         training = audits[0].training_from(config)
     finally:
