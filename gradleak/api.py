@@ -95,7 +95,8 @@ class AuditResult:
                 row_labels = {**attack_labels(run.spec), **extra}
                 written += store_result_record(store, sweep, "attack", spec, row_labels, result_record(run))
             for skip in self.skipped:
-                spec = {"attack": skip.attack, **self._identity(), **extra}
+                spec = {"attack": skip.attack, "threat": self.setting.get("threat"), **self._scenario_labels(),
+                        **self._identity(), **extra}
                 row_labels = {"attack": parse_spec(skip.attack, "attack").name, "attack_spec": skip.attack,
                               "reason": skip.reason, **self._scenario_labels(), **extra}
                 record = CellRecord(cell_key("skipped", spec), "skipped", sweep, spec, row_labels,
@@ -328,11 +329,10 @@ def _resolve_data(data: Any, split: str, resize: int | None):
     """(Dataset, label, prior-data loader or None)."""
     if isinstance(data, str):
         from .data import load_dataset
-        from .experiment import _prior_data
+        from .experiment import prior_data
 
         dataset = load_dataset(dataset_spec(data, split, resize))
-        probe = AttackRunSpec(dataset=data, model="lenet", attack="ig", split=split, resize=resize)
-        return dataset, data, lambda targets: _prior_data(probe, dataset, targets)
+        return dataset, data, lambda targets: prior_data(data, split, resize, dataset, targets)
     from .data.tensors import dataset_from_user
 
     dataset = dataset_from_user(data)
@@ -385,11 +385,11 @@ def _check_update_fits(model: nn.Module, update: Update) -> None:
 
 def _run_with_progress(spec: AttackRunSpec, model, data, prior_loader, progress: bool) -> AttackRunResult:
     if not progress:
-        return run_scenario(spec, model, data, None, prior_data=prior_loader)
+        return run_scenario(spec, model, data, None, held_out=prior_loader)
     from .progress import attack_progress
 
     with attack_progress(spec.attack) as bar:
-        return run_scenario(spec, model, data, bar, prior_data=prior_loader)
+        return run_scenario(spec, model, data, bar, held_out=prior_loader)
 
 
 def _attack_captured(spec: AttackRunSpec, attack: Attack, model: nn.Module, update: Update, data: Dataset,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -99,19 +100,22 @@ class AttackRunResult:
             "per_image": self.per_image,
             "convergence": {k: v for k, v in self.convergence.items() if k != "trace"},
             "spec": s.to_dict(),
-            **({"extras": _jsonable(self.extras)} if self.extras else {}),
+            **({"extras": jsonable(self.extras)} if self.extras else {}),
         }
 
 
 def pick_device(name: str = "auto") -> torch.device:
+    """`auto` (a GPU when there is one), `cpu` or `cuda[:N]`; anything else is refused."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise GradleakError(f"unknown device '{name}'") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise GradleakError("--device cuda requested but no GPU is available")
+    if not re.fullmatch(r"cpu|cuda(:\d{1,3})?", name or ""):
+        raise GradleakError(f"unknown device '{name}'; use auto, cpu or cuda[:N]")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise GradleakError(f"--device {name} requested but no GPU is available")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise GradleakError(f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s)")
     return device
 
 
@@ -200,15 +204,15 @@ def run_attack(spec: AttackRunSpec, progress: Callable[[int, int, float], None] 
     if spec.pretrain_steps:
         model = _pretrained(model, spec)
     return run_scenario(spec, model, data, progress,
-                        prior_data=lambda targets: _prior_data(spec, data, targets))
+                        held_out=lambda targets: prior_data(spec.dataset, spec.split, spec.resize, data, targets))
 
 
 def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
                  progress: Callable[[int, int, float], None] | None = None,
-                 prior_data: Callable[[torch.Tensor], Any] | None = None) -> AttackRunResult:
+                 held_out: Callable[[torch.Tensor], Any] | None = None) -> AttackRunResult:
     """Attack the built `model` on `data` as `spec` describes (its dataset and
     model fields only label the result). The one path behind the CLI, sweeps
-    and `gradleak.audit`. `model` is not modified; `prior_data(targets)` gives
+    and `gradleak.audit`. `model` is not modified; `held_out(targets)` gives
     held-out examples when the threat model grants them (default: every
     example of `data` that is not a target)."""
     start = time.perf_counter()
@@ -235,7 +239,7 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
     pool = order[n_images:]
     prior = None
     if "prior_data" in threat.grants:
-        prior = prior_data(targets) if prior_data is not None else _held_out(data, targets)
+        prior = held_out(targets) if held_out is not None else _held_out(data, targets)
     ctx = AttackContext(seed=spec.seed, device=device, progress=progress, prior_data=prior)
     if attack.malicious:
         model = attack.prepare_model(model, data.input_shape, data.num_classes, ctx)
@@ -321,12 +325,13 @@ def _pretrained(model, spec: AttackRunSpec):
     return model
 
 
-def _prior_data(spec: AttackRunSpec, data, targets):
-    """Held-out examples for attacks that may use the data distribution."""
+def prior_data(dataset: str, split: str, resize: int | None, data: Dataset, targets: torch.Tensor) -> Dataset:
+    """Held-out examples for attacks that may use the data distribution: the
+    other split of a named dataset, or the non-target examples of a sample set."""
     if data.samples_only:
         return _held_out(data, targets)
-    split = "train" if spec.split == "test" else "test"
-    return load_dataset(dataset_spec(spec.dataset, split, spec.resize))
+    other = "train" if split == "test" else "test"
+    return load_dataset(dataset_spec(dataset, other, resize))
 
 
 def result_record(result: AttackRunResult) -> dict:
@@ -352,9 +357,9 @@ def result_record(result: AttackRunResult) -> dict:
     else:
         images = [{"idx": i, "metrics": s, "original": None, "reconstruction": None}
                   for i, s in enumerate(result.per_image)]
-    extras = _jsonable(result.extras)
+    extras = jsonable(result.extras)
     if result.convergence:
-        extras["convergence"] = _jsonable(result.convergence)
+        extras["convergence"] = jsonable(result.convergence)
     return {"metrics": result.metrics, "extras": extras, "seconds": result.seconds,
             "grid_png": grid, "images": images}
 
@@ -376,6 +381,6 @@ def write_outputs(result: AttackRunResult, out: str | Path) -> dict[str, Path]:
     return paths
 
 
-def _jsonable(value):
+def jsonable(value):
     """JSON-safe copy: tensors become lists, anything else unknown its text."""
     return json.loads(json.dumps(value, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v)))

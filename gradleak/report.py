@@ -3,6 +3,7 @@ external scripts or stylesheets; images are PNG files next to index.html."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import html
 import json
 from collections import defaultdict
@@ -215,7 +216,9 @@ def write_report(store_path: str | Path, out: str | Path) -> dict:
         for c in cells:
             if c.kind != "attack" or c.grid_png is None:
                 continue
-            name = f"images/{c.key}.png"
+            # The file name is derived from the key, never the key itself: a foreign store's
+            # key could hold markup or a path ("../").
+            name = f"images/{hashlib.sha256(c.key.encode()).hexdigest()[:32]}.png"
             (out / name).write_bytes(c.grid_png)
             n_images += 1
             lab = c.labels

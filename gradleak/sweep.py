@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import GradleakError
-from .experiment import AttackRunSpec
+from .experiment import AttackRunSpec, jsonable
 from .options import parse_spec
 
-CELL_VERSION = 1  # bump when a cell's result would change for the same spec
+CELL_VERSION = 2  # bump when a cell's result would change for the same spec
 
 _GRID_AXES = {"datasets": "dataset", "models": "model", "batch_sizes": "batch_size",
               "local_steps": "local_steps", "seeds": "seed"}
@@ -431,7 +431,7 @@ def _execute_utility(spec: dict) -> dict:
         data = dataclasses.asdict(result)
     else:
         data = dict(result)
-    data = _jsonable(data)
+    data = jsonable(data)
     # Results only: timing and echoed settings (rounds, δ) would break "same spec → same metrics".
     not_metrics = {"seconds", "rounds", "delta"}
     metrics = {k: v for k, v in data.items()
@@ -441,10 +441,6 @@ def _execute_utility(spec: dict) -> dict:
     extras = {k: v for k, v in data.items() if k not in metrics and k not in not_metrics and k != "spec"}
     return {"metrics": metrics, "extras": extras,
             "seconds": seconds, "grid_png": None, "images": []}
-
-
-def _jsonable(value):
-    return json.loads(json.dumps(value, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v)))
 
 
 # --------------------------------------------------------------------------- running
@@ -495,9 +491,9 @@ def run_sweep(sweep: Sweep, store, workers: int | None = None, executor: str = "
 
     done = store.finished_keys()
     todo = [c for c in sweep.cells if c.key not in done]
-    workers = workers or default_workers()
-    if workers < 1:
+    if workers is not None and workers < 1:
         raise GradleakError(f"--workers must be >= 1, got {workers}")
+    workers = workers or default_workers()
     if workers > 1:
         todo.sort(key=estimated_cost, reverse=True)
     start = time.perf_counter()

@@ -231,3 +231,18 @@ def test_sweep_accepts_user_model_and_data_references(model_file, mnist_npz, tmp
     with ResultStore(store, create=False) as s:
         cells = s.cells("attack")
     assert len(cells) == 1 and cells[0].labels["model"] == f"{model_file}:build:width=8"
+
+
+@pytest.mark.parametrize("device", ["mps", "meta", "lazy", "hpu", "cuda:x"])
+def test_unknown_devices_are_refused(device, capsys):
+    code = main(["attack", "--dataset", "mnist", "--model", "lenet", "--attack", "dlg", "--device", device])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "device" in err
+
+
+def test_precode_with_its_defaults_runs_and_keeps_the_model_copyable(capsys):
+    code = main(["attack", "--dataset", "mnist", "--model", "lenet", "--attack", "dlg:iterations=2",
+                 "--defense", "precode", "--lpips", "none", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert json.loads(out)["defenses"] == ["precode"]

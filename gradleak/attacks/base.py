@@ -80,6 +80,10 @@ class Attack(ABC):
         """Malicious attacks: return the model the server sends instead."""
         return model
 
+    @abstractmethod
+    def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
+        """Reconstruct the client's batch from what the server observed."""
+
 
 def check_result(check: Callable[[], Any]) -> str | None:
     """The message of the GradleakError `check()` raises, or None: the same
@@ -91,7 +95,3 @@ def check_result(check: Callable[[], Any]) -> str | None:
     except GradleakError as exc:
         return str(exc)
     return None
-
-    @abstractmethod
-    def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
-        """Reconstruct the client's batch from what the server observed."""

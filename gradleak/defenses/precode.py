@@ -7,6 +7,7 @@ beta·KL. The client's sampling noise ε is private (own generator).
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,15 @@ class VariationalBottleneck(nn.Module):
         self.latent = latent
         self.generator = torch.Generator().manual_seed(seed + 1)
         self.kl: torch.Tensor | None = None  # KL of the last forward pass (read by the client's loss)
+
+    def __deepcopy__(self, memo):
+        # The last pass's KL is part of an autograd graph, which cannot be copied; a copy
+        # of the model starts without one.
+        clone = self.__class__.__new__(self.__class__)
+        memo[id(self)] = clone
+        for key, value in self.__dict__.items():
+            clone.__dict__[key] = None if key == "kl" else copy.deepcopy(value, memo)
+        return clone
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mu, log_var = self.encoder(x).split(self.latent, dim=-1)
