@@ -11,7 +11,8 @@ larger best-attack error).
 from __future__ import annotations
 
 from collections import defaultdict
-from statistics import mean
+import math
+from statistics import mean, stdev
 
 from .store import CellRecord
 
@@ -20,12 +21,47 @@ ATTACK_METRICS = {"mse": False, "psnr": True, "ssim": True, "lpips": False, "asr
 # utility metrics, in order of preference, and whether larger is better
 UTILITY_METRICS = (("test_accuracy", True), ("accuracy", True), ("final_loss", False),
                    ("train_loss", False), ("loss", False))
-SCENARIO_KEYS = ("dataset", "model", "batch_size", "local_steps")
+# A verdict never mixes threat models: what a malicious server gets says nothing about
+# an honest one, so the threat model is part of every scenario.
+SCENARIO_KEYS = ("threat", "dataset", "model", "batch_size", "local_steps")
+
+
+def _scenario_label(labels: dict, key: str):
+    # rows stored before threat models were recorded carry no 'threat' label
+    return labels.get(key, "unrecorded") if key == "threat" else labels.get(key)
+
+
+def cell_under_budget(cell: CellRecord) -> bool | None:
+    """The stored convergence verdict of an attack cell (see experiment.under_budget)."""
+    convergence = cell.extras.get("convergence") if isinstance(cell.extras, dict) else None
+    return convergence.get("under_budget") if isinstance(convergence, dict) else None
+
+
+# A defense "holds" in a scenario when no attack reconstructed any example exactly (ASR 0 in
+# every seed), the strongest attack was not stopped by its budget, at least HOLDS_MIN_SEEDS
+# seeds ran, and the upper end of the 95% interval of the best SSIM stays below HOLDS_SSIM
+# (reconstructions that share little structure with the originals).
+HOLDS_SSIM = 0.3
+HOLDS_MIN_SEEDS = 2
 
 
 def _avg(values):
     values = [v for v in values if v is not None]
     return float(mean(values)) if values else None
+
+
+def interval95(values) -> tuple[float | None, float | None]:
+    """Mean and half-width of the 95% Student-t interval of the mean (None with fewer
+    than two values: one seed gives no interval)."""
+    values = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if not values:
+        return None, None
+    centre = float(mean(values))
+    if len(values) < 2:
+        return centre, None
+    from scipy.stats import t
+
+    return centre, float(t.ppf(0.975, len(values) - 1) * stdev(values) / math.sqrt(len(values)))
 
 
 def attack_rows(cells: list[CellRecord]) -> list[dict]:
@@ -35,18 +71,20 @@ def attack_rows(cells: list[CellRecord]) -> list[dict]:
         if c.kind != "attack":
             continue
         lab = c.labels
-        groups[(*[lab[k] for k in SCENARIO_KEYS], lab["defense"], lab["strength"], lab["attack_spec"])].append(c)
+        groups[(*[_scenario_label(lab, k) for k in SCENARIO_KEYS], lab["defense"], lab["strength"],
+                lab["attack_spec"])].append(c)
     rows = []
     for key, members in groups.items():
         lab = members[0].labels
         metric_names = sorted({k for m in members for k in m.metrics})
-        row = {**{k: lab[k] for k in SCENARIO_KEYS}, "defense": lab["defense"], "strength": lab["strength"],
-               "attack": lab["attack"], "attack_spec": lab["attack_spec"], "init": lab.get("init"),
-               "seeds": len(members), "seconds": _avg([m.seconds for m in members]),
+        budget_flags = [cell_under_budget(m) for m in members]
+        row = {**{k: _scenario_label(lab, k) for k in SCENARIO_KEYS}, "defense": lab["defense"],
+               "strength": lab["strength"], "attack": lab["attack"], "attack_spec": lab["attack_spec"],
+               "init": lab.get("init"), "seeds": len(members), "seconds": _avg([m.seconds for m in members]),
+               "under_budget": any(budget_flags) if any(f is not None for f in budget_flags) else None,
                "keys": [m.key for m in members]}
         for name in metric_names:
-            values = [m.metrics.get(name) for m in members]
-            row[name] = _avg([v for v in values if isinstance(v, (int, float))])
+            row[name], row[f"{name}_ci"] = interval95([m.metrics.get(name) for m in members])
         rows.append(row)
     rows.sort(key=lambda r: (*[str(r[k]) for k in SCENARIO_KEYS], r["defense"] != "none", r["defense"],
                              r["strength"], r["attack_spec"]))
@@ -63,7 +101,9 @@ def utility_table(cells: list[CellRecord]) -> dict[tuple, dict]:
     table = {}
     for key, members in groups.items():
         names = {k for m in members for k, v in m.metrics.items() if isinstance(v, (int, float))}
-        table[key] = {n: _avg([m.metrics.get(n) for m in members]) for n in names}
+        table[key] = {"seeds": len(members), "trained_model": members[0].labels.get("trained_model")}
+        for n in names:
+            table[key][n], table[key][f"{n}_ci"] = interval95([m.metrics.get(n) for m in members])
     return table
 
 
@@ -87,23 +127,47 @@ def strongest_attacks(cells: list[CellRecord]) -> list[dict]:
         first = members[0]
         entry = {**{k: first[k] for k in SCENARIO_KEYS}, "defense": first["defense"], "strength": first["strength"],
                  "attacks": len(members)}
+        strongest: set[str] = set()
         for name, higher in ATTACK_METRICS.items():
             scored = [m for m in members if m.get(name) is not None]
             if not scored:
                 entry[name] = entry[f"best_{name}"] = None
                 continue
             best = (max if higher else min)(scored, key=lambda m: m[name])
-            tied = [m["attack_spec"] for m in scored if m[name] == best[name]]
-            entry[name] = best[name]
-            entry[f"best_{name}"] = "(all tie)" if len(tied) == len(scored) > 1 else ", ".join(tied)
+            tied = [m for m in scored if m[name] == best[name]]
+            entry[name], entry[f"{name}_ci"] = best[name], best.get(f"{name}_ci")
+            entry[f"best_{name}"] = ("(all tie)" if len(tied) == len(scored) > 1
+                                     else ", ".join(m["attack_spec"] for m in tied))
+            strongest.update(m["attack_spec"] for m in tied if m.get("under_budget"))
+        # The verdict is only as good as its strongest attack: one stopped by its budget may
+        # understate the leakage, so a defense that "holds" against it is not shown to hold.
+        entry["under_budget"] = ", ".join(sorted(strongest)) or None
+        entry["seeds"] = min(m["seeds"] for m in members)
+        entry["verdict"] = verdict(entry)
         entry.update(_utility_loss(entry, utilities, metric))
         out.append(entry)
     _mark_frontier(out)
     return out
 
 
+def verdict(entry: dict) -> str:
+    """'leaks', 'holds' or 'not shown (why)' for one strongest-attack entry."""
+    if entry.get("asr"):
+        return "leaks"
+    if entry.get("under_budget"):
+        return "not shown (attack under budget)"
+    if entry.get("ssim") is None:
+        return "not shown (no SSIM)"
+    if entry.get("seeds", 1) < HOLDS_MIN_SEEDS or entry.get("ssim_ci") is None:
+        return "not shown (one seed: no interval)"
+    if entry["ssim"] + entry["ssim_ci"] < HOLDS_SSIM:
+        return "holds"
+    return f"not shown (SSIM up to {min(1.0, entry['ssim'] + entry['ssim_ci']):.2f})"
+
+
 def _utility_loss(entry: dict, utilities: dict, metric: tuple[str, bool] | None) -> dict:
-    empty = {"utility_metric": None, "utility": None, "utility_loss": None}
+    empty = {"utility_metric": None, "utility": None, "utility_loss": None, "utility_loss_ci": None,
+             "utility_model": None}
     if metric is None:
         return empty
     name, higher = metric
@@ -113,7 +177,12 @@ def _utility_loss(entry: dict, utilities: dict, metric: tuple[str, bool] | None)
     if mine is None or baseline is None or mine.get(name) is None or baseline.get(name) is None:
         return {**empty, "utility_metric": name}
     loss = (baseline[name] - mine[name]) if higher else (mine[name] - baseline[name])
-    return {"utility_metric": name, "utility": mine[name], "utility_loss": loss}
+    spreads = [mine.get(f"{name}_ci"), baseline.get(f"{name}_ci")]
+    # independent runs: the half-widths add in quadrature
+    loss_ci = math.sqrt(sum(h * h for h in spreads)) if all(h is not None for h in spreads) else None
+    trained = mine.get("trained_model")
+    return {"utility_metric": name, "utility": mine[name], "utility_loss": loss, "utility_loss_ci": loss_ci,
+            "utility_model": trained if trained and trained != entry["model"] else None}
 
 
 def _mark_frontier(entries: list[dict]) -> None:

@@ -71,12 +71,15 @@ def make_executor(name: str, workers: int, address: str | None = None):
     raise GradleakError(f"--executor must be local or ray, got '{name}'")
 
 
-def _cell_error(cell, exc: BaseException) -> GradleakError:
-    what = cell.labels.get("attack_spec") or cell.kind
-    defenses = ", ".join(cell.labels.get("defenses") or []) or "no defense"
-    detail = str(exc) if isinstance(exc, GradleakError) else f"{type(exc).__name__}: {exc}"
-    return GradleakError(f"cell {cell.key[:8]} ({what}, {defenses}, batch {cell.labels.get('batch_size')}) "
-                         f"failed: {detail}")
+@dataclass(frozen=True)
+class CellFailure:
+    """A cell that raised: the sweep records it (one line) and goes on with the others."""
+    error: str
+
+    @classmethod
+    def of(cls, exc: BaseException) -> "CellFailure":
+        detail = str(exc) if isinstance(exc, GradleakError) else f"{type(exc).__name__}: {exc}"
+        return cls(" ".join(detail.split()) or type(exc).__name__)
 
 
 def _single_thread() -> None:
@@ -96,7 +99,7 @@ class InProcessExecutor:
             try:
                 result = execute_cell(cell.kind, cell.spec, lambda i, t, d, c=cell: bars.attack(c, i, t, d))
             except Exception as exc:
-                raise _cell_error(cell, exc) from exc
+                result = CellFailure.of(exc)
             yield cell, result
 
 
@@ -152,7 +155,7 @@ class ProcessExecutor:
                     try:
                         result = future.result()
                     except Exception as exc:
-                        raise _cell_error(cell, exc) from exc
+                        result = CellFailure.of(exc)
                     yield cell, result
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -335,7 +338,7 @@ class RayExecutor:
                     try:
                         result = ray.get(ref)
                     except Exception as exc:
-                        raise _cell_error(cell, getattr(exc, "cause", None) or exc) from exc
+                        result = CellFailure.of(getattr(exc, "cause", None) or exc)
                     yield cell, result
         finally:
             for ref in pending:

@@ -300,12 +300,47 @@ def attack_observation(attack: Attack, obs: Observation, x: torch.Tensor, y: tor
 
 
 def convergence_summary(runs: list[Reconstruction]) -> dict:
-    """Whether every batch's attack reported convergence, and its final matching distance."""
+    """Whether every batch's attack reported convergence, its final matching distance, its
+    trace, and whether it ran out of budget (see `under_budget`)."""
     flags = [r.converged for r in runs if r.converged is not None]
     distances = [r.final_distance for r in runs if r.final_distance is not None]
-    return {"converged": all(flags) if flags else None,
+    improving = [still_improving(r.trace) for r in runs]
+    converged = all(flags) if flags else None
+    return {"converged": converged,
             "final_distance": max(distances) if distances else None,
+            "still_improving": any(v for v in improving if v is not None) if any(
+                v is not None for v in improving) else None,
+            "under_budget": under_budget(converged, improving),
             "trace": [list(r.trace) for r in runs] if any(r.trace for r in runs) else []}
+
+
+# The last tenth of an attack's iterations counts as "still improving" when it found a
+# matching distance this much (relatively) below the best of the iterations before it.
+IMPROVING_TAIL = 0.1
+IMPROVING_GAIN = 0.01
+
+
+def still_improving(trace: list[float], tail: float = IMPROVING_TAIL, gain: float = IMPROVING_GAIN
+                    ) -> bool | None:
+    """Whether an iterative attack was still lowering its matching distance when its
+    budget ran out (None for a trace too short to tell, e.g. an analytic attack)."""
+    values = [v for v in trace if math.isfinite(v)]
+    if len(values) < 10:
+        return None
+    cut = max(1, int(len(values) * (1 - tail)))
+    before, last = min(values[:cut]), min(values[cut:])
+    return last < before * (1 - gain) if before > 0 else False
+
+
+def under_budget(converged: bool | None, improving: list[bool | None]) -> bool | None:
+    """An attack result whose failure may be the budget's, not the defense's: it reported
+    that it did not converge, or some batch was still improving at the end. None when the
+    attack reports neither (analytic attacks)."""
+    if converged is False or any(v for v in improving if v is not None):
+        return True
+    if converged is None and all(v is None for v in improving):
+        return None
+    return False
 
 
 def _held_out(data: Dataset, targets: torch.Tensor) -> Dataset:

@@ -9,7 +9,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from .analysis import SCENARIO_KEYS, attack_rows, leakage_by_round, strongest_attacks, study_tables
+from .analysis import (HOLDS_MIN_SEEDS, HOLDS_SSIM, SCENARIO_KEYS, attack_rows, leakage_by_round, strongest_attacks,
+                       study_tables)
 from .errors import GradleakError
 from .store import ResultStore
 
@@ -59,21 +60,55 @@ def _table(rows: list[dict], columns: list[tuple[str, str]], row_class=None) -> 
 
 STRONGEST_COLUMNS = [("dataset", "dataset"), ("model", "model"), ("batch_size", "batch"),
                      ("local_steps", "local steps"), ("defense", "defense"), ("strength", "strength"),
-                     ("utility", "utility"), ("utility_loss", "utility loss"),
-                     ("mse", "best MSE"), ("best_mse", "by"), ("psnr", "best PSNR"), ("best_psnr", "by"),
+                     ("verdict", "verdict"), ("seeds", "seeds"),
+                     ("utility", "utility"), ("utility_loss", "utility loss"), ("utility_loss_ci", "±"),
+                     ("utility_model", "utility trained on"),
+                     ("mse", "best MSE"), ("best_mse", "by"), ("psnr", "best PSNR"), ("psnr_ci", "±"),
+                     ("best_psnr", "by"), ("ssim", "best SSIM"), ("ssim_ci", "±"), ("best_ssim", "by"),
                      ("lpips", "best LPIPS"), ("best_lpips", "by"), ("asr", "best ASR"), ("best_asr", "by"),
-                     ("frontier", "frontier")]
+                     ("frontier", "frontier"), ("budget_note", "caveat")]
+UNDER_BUDGET_NOTE = "attack under budget — leakage may be understated"
+THREAT_TITLES = {"honest": "Honest-but-curious server", "informed": "Informed server (labels, BN statistics, "
+                 "data distribution)", "malicious": "Malicious server (may modify the model it sends)"}
+
+
+def _threat_title(threat: str) -> str:
+    preset, _, extra = str(threat).partition("+")
+    title = THREAT_TITLES.get(preset, f"Threat model '{threat}'")
+    return f"{title}, also knowing {extra.replace('+', ', ')}" if extra else title
+
+
+def _by_threat(entries: list[dict]) -> dict[str, list[dict]]:
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for e in entries:
+        groups[str(e.get("threat"))].append(e)
+    order = list(THREAT_TITLES)
+    return dict(sorted(groups.items(), key=lambda kv: (order.index(kv[0].split("+")[0])
+                                                       if kv[0].split("+")[0] in order else len(order), kv[0])))
+
+
+def _with_budget_note(entry: dict) -> dict:
+    note = f"{UNDER_BUDGET_NOTE} ({entry['under_budget']})" if entry.get("under_budget") else None
+    return {**entry, "budget_note": note}
 
 
 def format_strongest(entries: list[dict]) -> str:
-    """The strongest-attack table as plain text (for the terminal)."""
+    """The strongest-attack tables as plain text (for the terminal), one per threat model;
+    '*' marks a verdict whose strongest attack ran out of budget."""
     cols = [("batch_size", "B"), ("local_steps", "T"), ("defense", "defense"), ("strength", "strength"),
             ("utility_loss", "util.loss"), ("mse", "best MSE"), ("psnr", "best PSNR"), ("best_psnr", "by"),
-            ("asr", "best ASR"), ("best_asr", "by")]
-    rows = [[_fmt(e.get(k), 3) for k, _ in cols] for e in entries]
-    widths = [max(len(t), *(len(r[i]) for r in rows)) if rows else len(t) for i, (_, t) in enumerate(cols)]
-    line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths))  # noqa: E731
-    return "\n".join([line([t for _, t in cols])] + [line(r) for r in rows])
+            ("asr", "best ASR"), ("best_asr", "by"), ("verdict", "verdict"), ("budget", "")]
+    blocks = []
+    for threat, members in _by_threat(entries).items():
+        rows = [[_fmt(e.get(k), 3) if k != "budget" else ("*" if e.get("under_budget") else "") for k, _ in cols]
+                for e in members]
+        widths = [max(len(t), *(len(r[i]) for r in rows)) for i, (_, t) in enumerate(cols)]
+        line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
+        blocks.append("\n".join([_threat_title(threat), line([t for _, t in cols])] + [line(r) for r in rows]))
+    if any(e.get("under_budget") for e in entries):
+        blocks.append(f"* {UNDER_BUDGET_NOTE}: the strongest attack did not converge or was still improving "
+                      "when its budget ran out")
+    return "\n\n".join(blocks)
 
 
 def _scenario_title(key: tuple) -> str:
@@ -158,14 +193,24 @@ def write_report(store_path: str | Path, out: str | Path) -> dict:
         parts = [f"<h1>gradleak report</h1><p class='note'>store {html.escape(str(store_path))}: "
                  f"{sum(c.kind == 'attack' for c in cells)} attack cells, "
                  f"{sum(c.kind == 'utility' for c in cells)} utility runs, "
-                 f"{sum(c.kind == 'skipped' for c in cells)} attacks not run. Exports: "
+                 f"{sum(c.kind == 'skipped' for c in cells)} attacks not run, "
+                 f"{sum(c.kind == 'failed' for c in cells)} cells failed. Exports: "
                  "<a href='strongest.csv'>strongest.csv</a>, <a href='attacks.csv'>attacks.csv</a>, "
                  "<a href='utility.csv'>utility.csv</a>, <a href='results.json'>results.json</a>.</p>"]
 
         parts.append("<h2>Strongest attack per defense (paper 01, Eq. 3)</h2><p class='note'>For each defense "
                      "and strength, the best value over all attacks of each metric, and the attack that "
-                     "reached it. Green rows lie on the utility–privacy frontier.</p>")
-        parts.append(_table(entries, STRONGEST_COLUMNS, lambda e: "frontier" if e.get("frontier") else ""))
+                     "reached it, one table per threat model; ± is the half-width of the 95% interval over seeds. "
+                     "A defense <em>leaks</em> when some attack reconstructed an example exactly (ASR &gt; 0) and "
+                     f"<em>holds</em> only when {HOLDS_MIN_SEEDS}+ seeds put the best SSIM's 95% upper bound below "
+                     f"{HOLDS_SSIM} with no attack under budget. Green rows lie on the utility–privacy frontier. "
+                     f"'{UNDER_BUDGET_NOTE}' marks a row whose strongest attack did not converge or was still "
+                     "improving when its budget ran out: there, a low score is the budget's, not the "
+                     "defense's.</p>")
+        for threat, members in _by_threat(entries).items():
+            parts.append(f"<h3>{html.escape(_threat_title(threat))}</h3>")
+            parts.append(_table([_with_budget_note(e) for e in members], STRONGEST_COLUMNS,
+                                lambda e: "frontier" if e.get("frontier") else ""))
 
         parts.append("<h2>Utility–privacy trade-off</h2>")
         scenarios: dict[tuple, list[dict]] = defaultdict(list)
@@ -210,6 +255,19 @@ def write_report(store_path: str | Path, out: str | Path) -> dict:
                                  for c in skipped],
                                 [("attack", "attack"), ("model", "model"), ("defense", "defense"),
                                  ("reason", "reason")]))
+
+        failed = [c for c in cells if c.kind == "failed"]
+        if failed:
+            parts.append("<h2>Cells that failed</h2><p class='note'>Each cell that raised, with its error; "
+                         "running the sweep again retries them. Their results are missing from every "
+                         "table above.</p>")
+            parts.append(_table([{"kind": c.labels.get("cell_kind"), "what": c.labels.get("attack_spec"),
+                                  "dataset": c.labels.get("dataset"), "model": c.labels.get("model"),
+                                  "defense": c.labels.get("defense"), "batch": c.labels.get("batch_size"),
+                                  "error": c.extras.get("error") if isinstance(c.extras, dict) else None}
+                                 for c in failed],
+                                [("kind", "cell"), ("what", "attack"), ("dataset", "dataset"), ("model", "model"),
+                                 ("defense", "defense"), ("batch", "batch"), ("error", "error")]))
 
         parts.append("<h2>Originals (top) vs reconstructions (bottom)</h2>")
         n_images = 0

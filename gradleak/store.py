@@ -23,7 +23,7 @@ SCHEMA_VERSION = 1
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS cells (
     key TEXT PRIMARY KEY,
-    kind TEXT NOT NULL,            -- 'attack' or 'utility'
+    kind TEXT NOT NULL,            -- 'attack', 'utility', 'skipped' (not applicable) or 'failed' (raised)
     sweep TEXT NOT NULL,
     spec TEXT NOT NULL,            -- JSON of the full spec (what the key hashes)
     labels TEXT NOT NULL,          -- JSON: defense / strength / attack labels for analysis
@@ -123,16 +123,22 @@ class ResultStore:
             raise GradleakError(f"store '{self.path}' is corrupted or unreadable ({exc})") from None
 
     def finished_keys(self) -> set[str]:
-        return self._guard(lambda: {r[0] for r in self._conn.execute("SELECT key FROM cells")})
+        """Keys of cells that need no re-run: a failed cell is tried again."""
+        return self._guard(lambda: {r[0] for r in self._conn.execute(
+            "SELECT key FROM cells WHERE kind != 'failed'")})
 
     def add_cell(self, cell: CellRecord, images: list[ImageRecord] = ()) -> bool:
         """Write one finished cell and its images atomically. Returns False (and
-        writes nothing) when the cell is already present."""
+        writes nothing) when the cell is already present; a stored failure of the
+        same cell is replaced."""
         def write():
             c = self._conn
             c.execute("BEGIN IMMEDIATE")
             try:
-                if c.execute("SELECT 1 FROM cells WHERE key=?", (cell.key,)).fetchone():
+                present = c.execute("SELECT kind FROM cells WHERE key=?", (cell.key,)).fetchone()
+                if present and present[0] == "failed":
+                    c.execute("DELETE FROM cells WHERE key=?", (cell.key,))
+                elif present:
                     c.execute("ROLLBACK")
                     return False
                 c.execute("INSERT INTO cells VALUES (?,?,?,?,?,?,?,?,?,?,?)",

@@ -307,7 +307,10 @@ class _SweepParser:
                 except (GradleakError, TypeError, ValueError) as exc:
                     self.fail("utility.options", str(exc))
                 spec_dict = _canonical(dataclasses.asdict(spec))
+                # `model` is the attacked architecture the utility is reported against;
+                # `trained_model` what FedAvg trained, when utility.options names another one.
                 labels = {"dataset": dataset_label(dataset), "model": model,
+                          "trained_model": spec_dict.get("model", model),
                           "defense": defense_label(defenses), "strength": strength_label(defenses),
                           "defenses": list(defenses), "seed": seed}
                 out.append(Cell("utility", spec_dict, labels))
@@ -365,8 +368,11 @@ def dataset_label(text: str) -> str:
 
 
 def attack_labels(spec: AttackRunSpec) -> dict:
+    from .threat import make_threat_model
+
     attack = parse_spec(spec.attack, "attack")
-    return {"dataset": dataset_label(spec.dataset), "model": spec.model,
+    return {"threat": make_threat_model(spec.threat, spec.knows).name,
+            "dataset": dataset_label(spec.dataset), "model": spec.model,
             "batch_size": spec.batch_size, "local_steps": spec.local_steps, "seed": spec.seed,
             "defense": defense_label(spec.defenses), "strength": strength_label(spec.defenses),
             "defenses": list(spec.defenses), "attack": attack.name, "attack_spec": str(attack),
@@ -461,6 +467,24 @@ def store_result_record(store, sweep_name: str, kind: str, spec: dict, labels: d
     return store.add_cell(record, images)
 
 
+def store_failure(store, sweep_name: str, cell: Cell, error: str) -> bool:
+    """Record a cell that raised, as kind 'failed' with its one-line error; the next run of
+    the sweep tries it again and replaces the row when it succeeds."""
+    from .store import CellRecord
+
+    labels = dict(cell.labels, cell_kind=cell.kind)
+    return store.add_cell(CellRecord(cell.key, "failed", sweep_name, cell.spec, labels, {}, {"error": error}, 0.0))
+
+
+def cell_title(cell: Cell) -> str:
+    """A cell in a few words, for messages: what ran, under which defenses, at which batch size."""
+    labels = cell.labels
+    what = labels.get("attack_spec") or cell.kind
+    defenses = ", ".join(labels.get("defenses") or []) or "no defense"
+    batch = f", batch {labels['batch_size']}" if labels.get("batch_size") is not None else ""
+    return f"{what}, {defenses}{batch}"
+
+
 def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
@@ -487,7 +511,7 @@ def run_sweep(sweep: Sweep, store, workers: int | None = None, executor: str = "
               address: str | None = None, show_progress: bool = True) -> dict:
     """Run every cell of `sweep` not yet in `store`; the driver writes each result
     as it arrives. Returns counts and timing."""
-    from .executors import make_executor, sweep_progress
+    from .executors import CellFailure, make_executor, sweep_progress
 
     done = store.finished_keys()
     todo = [c for c in sweep.cells if c.key not in done]
@@ -498,14 +522,19 @@ def run_sweep(sweep: Sweep, store, workers: int | None = None, executor: str = "
         todo.sort(key=estimated_cost, reverse=True)
     start = time.perf_counter()
     written, cpu_seconds = 0, 0.0
+    failed: list[dict] = []
     with sweep_progress(len(sweep.cells), len(sweep.cells) - len(todo), enabled=show_progress) as bars:
         runner = make_executor(executor, workers, address)
         for cell, result in runner.run(todo, bars):
-            written += store_result(store, sweep.name, cell, result)
-            cpu_seconds += result.get("cpu_seconds") or 0.0
+            if isinstance(result, CellFailure):
+                store_failure(store, sweep.name, cell, result.error)
+                failed.append({"key": cell.key, "cell": cell_title(cell), "error": result.error})
+            else:
+                written += store_result(store, sweep.name, cell, result)
+                cpu_seconds += result.get("cpu_seconds") or 0.0
             bars.cell_done(cell)
     seconds = time.perf_counter() - start
     return {"sweep": sweep.name, "cells": len(sweep.cells), "skipped": len(sweep.cells) - len(todo),
-            "ran": written, "seconds": round(seconds, 3), "cpu_seconds": round(cpu_seconds, 3),
+            "ran": written, "failed": failed, "seconds": round(seconds, 3), "cpu_seconds": round(cpu_seconds, 3),
             "workers": workers, "executor": executor,
             "cells_per_minute": round(60 * written / seconds, 3) if written and seconds > 0 else None}

@@ -246,3 +246,30 @@ def test_precode_with_its_defaults_runs_and_keeps_the_model_copyable(capsys):
     out, err = capsys.readouterr()
     assert code == 0, err
     assert json.loads(out)["defenses"] == ["precode"]
+
+
+def test_thorough_budget_doubles_iterations_while_an_attack_is_under_budget_and_gaining():
+    from types import SimpleNamespace
+
+    from gradleak.api import run_until_stable
+    from gradleak.experiment import AttackRunSpec
+
+    calls = []
+
+    def fake_run(psnr_by_iterations):
+        def run(spec):
+            iterations = int(spec.attack.split("iterations=")[1])
+            calls.append(iterations)
+            psnr, under = psnr_by_iterations[iterations]
+            return SimpleNamespace(metrics={"psnr": psnr}, convergence={"under_budget": under}, extras={})
+        return run
+
+    spec = AttackRunSpec(dataset="mnist", model="lenet", attack="ig:iterations=100")
+    # gains 5 dB, then 0.1 dB: stops after the doubling that did not pay, keeps the 200 run
+    best = run_until_stable(spec, fake_run({100: (10.0, True), 200: (15.0, True), 400: (15.1, True)}))
+    assert calls == [100, 200, 400] and best.metrics["psnr"] == 15.0
+    assert best.extras["escalation"] == [100, 200, 400]
+    calls.clear()
+    # converged within its budget: run once
+    best = run_until_stable(spec, fake_run({100: (30.0, False)}))
+    assert calls == [100] and "escalation" not in best.extras

@@ -1,5 +1,6 @@
 """The spine end to end: client update, threat model, label recovery, IG, scoring, CLI."""
 import json
+import math
 import subprocess
 import sys
 
@@ -92,6 +93,17 @@ def test_hungarian_matching_undoes_permutation(mnist_test):
     summary = summarize(scores)
     assert summary["label_acc"] == 1.0 and summary["asr"] == 1.0
     assert abs(summary["psnr"] - 40.0) < 0.5
+
+
+def test_an_example_nothing_matched_counts_in_every_mean(mnist_test):
+    # two reconstructions for three originals: the third scores as an all-zero image
+    x, y = mnist_test.inputs[:3], mnist_test.labels[:3]
+    scores, aligned = score_batch(x, y, x[:2], None, lpips="none")
+    missing = scores[2]
+    assert not missing.success and missing.ssim == 0.0
+    assert missing.psnr == pytest.approx(10 * math.log10(1 / float(x[2].pow(2).mean())), abs=1e-4)
+    assert summarize(scores)["psnr"] == pytest.approx((100 + 100 + missing.psnr) / 3, abs=1e-3)
+    assert aligned[2].abs().sum() == 0
 
 
 def test_inverting_gradients_reconstructs_mnist(mnist_test):

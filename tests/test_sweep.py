@@ -254,3 +254,67 @@ def test_report_renders_in_headless_chromium(workdir, reference_store):
     assert title, proc.stderr[-2000:]
     counts = dict(re.findall(r"(ok|broken|errors)=(\d+)", title.group(1)))
     assert counts == {"ok": str(n_img), "broken": "0", "errors": "0"}, title.group(1)
+
+
+def test_threat_models_get_separate_verdicts_and_under_budget_attacks_are_flagged():
+    from gradleak.analysis import strongest_attacks
+    from gradleak.report import format_strongest
+
+    def attack(threat, name, psnr, under_budget):
+        labels = {"threat": threat, "dataset": "mnist", "model": "lenet", "batch_size": 4, "local_steps": 1,
+                  "seed": 0, "defense": "noise", "strength": "sigma=0.1", "defenses": [], "attack": name,
+                  "attack_spec": name, "init": None}
+        return CellRecord(f"{threat}{name}", "attack", "t", {}, labels, {"mse": 10 ** (-psnr / 10), "psnr": psnr},
+                          {"convergence": {"under_budget": under_budget}}, 1.0)
+
+    cells = [attack("honest", "ig", 9.0, True), attack("honest", "cpl", 6.0, False),
+             attack("malicious", "rtf", 90.0, None)]
+    by_threat = {e["threat"]: e for e in strongest_attacks(cells)}
+    # the malicious server's 90 dB never stands for what an honest server gets
+    assert by_threat["honest"]["psnr"] == 9.0 and by_threat["malicious"]["psnr"] == 90.0
+    assert by_threat["honest"]["under_budget"] == "ig" and by_threat["malicious"]["under_budget"] is None
+    text = format_strongest(list(by_threat.values()))
+    assert text.index("Honest-but-curious") < text.index("Malicious server")
+    assert "attack under budget" in text
+
+
+@pytest.mark.parametrize("trace,expected", [
+    ([1.0 / (i + 1) for i in range(100)], True),       # still falling at the end
+    ([max(0.1, 1.0 - i / 50) for i in range(100)], False),  # flat for its last half
+    ([0.5] * 5, None),                                  # too short to tell
+])
+def test_still_improving(trace, expected):
+    from gradleak.experiment import still_improving
+
+    assert still_improving(trace) is expected
+
+
+def test_verdict_needs_seeds_and_an_interval_and_utility_names_the_trained_model():
+    from gradleak.analysis import strongest_attacks
+
+    def attack(seed, ssim, asr=0.0):
+        labels = {"threat": "honest", "dataset": "mnist", "model": "lenet", "batch_size": 4, "local_steps": 1,
+                  "seed": seed, "defense": "noise", "strength": "sigma=0.1", "defenses": [], "attack": "ig",
+                  "attack_spec": "ig", "init": None}
+        return CellRecord(f"a{seed}{ssim}", "attack", "t", {}, labels, {"ssim": ssim, "asr": asr, "mse": 0.1},
+                          {"convergence": {"under_budget": False}}, 1.0)
+
+    def utility(defense, strength, seed, acc):
+        labels = {"dataset": "mnist", "model": "lenet", "trained_model": "lenet:activation=relu",
+                  "defense": defense, "strength": strength, "seed": seed}
+        return CellRecord(f"u{defense}{seed}", "utility", "t", {}, labels, {"test_accuracy": acc}, {}, 1.0)
+
+    one_seed = strongest_attacks([attack(0, 0.05)])[0]
+    assert one_seed["verdict"].startswith("not shown (one seed")
+    tight = strongest_attacks([attack(0, 0.05), attack(1, 0.06), attack(2, 0.07)])[0]
+    assert tight["verdict"] == "holds" and tight["ssim_ci"] == pytest.approx(4.303 * 0.01 / 3 ** 0.5, rel=1e-3)
+    wide = strongest_attacks([attack(0, 0.05), attack(1, 0.45)])[0]
+    assert wide["verdict"].startswith("not shown (SSIM up to")
+    leaked = strongest_attacks([attack(0, 0.05), attack(1, 0.06, asr=0.25)])[0]
+    assert leaked["verdict"] == "leaks"
+    cells = [attack(0, 0.05), attack(1, 0.06), utility("none", "", 0, 0.90), utility("none", "", 1, 0.92),
+             utility("noise", "sigma=0.1", 0, 0.80), utility("noise", "sigma=0.1", 1, 0.84)]
+    entry = strongest_attacks(cells)[0]
+    assert entry["utility_loss"] == pytest.approx(0.09)
+    assert entry["utility_loss_ci"] == pytest.approx(12.706 * (0.01 ** 2 + 0.02 ** 2) ** 0.5, rel=1e-3)
+    assert entry["utility_model"] == "lenet:activation=relu"

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..report import format_strongest, write_report
 from ..store import ResultStore
 from ..sweep import parse_sweep, run_sweep
+from .sweep import report_failures
 
 
 def demo_spec_text() -> str:
@@ -39,4 +40,4 @@ def run(args: argparse.Namespace) -> int:
         print(format_strongest(report["strongest"]))
         print(f"{summary['cells']} cells ({summary['skipped']} already stored) in {summary['seconds']:.0f} s; "
               f"report: {report['html']}")
-    return 0
+    return report_failures(summary["failed"])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from ..store import ResultStore
 from ..sweep import load_sweep, run_sweep
@@ -27,4 +28,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"sweep '{summary['sweep']}': {summary['cells']} cells, {summary['skipped']} already stored, "
               f"{summary['ran']} run in {summary['seconds']:.1f} s → {args.store}")
-    return 0
+    return report_failures(summary["failed"])
+
+
+def report_failures(failed: list[dict]) -> int:
+    """One stderr line per cell that raised; exit status 1 when any did (the other cells are
+    stored, the failures are in the store and the report, and the next run retries them)."""
+    for failure in failed:
+        print(f"cell {failure['key'][:8]} ({failure['cell']}) failed: {failure['error']}", file=sys.stderr)
+    if failed:
+        print(f"{len(failed)} cell(s) failed; run the sweep again to retry them", file=sys.stderr)
+    return 1 if failed else 0

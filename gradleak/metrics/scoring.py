@@ -13,6 +13,7 @@ originals. ASR is the fraction of the batch's examples that are reconstructed.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from statistics import mean
 from typing import Literal
@@ -92,9 +93,11 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
                 lpips=float(per["lpips"][k]) if "lpips" in per else None,
                 success=m <= asr_mse))
         else:
-            # Nothing reconstructed for this example: worst-case scores.
+            # Nothing reconstructed for this example: scored as an all-zero reconstruction
+            # (SSIM 0, LPIPS 1), so every mean counts it instead of leaving it out.
             m = float(originals[i].pow(2).mean())
-            scores.append(ImageScore(i, label, None, m, m ** 0.5, None, 0.0 if image else None,
+            no_psnr = 10 * math.log10(1 / max(m, 1e-10)) if image else None
+            scores.append(ImageScore(i, label, None, m, m ** 0.5, no_psnr, 0.0 if image else None,
                                      1.0 if image and lpips != "none" else None, False))
     _assign_labels_by_count(scores, recovered_labels)
     aligned = torch.zeros_like(originals)
