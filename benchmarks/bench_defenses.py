@@ -1,6 +1,6 @@
-"""Defense benchmarks (paper 03 Tabs. 7–9, paper 01's equal-utility comparison, FedAvg utility).
+"""Defense benchmarks (Wei et al. Tabs. 7–9, Liu et al.'s equal-utility comparison, FedAvg utility).
 
-Attack: CPL (paper 03) on MNIST, DLG LeNet, batch 1; ASR = share of images with
+Attack: CPL (Wei et al.) on MNIST, DLG LeNet, batch 1; ASR = share of images with
 MSE ≤ 1e-3. Times are wall-clock on a shared 2-core machine.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ def run(quick: bool) -> dict:
 
 
 def _equal_utility(quick: bool, base_loss: float) -> dict:
-    """Paper 01: for pruning and noise settings of matched utility loss, the best
+    """Liu et al.: for pruning and noise settings of matched utility loss, the best
     attack's error (RMSE; the attack here is CPL) — pruning should leave the larger one."""
     rounds = 3 if quick else 10
     prune_levels = ("0.9",) if quick else ("0.5", "0.9", "0.99")

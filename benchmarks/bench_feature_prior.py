@@ -1,10 +1,10 @@
-"""Paper 01's feature-prior attack vs Inverting Gradients on LPIPS (issue 3 target).
+"""Liu et al.'s feature-prior attack vs Inverting Gradients on LPIPS.
 
 cifar10 samples, batch 16, ResNet-20 (ResNet-18's double backward at batch 16
 is too slow on the shared 2-core CPU), equal iteration budgets. Feature-prior
 runs under the malicious threat model (it inserts the wide random probe layer),
 IG on the unmodified model under the honest one; both are given the labels and
-feature-prior also the BN statistics (paper 01's "BN_exact" setting).
+feature-prior also the BN statistics (Liu et al.'s "BN_exact" setting).
 Times are wall-clock and inflated by CPU contention.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""MKOR (paper 04) quality and speed.
+"""MKOR (Wang et al.) quality and speed.
 
 * MNIST, LeNet5, batch 100, 10 random batches: mean SSIM, original / modified
-  network (paper 04 Tab. 2: 0.27 / 0.38).
+  network (Wang et al. Tab. 2: 0.27 / 0.38).
 * VGG16 on the cifar100 samples resized to 224 px as the official code does
   (Tab. 3: SSIM 0.87, PSNR 24.1): all 20 samples, and the 18 of distinct
   classes (the set holds two duplicate labels).

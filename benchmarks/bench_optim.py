@@ -1,5 +1,5 @@
 """Optimisation attacks: CPL's ASR and iterations, IG's PSNR, and the cost of a
-gradient-matching iteration relative to a training step (issue 3 targets).
+gradient-matching iteration relative to a training step.
 
 `run(quick)` prints ASR / iteration counts / PSNR / cost ratios as JSON. Times
 are wall-clock on CPU with one thread; on a shared machine they are inflated.
@@ -38,7 +38,7 @@ MODELS = {  # model -> (dataset input shape, classes)
     "vgg16": ((3, 32, 32), 10),
     "mlp": ((1, 28, 28), 10),
 }
-COST_RATIO_TARGET = 2.5  # issue 3: a matching iteration ≤ 2.5× a training step
+COST_RATIO_TARGET = 2.5  # a matching iteration ≤ 2.5× a training step
 
 
 def iteration_cost(name: str, batch_size: int, repeats: int, rounds: int = 5) -> dict:

@@ -1,8 +1,8 @@
-"""ROG (paper 02) on imagenet-samples at 128×128, LeNet, FedAvg τ = 5, lr 5e-3.
+"""ROG (Yue et al.) on imagenet-samples at 128×128, LeNet, FedAvg τ = 5, lr 5e-3.
 
 Full: batch 16 (paper setting; target mean LPIPS-Alex ≤ 0.30, paper 0.21 vs IG
 0.72). The LeNet is `lenet:init=default` — PyTorch's default initialisation, as
-in paper 02's code; DLG's U(−0.5, 0.5) initialisation saturates the 1000-way
+in Yue et al.'s code; DLG's U(−0.5, 0.5) initialisation saturates the 1000-way
 softmax at 128 px (see docs/rog.md), which the benchmark also reports as a
 secondary row. Labels are recovered from the update (honest server).
 
@@ -11,12 +11,12 @@ L-BFGS line search evaluates the objective ≈ 2× per iteration). Each IG
 iteration runs the generic `UpdateSimulator`, slower than ROG's low-rank head
 replay, so IG receives at least ROG's wall-clock; both times are printed.
 
-Compressors of paper 02 §4.3: 3-bit uniform quantization, 3-bit QSGD and top-k
+Compressors of Yue et al. §4.3: 3-bit uniform quantization, 3-bit QSGD and top-k
 0.95. Under QSGD the stochastic rounding of the 1000 tiny bias entries ruins the
 bias-based label counts, so every compressed run uses the weight-based
 estimator (`label_method=weight`).
 
-Paper 02's own LeNet (`lenet-rog`: 32/64-channel convs, bias-free fc 512 over
+Yue et al.'s own LeNet (`lenet-rog`: 32/64-channel convs, bias-free fc 512 over
 65536 features at 128 px; KAI-YUE/rog `LeNet_5`) gets its own compressed rows,
 with Adam (L-BFGS stalls on its ReLU / max-pool objective, docs/rog.md): its
 first linear layer's delta carries the images through the quantizers.
@@ -39,9 +39,9 @@ COMPRESSORS = {"quantize": "quantize:bits=3", "qsgd": "qsgd:bits=3", "topk": "to
 # Against quantized targets the summed L2 never leaves the start (see docs/rog.md):
 # per-tensor cosine and a stronger TV prior. Top-k keeps L2 on the sent entries.
 QUANTIZED_OPTIONS = ",distance=layer-cosine,tv=2"
-PAPER_MODEL = "lenet-rog"  # paper 02's LeNet_5; Adam with one objective evaluation per iteration
+PAPER_MODEL = "lenet-rog"  # Yue et al.'s LeNet_5; Adam with one objective evaluation per iteration
 PAPER_MODEL_OPTIONS = ",optimizer=adam"
-# paper 02's code quantises to quant_level − 1 magnitude levels plus a sign: its "3-bit" is bits=4 here;
+# Yue et al.'s code quantises to quant_level − 1 magnitude levels plus a sign: its "3-bit" is bits=4 here;
 # its QSGD scales the levels by the tensor's max-abs (gradleak's QSGD default is the L2 norm)
 PAPER_COMPRESSORS = {**COMPRESSORS, "quantize_paper_levels": "quantize:bits=4",
                      "qsgd_max_abs": "qsgd:bits=3,norm=inf", "qsgd_paper_levels": "qsgd:bits=4,norm=inf"}

@@ -1,6 +1,6 @@
 """Sweep throughput: cells per minute with 1 vs 2 local workers on the demo sweep.
 
-Target (issue 6): 2 workers ≥ 1.8× the cells per minute of 1 worker. Both runs
+Target: 2 workers ≥ 1.8× the cells per minute of 1 worker. Both runs
 include worker start-up. On a shared machine the ratio is bounded by the cores
 actually free: the load average before and after is reported with the numbers.
 """

@@ -1,4 +1,4 @@
-"""Paper 01's defense criterion over a results store.
+"""Liu et al.'s defense criterion over a results store.
 
 Eq. (3): E(D) = min_A d(S, A(D(G))) — a defense is as strong as its error
 against the most effective attack. For every scenario (dataset, model, batch
@@ -115,7 +115,7 @@ def _utility_metric(table: dict) -> tuple[str, bool] | None:
 
 
 def strongest_attacks(cells: list[CellRecord]) -> list[dict]:
-    """Paper 01 Eq. (3) per scenario × defense × strength, with utility loss and frontier flags."""
+    """Liu et al. Eq. (3) per scenario × defense × strength, with utility loss and frontier flags."""
     rows = attack_rows(cells)
     utilities = utility_table(cells)
     metric = _utility_metric(utilities)
@@ -203,7 +203,7 @@ def _mark_frontier(entries: list[dict]) -> None:
 
 
 def study_tables(cells: list[CellRecord]) -> dict[str, list[dict]]:
-    """Paper 03-style studies: ASR and iterations per attack as one factor varies
+    """Wei et al.-style studies: ASR and iterations per attack as one factor varies
     (the others averaged): initialisation, batch size, local iterations, compression."""
     rows = attack_rows(cells)
     factors = {
@@ -218,15 +218,18 @@ def study_tables(cells: list[CellRecord]) -> dict[str, list[dict]]:
         for r in rows:
             value = factor(r)
             if value is not None:
-                groups[(r["attack"], value)].append(r)
-        values = {k[1] for k in groups}
+                # rows of different threat models, datasets or models are never averaged together
+                groups[(r["threat"], r["dataset"], r["model"], r["attack"], value)].append(r)
+        values = {k[-1] for k in groups}
         if len(values) < 2:  # nothing varied along this factor in this store
             continue
-        table = [{"attack": attack, title: value, "asr": _avg([m.get("asr") for m in members]),
+        table = [{"threat": threat, "dataset": dataset, "model": model, "attack": attack, title: value,
+                  "asr": _avg([m.get("asr") for m in members]),
                   "iterations": _avg([m.get("iterations") for m in members]),
                   "psnr": _avg([m.get("psnr") for m in members]), "cells": len(members)}
-                 for (attack, value), members in groups.items()]
-        table.sort(key=lambda t: (t["attack"], _sortable(t[title])))
+                 for (threat, dataset, model, attack, value), members in groups.items()]
+        table.sort(key=lambda t: (str(t["threat"]), str(t["dataset"]), str(t["model"]), t["attack"],
+                                  _sortable(t[title])))
         tables[title] = table
     return tables
 

@@ -1,6 +1,6 @@
 """What a careful client can check on a received model before training on it.
 
-Paper 04 (§2, §3.2.3) lists the checks that expose malicious-server attacks:
+Wang et al. (§2, §3.2.3) lists the checks that expose malicious-server attacks:
 layers dominated by exact zeros, an FC layer far larger than a CNN needs,
 and a batch gradient dominated by a few samples. We add weight statistics
 against an honest model of the same architecture. Every number is computed
@@ -18,7 +18,7 @@ from torch import nn
 from .fl.local import batch_loss
 
 # Flag thresholds (a client's rule of thumb, documented in docs/mkor.md).
-MAX_ZERO_SHARE = 0.5  # paper 04: "the majority of weights are 0 in a layer"
+MAX_ZERO_SHARE = 0.5  # Wang et al.: "the majority of weights are 0 in a layer"
 MAX_FC_GROWTH = 1.5  # widest FC layer vs the honest architecture's, relative to the input size
 MAX_SAMPLE_SHARE_GROWTH = 3.0  # largest single-sample share vs the honest model's
 MAX_SILENT_SAMPLES = 0.2  # samples whose gradient is < 1e-3 of the largest one

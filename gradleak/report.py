@@ -87,6 +87,37 @@ def _by_threat(entries: list[dict]) -> dict[str, list[dict]]:
                                                        if kv[0].split("+")[0] in order else len(order), kv[0])))
 
 
+def verdict_in_words(entries: list[dict]) -> list[tuple[str, list[str]]]:
+    """Per threat model, a few sentences: which defense settings hold (with their utility
+    cost), which leak, and how many verdicts are not shown and why."""
+    def setting(e: dict) -> str:
+        name = e["defense"] if not e.get("strength") else f"{e['defense']} {e['strength']}"
+        return f"{name} (batch {e.get('batch_size')}, {e.get('local_steps')} local step(s))"
+
+    out = []
+    for threat, members in _by_threat(entries).items():
+        holds = [e for e in members if e.get("verdict") == "holds"]
+        leaks = [e for e in members if e.get("verdict") == "leaks"]
+        hidden = [e for e in members if str(e.get("verdict", "")).startswith("not shown")]
+        lines = []
+        if holds:
+            lines.append("Holds: " + "; ".join(
+                setting(e) + (f", utility loss {_fmt(e['utility_loss'], 3)}" if e.get("utility_loss") is not None
+                              else "") for e in holds) + ".")
+        else:
+            lines.append("No defense setting is shown to hold.")
+        if leaks:
+            lines.append(f"Leaks ({len(leaks)}): " + "; ".join(setting(e) for e in leaks) + ".")
+        if hidden:
+            budget = sum("under budget" in e["verdict"] for e in hidden)
+            seeds = sum("one seed" in e["verdict"] for e in hidden)
+            lines.append(f"Not shown ({len(hidden)}): {budget} with the strongest attack under budget, {seeds} "
+                         f"with one seed only, {len(hidden) - budget - seeds} whose SSIM interval reaches "
+                         f"{HOLDS_SSIM} or more.")
+        out.append((_threat_title(threat), lines))
+    return out
+
+
 def _with_budget_note(entry: dict) -> dict:
     note = f"{UNDER_BUDGET_NOTE} ({entry['under_budget']})" if entry.get("under_budget") else None
     return {**entry, "budget_note": note}
@@ -140,6 +171,11 @@ def _rounds_plot(rows: list[dict], path: Path) -> bool:
     return True
 
 
+# Below this MSE (PSNR 60 dB) a reconstruction is an exact copy; analytic attacks reach 1e-16,
+# which would stretch the log axis over decades that say nothing.
+PLOT_MSE_FLOOR = 1e-6
+
+
 def _tradeoff_plot(entries: list[dict], path: Path, title: str) -> bool:
     import matplotlib
     matplotlib.use("Agg")
@@ -155,20 +191,20 @@ def _tradeoff_plot(entries: list[dict], path: Path, title: str) -> bool:
         by_defense[e["defense"]].append(e)
     for i, (defense, members) in enumerate(sorted(by_defense.items())):
         xs = [e["utility_loss"] if with_utility else i for e in members]
-        ys = [e["mse"] for e in members]
+        ys = [max(e["mse"], PLOT_MSE_FLOOR) for e in members]
         ax.scatter(xs, ys, label=defense, s=36)
         for x, y, e in zip(xs, ys, members):
             if e["strength"]:
                 ax.annotate(e["strength"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
     frontier = sorted((e for e in points if e.get("frontier")), key=lambda e: e["utility_loss"])
     if with_utility and len(frontier) > 1:
-        ax.plot([e["utility_loss"] for e in frontier], [e["mse"] for e in frontier], "k--", lw=0.8,
-                label="frontier")
+        ax.plot([e["utility_loss"] for e in frontier], [max(e["mse"], PLOT_MSE_FLOOR) for e in frontier], "k--",
+                lw=0.8, label="frontier")
     if not with_utility:
         ax.set_xticks(range(len(by_defense)), sorted(by_defense), rotation=30, fontsize=8)
     ax.set_xlabel(f"utility loss ({points[0].get('utility_metric')})" if with_utility
                   else "defense (no utility runs in this store)")
-    ax.set_ylabel("best-attack MSE (higher = more private)")
+    ax.set_ylabel(f"best-attack MSE (higher = more private; exact copies at {PLOT_MSE_FLOOR:g})")
     ax.set_yscale("log")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="best")
@@ -198,7 +234,12 @@ def write_report(store_path: str | Path, out: str | Path) -> dict:
                  "<a href='strongest.csv'>strongest.csv</a>, <a href='attacks.csv'>attacks.csv</a>, "
                  "<a href='utility.csv'>utility.csv</a>, <a href='results.json'>results.json</a>.</p>"]
 
-        parts.append("<h2>Strongest attack per defense (paper 01, Eq. 3)</h2><p class='note'>For each defense "
+        parts.append("<h2 id='verdict'>Verdict</h2>")
+        for title, lines in verdict_in_words(entries):
+            parts.append(f"<h3>{html.escape(title)}</h3><ul>"
+                         + "".join(f"<li>{html.escape(line)}</li>" for line in lines) + "</ul>")
+
+        parts.append("<h2>Strongest attack per defense (Liu et al., Eq. 3)</h2><p class='note'>For each defense "
                      "and strength, the best value over all attacks of each metric, and the attack that "
                      "reached it, one table per threat model; ± is the half-width of the 95% interval over seeds. "
                      "A defense <em>leaks</em> when some attack reconstructed an example exactly (ASR &gt; 0) and "
@@ -234,10 +275,11 @@ def write_report(store_path: str | Path, out: str | Path) -> dict:
                                          ("asr", "ASR")]))
 
         if studies:
-            parts.append("<h2>Studies (paper 03 style)</h2>")
+            parts.append("<h2>Studies (Wei et al. style)</h2>")
             for title, table in studies.items():
                 parts.append(f"<h3>ASR and iterations vs {html.escape(title)}</h3>")
-                parts.append(_table(table, [("attack", "attack"), (title, title), ("asr", "ASR"),
+                parts.append(_table(table, [("threat", "threat"), ("dataset", "dataset"), ("model", "model"),
+                                            ("attack", "attack"), (title, title), ("asr", "ASR"),
                                             ("iterations", "iterations"), ("psnr", "PSNR"), ("cells", "cells")]))
 
         parts.append("<h2>All attack results</h2>")
@@ -271,16 +313,21 @@ def write_report(store_path: str | Path, out: str | Path) -> dict:
 
         parts.append("<h2>Originals (top) vs reconstructions (bottom)</h2>")
         n_images = 0
-        for c in cells:
-            if c.kind != "attack" or c.grid_png is None:
-                continue
+        # ordered as the tables are: threat model, scenario, defense (undefended first), attack, seed
+        grids = sorted((c for c in cells if c.kind == "attack" and c.grid_png is not None),
+                       key=lambda c: (*[str(c.labels.get(k, "")) for k in SCENARIO_KEYS],
+                                      c.labels.get("defense") != "none", str(c.labels.get("defense")),
+                                      str(c.labels.get("strength")), str(c.labels.get("attack_spec")),
+                                      str(c.labels.get("seed"))))
+        for c in grids:
             # The file name is derived from the key, never the key itself: a foreign store's
             # key could hold markup or a path ("../").
             name = f"images/{hashlib.sha256(c.key.encode()).hexdigest()[:32]}.png"
             (out / name).write_bytes(c.grid_png)
             n_images += 1
             lab = c.labels
-            caption = (f"{lab['attack_spec']} · {lab['defense']} {lab['strength']} · batch {lab['batch_size']}"
+            caption = (f"{lab.get('threat', '')} · {lab['attack_spec']} · {lab['defense']} {lab['strength']} · "
+                       f"batch {lab['batch_size']}"
                        f" · T={lab['local_steps']} · seed {lab['seed']} · PSNR {_fmt(c.metrics.get('psnr'), 3)}")
             parts.append(f"<figure><img src='{name}' alt='{html.escape(caption)}'>"
                          f"<figcaption>{html.escape(caption)}</figcaption></figure>")

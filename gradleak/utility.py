@@ -1,10 +1,10 @@
 """FedAvg utility of a defense: the model quality the defense costs.
 
 Clients hold Dirichlet(α) non-IID shards of the training split (Hsu et al.
-2019, as in paper 02 §5); every round `per_round` of them are drawn, each runs
+2019, as in Yue et al. §5); every round `per_round` of them are drawn, each runs
 `gradleak.fl.compute_update` with the defense chain — the very code path attack
 runs use — and the server averages the updates (sample-weighted). Reports the
-final training loss (paper 01 Tab. 5), test accuracy (paper 02 Fig. 9) and,
+final training loss (Liu et al. Tab. 5), test accuracy (Yue et al. Fig. 9) and,
 for DP defenses, ε from Opacus's RDP accountant. Deterministic given the seed.
 """
 from __future__ import annotations

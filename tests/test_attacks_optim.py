@@ -34,7 +34,7 @@ def test_dlg_reconstructs_mnist_with_joint_soft_labels(mnist_test):
 
 
 def test_cpl_patterned_mnist_asr_and_iterations(mnist_test):
-    # paper 03 Tab. 4: ASR 1.0 at 11.5 L-BFGS iterations; measured here 9.8 on these images
+    # Wei et al. Tab. 4: ASR 1.0 at 11.5 L-BFGS iterations; measured here 9.8 on these images
     # (8.8 with relative=0, the paper's absolute threshold alone)
     results = [_attack_one(mnist_test, i, "cpl") for i in range(5)]
     assert all(score.success for _, score, _ in results), [s.psnr for _, s, _ in results]

@@ -188,7 +188,7 @@ def test_pruning_hurts_attack():
 
 
 def test_attack_matches_only_the_entries_a_sparsifier_sent():
-    # Paper 03 Tab. 7: DGC compression up to 40% leaves CPL's success intact once the
+    # Wei et al. Tab. 7: DGC compression up to 40% leaves CPL's success intact once the
     # attack (knowing the protocol) compares only the transmitted entries.
     compressed = _attack(["dgc:theta=40"])
     assert compressed["asr"] == 1.0 and compressed["psnr"] > 30, compressed

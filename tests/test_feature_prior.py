@@ -1,4 +1,4 @@
-"""Paper 01's feature-prior attack: the server-side probe, tensor-recovered features, the attack."""
+"""Liu et al.'s feature-prior attack: the server-side probe, tensor-recovered features, the attack."""
 import pytest
 import torch
 from scipy.optimize import linear_sum_assignment

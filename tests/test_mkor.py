@@ -1,4 +1,4 @@
-"""MKOR (paper 04): reconstruction quality on real images, the threat-model gate,
+"""MKOR (Wang et al.): reconstruction quality on real images, the threat-model gate,
 and inspect-model's verdict on MKOR vs honest and class-fishing models."""
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_vgg16_cifar100_at_paper_resolution():
     data = load_dataset(dataset_spec("cifar100", "test", 224))
     x, y = distinct_classes(data.inputs, data.labels)
     r = attack_batch("vgg16", x, y, 100)
-    assert r["ssim"] >= 0.87 and r["psnr"] >= 24, r  # paper 04 Tab. 3
+    assert r["ssim"] >= 0.87 and r["psnr"] >= 24, r  # Wang et al. Tab. 3
 
 
 def test_vgg16_modified_samples_exactly(cifar64):

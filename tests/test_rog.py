@@ -1,4 +1,4 @@
-"""ROG (paper 02): latent-space matching of FedAvg deltas, the signSGD variant,
+"""ROG (Yue et al.): latent-space matching of FedAvg deltas, the signSGD variant,
 the enhancement U-Net and the semantic-match metric. Thresholds are smaller
 versions of the issue's targets, measured on this code (see docs/rog.md)."""
 from __future__ import annotations
@@ -37,17 +37,17 @@ def test_rog_reconstructs_fedavg_delta_and_beats_ig():
 @pytest.mark.parametrize("model,defense,options,ceiling,gain", [
     # Only the sent entries are matched. Seeds 0-4 on one thread: LPIPS 0.18-0.27, gain 0.39-0.48.
     ("lenet:init=default", "topk:sparsity=0.95", "iterations=15,refine=15", 0.30, 0.3),
-    # Paper 02's own LeNet (bias-free fc 512 behind 64 feature maps): the first linear layer's
+    # Yue et al.'s own LeNet (bias-free fc 512 behind 64 feature maps): the first linear layer's
     # delta carries the images through 3-bit rounding. Adam, as in the paper (L-BFGS stalls
     # on its ReLU / max-pool objective). Seeds 0-4 on one thread: LPIPS 0.39-0.61, gain over
     # the start 0.08-0.29 (40 + 40 steps do not narrow it: 0.41-0.64).
     ("lenet-rog", "quantize:bits=3", "optimizer=adam,iterations=20,refine=20", 0.62, 0.05),
-    # QSGD as paper 02's code scales it (max-abs levels, unbiased stochastic rounding).
+    # QSGD as Yue et al.'s code scales it (max-abs levels, unbiased stochastic rounding).
     # L2-norm levels hide the images. Seeds 0-4 on one thread: LPIPS 0.22-0.36, gain 0.33-0.43.
     ("lenet-rog", "qsgd:bits=3,norm=inf", "optimizer=adam,iterations=20,refine=20", 0.40, 0.2),
 ])
 def test_rog_reconstructs_through_compression(model, defense, options, ceiling, gain):
-    # Paper 02 §4.3 compressors, 64 px, batch 2, τ = 5. The baseline is ROG's own
+    # Yue et al. §4.3 compressors, 64 px, batch 2, τ = 5. The baseline is ROG's own
     # starting point, the bicubic-decoded noise latent (LPIPS 0.65).
     from gradleak.attacks.rog import BicubicLatent
 
@@ -80,7 +80,7 @@ def _observation(dataset: str, n: int, model: str = "lenet", options: dict | Non
     ("lenet", {"init": "default"}, TrainingSpec(lr=0.1), ()),  # FedSGD gradient
     # mini-batches, mask
     ("lenet", {"init": "default"}, TrainingSpec(lr=5e-3, local_steps=2, local_batch_size=2), ("topk:sparsity=0.9",)),
-    # paper 02's LeNet: two bias-free linear layers, both replayed in low rank
+    # Yue et al.'s LeNet: two bias-free linear layers, both replayed in low rank
     ("lenet-rog", {"width": "8", "hidden": "32"}, TrainingSpec(lr=5e-3, local_steps=3), ()),
     ("lenet5", {}, TrainingSpec(lr=0.1, local_steps=2), ("quantize:bits=4",)),  # biases, sigmoid, 3 linears
     # batch norm frozen on running statistics, as the client ran it

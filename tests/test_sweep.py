@@ -236,6 +236,7 @@ def test_report_renders_in_headless_chromium(workdir, reference_store):
     n_img = len(re.findall(r"<img ", page))
     assert report["grids"] == 8 and n_img >= 8 + 1  # every cell's grid + the trade-off plot
     assert "http://" not in page and "https://" not in page  # nothing external
+    assert "id='verdict'" in page and "Honest-but-curious server" in page  # the verdict in words comes first
     for name in ("strongest.csv", "attacks.csv", "utility.csv", "results.json"):
         assert (out / name).stat().st_size > 0
     exported = json.loads((out / "results.json").read_text())

@@ -1,4 +1,4 @@
-"""Paper 01 §3 theory: numeric lower bound vs a hand-derived case, bounds vs the measured tensor
+"""Liu et al. §3 theory: numeric lower bound vs a hand-derived case, bounds vs the measured tensor
 attack, fitted slopes, Remark E.4's pruning jump, the defenses as maps of the data, and the CLI."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Wang–Lee–Lei (2023) tensor feature reconstruction for f(x) = Σ_j a_j σ(w_j·x), w_j ~ N(0, I_d).
 
-Formula sheet §2–3. By Stein's lemma, Hermite-weighted averages of per-neuron gradients estimate
-moments of the batch:
+With Zhong et al. (2017)'s tensor initialisation. By Stein's lemma, Hermite-weighted averages of
+per-neuron gradients estimate moments of the batch:
 
     (1/m) Σ_j g_j H_p(w_j)          ≈ Σ_i r_i E[σ^(p)] x_i^{⊗p}      (g_j = ∂L/∂a_j,   "scalar" source)
     (1/m) Σ_j ĝ_j/a_j ⊗ H_{p-1}(w_j) ≈ Σ_i r_i E[σ^(p)] x_i^{⊗p}      (ĝ_j = ∂L/∂w_j,   "vector" source)
@@ -12,7 +12,7 @@ H_p(w)(V,…,V) = H_p(Vᵀw)); (3) decompose the reduced order-3 tensor, or for 
 order-4 tensor contracted on two modes with a random symmetric matrix, by Jennrich's algorithm on
 random slice pairs, keeping the pair whose eigenvectors jointly diagonalise all L slices best;
 (4) lift x̂_i = V u_i / ||V u_i|| (unit-norm assumption); (5) signs from one odd- and one even-order
-moment (formula sheet §2.5): even orders give r_i, odd orders give s_i r_i.
+moment (Wang, Lee, Lei 2023, §5: fixing sign and scale): even orders give r_i, odd orders give s_i r_i.
 
 Sign limitation: when σ is odd up to a constant (tanh, sigmoid) every moment with E σ^(p) ≠ 0 has
 odd order, so (x_i, r_i) and (−x_i, −r_i) give the same gradient; the sign is then not identifiable

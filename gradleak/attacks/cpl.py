@@ -1,4 +1,4 @@
-"""CPL, the client-privacy-leakage attack of Wei et al. (paper 03, Algorithm 1).
+"""CPL, the client-privacy-leakage attack of Wei et al. (Wei et al., Algorithm 1).
 
 Labels come from the update (iDLG for a batch of 1, label counts otherwise);
 the data start from a configurable seed (random, patterned, dark, light, r, g,
@@ -49,10 +49,10 @@ class CPLOptions:
     init: InitKind = "patterned"
     tile: int = 2  # patterned: the random patch is repeated tile×tile times
     optimizer: OptimizerKind = "lbfgs"
-    lr: float | None = None  # None: 1.0 for L-BFGS (paper 03), 0.1 for Adam/SGD
+    lr: float | None = None  # None: 1.0 for L-BFGS (Wei et al.), 0.1 for Adam/SGD
     distance: Literal["l2", "cosine"] = "l2"
     alpha: float = 0.0  # label regulariser weight
-    iterations: int = 300  # maximum attack iterations (paper 03 default)
+    iterations: int = 300  # maximum attack iterations (Wei et al. default)
     threshold: float = 1e-4  # stop when the gradient distance is <= this (0: never)
     relative: float = 1e-7  # ... and <= relative × ‖∇w‖² of the observed update (0: off)
     normalise: bool = False  # True: divide the objective by the stop level (L-BFGS tolerances are absolute)

@@ -46,6 +46,8 @@ def invert_first_layer(obs: Observation, batch: int, opt: FCAnalyticOptions) -> 
 
 
 class FCAnalytic(Attack):
+    """Analytic inversion of a first fully connected layer: x = ∂L/∂W[c,:] / ∂L/∂b[c]."""
+
     name = "fc-analytic"
     Options = FCAnalyticOptions
     requires = frozenset({"batch_size"})

@@ -1,4 +1,4 @@
-"""Paper 01's attack (Liu, Wang, Chen, Lei; §4.2 and App. F): gradient
+"""Liu et al.'s attack (Liu, Wang, Chen, Lei; §4.2 and App. F): gradient
 inversion through an untrained image prior, guided by features that the tensor
 method recovers from a wide random layer.
 
@@ -22,9 +22,9 @@ server altered for the attack. So the attack is `malicious` and runs under
 
 Attack side (`reconstruct`). x̂ = U_θ(z₀), an untrained convolutional generator
 (deep image prior) whose weights θ are optimised with Adam, z₀ fixed noise;
-objective (formula sheet §1.7):
+objective (Liu et al. §4.2):
     L_rw(∇ℓ(x̂), G) + α_TV R_TV + α_BN R_BN + α_feat R_feature,
-L_rw the cosine distance with per-tensor weights 1/‖G_k‖² (§1.8, paper 01's
+L_rw the cosine distance with per-tensor weights 1/‖G_k‖² (§1.8, Liu et al.'s
 norm-reweighting), R_BN Σ_l ‖μ_l − μ_l^BN‖ + ‖σ²_l − σ²_l^BN‖ (when the threat
 model grants BN statistics), R_feature = mean_i 1 − cos²(φ(x̂_i), ẑ_π(i)) with π
 the assignment maximising Σ cos² (the order of the recovered features is
@@ -210,7 +210,7 @@ def recover_class_features(obs: Observation, labels: torch.Tensor, seed: int = 0
     k_c matches the prediction mass: Σ_i p_ic = B·∂b_c + n_c from the head's
     bias gradient. Each such combination is a WLL two-layer gradient of only
     n_c samples, which the tensor method decomposes far more accurately than
-    all B at once (paper 01 §4.2: individual recovery "drops drastically when
+    all B at once (Liu et al. §4.2: individual recovery "drops drastically when
     [samples] fall into the same class"). Needs the head bias gradient and at
     least one absent class; returns None otherwise.
     """
@@ -276,7 +276,7 @@ def span_distance(unit: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
 def feature_errors(true_features: torch.Tensor, labels: torch.Tensor, obs: Observation,
                    seed: int = 0) -> dict[str, float]:
     """How well ẑ matches the true probe inputs (unit rows, batch order), for both
-    recoveries: paper 01's span error (mean ‖(I − QQᵀ) z_i‖) and the matched cos²."""
+    recoveries: Liu et al.'s span error (mean ‖(I − QQᵀ) z_i‖) and the matched cos²."""
     true = F.normalize(true_features.double(), dim=1)
     batch = true.shape[0]
     out: dict[str, float] = {}
@@ -428,7 +428,7 @@ class FeaturePriorOptions:
 
 
 class FeaturePriorAttack(Attack):
-    """Paper 01: reweighted cosine matching + TV/BN priors through a deep image
+    """Liu et al.: reweighted cosine matching + TV/BN priors through a deep image
     prior, plus tensor-recovered features of a server-inserted random layer."""
 
     name = "feature-prior"
@@ -485,7 +485,7 @@ class FeaturePriorAttack(Attack):
         sim = UpdateSimulator(obs, ctx.device)
         labels = recover_labels(obs, opt.label_method, ctx.generator(17)).to(ctx.device)
         mode, recovered = self.feature_term(obs, labels)
-        # Paper 01's norm-reweighting: every observed tensor counts with unit norm.
+        # Liu et al.'s norm-reweighting: every observed tensor counts with unit norm.
         weights = {n: (1.0 / float(t.pow(2).sum()) if float(t.pow(2).sum()) > 1e-20 else 0.0)
                    for n, t in sim.target.items()}
         bn_target = obs.get("bn_statistics") if (opt.bn and obs.knows("bn_statistics")) else None

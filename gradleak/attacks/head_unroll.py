@@ -4,7 +4,7 @@ Unrolling τ local SGD steps differentiably (`UpdateSimulator`) materialises
 every linear weight W_s = W_0 − η Σ_{s'<s} E_{s'}ᵀH_{s'} at every step, where H
 are the layer's inputs and E = ∂L/∂(its outputs). For ROG's settings these
 weights are large — the DLG LeNet's 1000 × 12288 head, or the 512 × 65536
-first linear layer of paper 02's own LeNet (`lenet-rog`) at 128 px — so each
+first linear layer of Yue et al.'s own LeNet (`lenet-rog`) at 128 px — so each
 step streams 49–134 MB tensors forward and backward, and elementwise traffic,
 not arithmetic, dominates the cost of an attack iteration.
 

@@ -1,4 +1,4 @@
-"""Starting points of optimisation attacks (CPL's initialisation study, paper 03 §3.1).
+"""Starting points of optimisation attacks (CPL's initialisation study, Wei et al. §3.1).
 
 random (Gaussian, as DLG's code), uniform, randn and gray come from
 `matching.random_init` (DLG, IG); CPL adds

@@ -118,7 +118,7 @@ def update_distance(candidate: Mapping[str, torch.Tensor], target: Tensors, kind
 
     l2: Σ‖a−b‖² (DLG); l1; cosine: 1 − ⟨a,b⟩/(‖a‖‖b‖) over the whole
     concatenated update (Geiping et al.); weighted-cosine: the same with a
-    per-tensor weight (paper 01's norm-reweighting); layer-cosine: Σ over tensors
+    per-tensor weight (Liu et al.'s norm-reweighting); layer-cosine: Σ over tensors
     of 1 − cos, so each tensor counts equally and scale-free (quantised targets,
     where one tensor's rounding error outweighs every image-dependent difference
     in a summed L2; docs/rog.md); all-zero target tensors are skipped.

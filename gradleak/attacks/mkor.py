@@ -1,4 +1,4 @@
-"""MKOR: Maximum Knowledge Orthogonality Reconstruction (Wang, Velipasalar, Gursoy; paper 04).
+"""MKOR: Maximum Knowledge Orthogonality Reconstruction (Wang, Velipasalar, Gursoy; Wang et al.).
 
 A malicious server keeps the architecture (LeNet5 / VGG16, original or the
 "modified" stride-2 variants) and sends parameters that
@@ -155,7 +155,7 @@ def _round_to_total(values: torch.Tensor, total: int) -> torch.Tensor:
 
 
 class MKOR(Attack):
-    """MKOR (paper 04): malicious FC/conv parameters, label-wise max/min reconstruction."""
+    """MKOR (Wang et al.): malicious FC/conv parameters, label-wise max/min reconstruction."""
 
     name = "mkor"
     Options = MKOROptions

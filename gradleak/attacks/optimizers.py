@@ -88,6 +88,6 @@ def minimise(objective: Objective, optimizer: torch.optim.Optimizer, iterations:
 
 
 def gradient_scale(update: Update) -> float:
-    """Factor turning an update into gradient units (Algorithm 1 of paper 03,
+    """Factor turning an update into gradient units (Algorithm 1 of Wei et al.,
     lines 4-6: Δw / η), so distance thresholds mean the same for deltas."""
     return 1.0 if update.kind == "gradient" else 1.0 / (update.lr * max(update.steps, 1))

@@ -1,4 +1,4 @@
-"""ROG: Reconstruction from Obfuscated Gradients (Yue et al., paper 02).
+"""ROG: Reconstruction from Obfuscated Gradients (Yue et al., Yue et al.).
 
 The unknowns are a low-dimensional latent Z per image — by default the image
 bicubic-downsampled ×1/4 (d_z = HW/16 per channel) — decoded by bicubic
@@ -9,7 +9,7 @@ steps unrolled by `UpdateSimulator`) and the observed, possibly compressed,
 update. The decoded image is finally enhanced by a small U-Net
 (`gradleak.postprocess`), which plays the role of the image prior.
 
-`rog-sign` (paper 02, §4.3 "Reconstruction from signSGD", Eq. 15) matches
+`rog-sign` (Yue et al., §4.3 "Reconstruction from signSGD", Eq. 15) matches
 tanh(g′) to sign(g); magnitudes are lost, so the image is optimised without a
 box constraint, normalised by its maximum absolute value and optionally
 histogram-equalised.
@@ -34,14 +34,14 @@ Tensors = dict[str, torch.Tensor]
 
 @dataclass
 class ROGOptions:
-    iterations: int = 100  # paper 02's code: T_max = 100
+    iterations: int = 100  # Yue et al.'s code: T_max = 100
     optimizer: Literal["lbfgs", "adam"] = "lbfgs"
     lr: float = 0.05  # Adam step size (paper), cosine-annealed to lr/10; L-BFGS takes unit steps + line search
     scale: int = 4  # bicubic down-sampling factor of the latent (paper: 4)
     # paper: l2 (Eq. 14); layer-cosine sums 1 − cos per tensor, for quantized targets (docs/rog.md)
     distance: Literal["l2", "cosine", "layer-cosine"] = "l2"
     tv: float = 0.3  # TV on the decoded image, relative to the normalised distance (see docs/rog.md)
-    anneal: bool = True  # Adam only: cosine-anneal lr to lr/10 (paper 02's code)
+    anneal: bool = True  # Adam only: cosine-anneal lr to lr/10 (Yue et al.'s code)
     box: bool = False  # Adam only: clamp the latent to [0, 1] after every step
     postprocess: bool = True  # enhance the decoded image with the shipped U-Net
     weights: str | None = None  # another enhancement U-Net (safetensors), e.g. from train-postprocessor
@@ -214,7 +214,7 @@ class _LatentSearch:
 
 
 class ROGSign(ROG):
-    """ROG against signSGD: ‖tanh(g′) − sign(g)‖² (paper 02, Eq. 15)."""
+    """ROG against signSGD: ‖tanh(g′) − sign(g)‖² (Yue et al., Eq. 15)."""
 
     name = "rog-sign"
     budgets = {"thorough": {"iterations": 800}}

@@ -75,6 +75,8 @@ def _query_vector(kind: str, d: int, generator: torch.Generator) -> torch.Tensor
 
 
 class RobbingTheFed(Attack):
+    """Robbing the Fed: a malicious imprint layer bins inputs by brightness; bins invert analytically."""
+
     name = "rtf"
     Options = RTFOptions
     requires = frozenset({"batch_size"})

@@ -2,7 +2,8 @@
 
 The model is f(x) = Aᵀσ(Wx) with W ~ N(0, 1) and every head weight 1/m (`twolayer:init=gaussian`,
 the mean-field query of WLL Alg. 1). With cross-entropy, head row c has the gradient
-g_j = (1/B) Σ_i r_ic σ(w_j·x_i), r_ic = p_ic − 1[y_i = c] (formula sheet §2.3, "Paper 01's use"),
+g_j = (1/B) Σ_i r_ic σ(w_j·x_i), r_ic = p_ic − 1[y_i = c] (Wang, Lee, Lei 2023,
+eqs. 5.5–5.8, as Liu et al. use it),
 which is the WLL observation with residuals r_ic; `gradleak.analytic.tensor_method` recovers the
 directions x_i/||x_i|| from it (span from P̂, Jennrich decomposition of the Hermite moment,
 H_4 for ReLU). The first-layer gradient is useless here: identical head rows make Σ_c r_ic = 0.
@@ -58,6 +59,8 @@ def _two_layer_parts(model: nn.Module, input_shape: tuple[int, ...]) -> tuple[st
 
 
 class TensorAttack(Attack):
+    """Tensor-based feature reconstruction of a two-layer network's hidden input (exact up to scale)."""
+
     name = "tensor"
     Options = TensorOptions
     requires = frozenset({"batch_size"})

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         for name in registry.names():
             try:
                 summary = registry.summary(name)
-            except Exception:  # a component whose optional dependency is missing still gets listed
-                summary = ""
+            except Exception as exc:  # a component that cannot be imported is still listed, with why
+                summary = f"(cannot be loaded: {exc})"
             print(f"{'  ' if len(kinds) > 1 else ''}{name:18s} {summary}")
     return 0

@@ -1,4 +1,4 @@
-"""Clipping of the whole update to an L2 norm bound (paper 01 "gradient clipping")."""
+"""Clipping of the whole update to an L2 norm bound (Liu et al. "gradient clipping")."""
 from __future__ import annotations
 
 from dataclasses import dataclass

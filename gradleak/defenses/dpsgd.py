@@ -49,7 +49,7 @@ def per_example_gradients(model: nn.Module, params: Tensors, buffers: Tensors, x
 
 
 def clip_factors(norms: torch.Tensor, bound: float) -> torch.Tensor:
-    """g / max(1, ||g||/C) as a multiplier (eq. 17 of paper 02)."""
+    """g / max(1, ||g||/C) as a multiplier (eq. 17 of Yue et al.)."""
     return 1.0 / torch.clamp(norms / bound, min=1.0)
 
 

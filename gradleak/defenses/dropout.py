@@ -3,7 +3,7 @@
 place=update (default): gradient dropout, every update entry is zeroed with
 probability p (no rescaling; the server sees which entries are missing).
 place=model: a dropout layer (rate p) in front of the classifier head, as in
-paper 03's model-level knobs and paper 01's dropout analysis (effective width
+Wei et al.'s model-level knobs and Liu et al.'s dropout analysis (effective width
 (1-p)m). The attacker gets the model but not the client's masks.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""FedCDP (Wei et al. 2021; paper 02 eqs. 17–18): per-example, per-layer clipping
+"""FedCDP (Wei et al. 2021; Yue et al. eqs. 17–18): per-example, per-layer clipping
 to C and Gaussian noise N(0, σ²C²) on every local step.
 
 With L clipped tensors one example moves the sum by at most C·√L, so the

@@ -1,4 +1,4 @@
-"""Additive Laplace noise on the update (the Laplace mechanism; paper 01 "gradient noise")."""
+"""Additive Laplace noise on the update (the Laplace mechanism; Liu et al. "gradient noise")."""
 from __future__ import annotations
 
 import math

@@ -1,7 +1,7 @@
-"""Additive Gaussian noise on the update (paper 01 "gradient noise", paper 03 Tab. 8).
+"""Additive Gaussian noise on the update (Liu et al. "gradient noise", Wei et al. Tab. 8).
 
 Two ways to set the strength: an absolute std `sigma` per coordinate, or an SNR
-in dB relative to the update it is added to (paper 02 treats the clipped
+in dB relative to the update it is added to (Yue et al. treats the clipped
 gradient as the signal): noise power = signal power / 10^(snr_db/10), both per
 coordinate.
 """

@@ -1,4 +1,4 @@
-"""Magnitude gradient pruning (DLG §5, paper 01 "gradient pruning"): in every
+"""Magnitude gradient pruning (DLG §5, Liu et al. "gradient pruning"): in every
 layer, the fraction `ratio` of smallest-magnitude update entries is zeroed."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""QSGD (Alistarh et al. 2017; paper 02 eq. 7, φ_qsgd): unbiased stochastic
+"""QSGD (Alistarh et al. 2017; Yue et al. eq. 7, φ_qsgd): unbiased stochastic
 b-bit quantization of every tensor, levels relative to its L2 norm by default."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ class QSGDOptions(QuantizeOptions):
 
 
 class QSGD(Defense):
-    """Stochastic unbiased b-bit quantizer of every update tensor (paper 02 eq. 7)."""
+    """Stochastic unbiased b-bit quantizer of every update tensor (Yue et al. eq. 7)."""
 
     name = "qsgd"
     Options = QSGDOptions

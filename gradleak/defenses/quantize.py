@@ -1,4 +1,4 @@
-"""Deterministic b-bit uniform quantizer (paper 02 eq. 6, φ_q).
+"""Deterministic b-bit uniform quantizer (Yue et al. eq. 6, φ_q).
 
 Q(g_i) = (κ/s)·||g||_p·sign(g_i)·ξ_i with ξ_i = round(s|g_i| / (κ||g||_p)),
 applied to every tensor of the update; s = 2^(b-1) - 1 gives 2s+1 ≤ 2^b levels
@@ -48,7 +48,7 @@ def quantize_tensor(t: torch.Tensor, opt: QuantizeOptions, generator: torch.Gene
 
 
 class Quantize(Defense):
-    """Deterministic b-bit uniform quantizer of every update tensor (paper 02 eq. 6)."""
+    """Deterministic b-bit uniform quantizer of every update tensor (Yue et al. eq. 6)."""
 
     name = "quantize"
     Options = QuantizeOptions

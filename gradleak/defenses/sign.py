@@ -1,4 +1,4 @@
-"""signSGD (Bernstein et al. 2018; paper 02 eq. 5): one bit per coordinate."""
+"""signSGD (Bernstein et al. 2018; Yue et al. eq. 5): one bit per coordinate."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,4 @@
-"""Top-k sparsification (Aji & Heafield 2017; paper 02 φ_topk): only the largest
+"""Top-k sparsification (Aji & Heafield 2017; Yue et al. φ_topk): only the largest
 (1 - sparsity) fraction of the whole update's entries, by magnitude, is sent."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from .sparsity import sparsify
 
 @dataclass
 class TopKOptions:
-    sparsity: float = 0.95  # fraction of entries zeroed (paper 02 uses 0.95)
+    sparsity: float = 0.95  # fraction of entries zeroed (Yue et al. use 0.95)
 
     def __post_init__(self):
         check(0 <= self.sparsity <= 1, f"defense 'topk': sparsity must be in [0, 1], got {self.sparsity}")

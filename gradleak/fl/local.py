@@ -3,7 +3,7 @@
 The client runs it without a graph; gradient-matching attacks run the very same
 function with `create_graph=True` to differentiate the simulated update with
 respect to candidate data. One code path means an attack matches exactly what
-the client computed (paper 02's τ-step FedAvg matching, CPL's local iterations).
+the client computed (Yue et al.'s τ-step FedAvg matching, CPL's local iterations).
 """
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 
 Batch order is not identifiable from an update, so reconstructions are first
 assigned to originals by the Hungarian algorithm on per-pair MSE — the
-permutation-invariant distance of paper 01 (Eq. 2) — and only then scored.
+permutation-invariant distance of Liu et al. (Eq. 2) — and only then scored.
 
-Attack success (ASR, paper 03): CPL calls a reconstruction successful when the
+Attack success (ASR, Wei et al.): CPL calls a reconstruction successful when the
 attack converges to the private example. We score that against ground truth:
 an example counts as reconstructed when its matched reconstruction has
 MSE ≤ 1e-3 (PSNR ≥ 30 dB for [0, 1] inputs), the level at which CPL's converged

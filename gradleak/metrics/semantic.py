@@ -1,6 +1,6 @@
-"""Semantic match: a stand-in for paper 02's tag-based ROGS score.
+"""Semantic match: a stand-in for Yue et al.'s tag-based ROGS score.
 
-Paper 02 measures semantic leakage with a multi-label tagging network, which
+Yue et al. measure semantic leakage with a multi-label tagging network, which
 cannot be loaded offline. Instead: the fraction of reconstructions that a
 classifier trained on the dataset assigns to the original example's label. A
 reconstruction that is blurry but keeps the object still counts as a leak.

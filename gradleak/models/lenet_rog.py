@@ -1,4 +1,4 @@
-"""The LeNet of paper 02's released code (Yue et al., ROG; github KAI-YUE/rog,
+"""The LeNet of Yue et al.'s released code (Yue et al., ROG; github KAI-YUE/rog,
 `networks/vgg.py`, class `LeNet_5`).
 
 conv5(32, pad 2)-ReLU-maxpool2-conv5(64, pad 2)-ReLU-maxpool2-flatten-
@@ -7,7 +7,7 @@ initialisation. At 128 px the first linear layer sees 64·32·32 = 65536
 features (33.5 M weights): its gradient is an outer product of the error with
 each image's pooled feature maps, which is what lets ROG see the images
 through a per-tensor quantizer (docs/rog.md). Unlike the DLG `lenet`, which
-has 12 channels and a single linear head, this is the model paper 02's
+has 12 channels and a single linear head, this is the model Yue et al.'s
 numbers were measured on. `width` is conv1's channel count (conv2 has twice
 as many) and `hidden` the first linear layer's width, for cheaper variants.
 """
@@ -26,7 +26,7 @@ MIN_SIZE = 4  # two 2×2 max-pools
 
 @dataclass(frozen=True)
 class LeNetROGOptions:
-    width: int = 32  # conv1 channels; conv2 has 2·width (32 / 64 in paper 02's code)
+    width: int = 32  # conv1 channels; conv2 has 2·width (32 / 64 in Yue et al.'s code)
     hidden: int = 512  # width of the first linear layer
 
     def __post_init__(self) -> None:
@@ -35,7 +35,7 @@ class LeNetROGOptions:
 
 
 def build_lenet_rog(spec: ModelSpec) -> nn.Module:
-    """Paper 02's LeNet_5 sized to the input (bias-free linear layers)."""
+    """Yue et al.'s LeNet_5 sized to the input (bias-free linear layers)."""
     opts: LeNetROGOptions = build_options(LeNetROGOptions, spec.options, "model 'lenet-rog'")
     channels, height, width = image_shape(spec, min_size=MIN_SIZE)
     act = act_name(spec, "relu")

@@ -1,4 +1,4 @@
-"""VGG-16 (Simonyan & Zisserman 2015), as attacked by MKOR (paper 04).
+"""VGG-16 (Simonyan & Zisserman 2015), as attacked by MKOR (Wang et al.).
 
 Layout is deliberately flat: `features` (conv, [bn], act, pool, ...) and
 `classifier` (Linear-act-Linear-act-Linear), both nn.Sequential, so an attack

@@ -59,7 +59,7 @@ def random_crops(photos: list[torch.Tensor], rng: random.Random, batch: int, siz
 
 def train_enhancer(steps: int = 1600, seed: int = 0, batch: int = 8, size: int = 64, lr: float = 1e-3,
                    progress: Callable[[int, int, float], None] | None = None) -> EnhancementUNet:
-    """L1 training (paper 02 uses L1 + adversarial; the GAN part is left out for
+    """L1 training (Yue et al. use L1 + adversarial; the GAN part is left out for
     a CPU budget) with Adam and cosine learning-rate decay."""
     torch.manual_seed(seed)
     rng = random.Random(seed)

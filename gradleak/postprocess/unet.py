@@ -1,6 +1,6 @@
 """ROG's postprocessing: a small U-Net that enhances blurry, noisy reconstructions.
 
-Paper 02 (App. A) trains a U-Net generator (conv–InstanceNorm–ReLU blocks,
+Yue et al. (App. A) trains a U-Net generator (conv–InstanceNorm–ReLU blocks,
 skip connections) on ImageNet crops degraded by random down-sampling, blur and
 Gaussian noise. Here the network is smaller (3 down-samplings, 16 base
 channels, residual output) and is trained by `gradleak train-postprocessor` on
@@ -118,7 +118,7 @@ def _gaussian_blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
 
 def degrade(x: torch.Tensor, rng: random.Random, factor: int = 4, max_noise: float = 0.05,
             max_blur: float = 1.5) -> torch.Tensor:
-    """Paper 02's synthetic degradation: blur, ×1/factor down-sampling by a random
+    """Yue et al.'s synthetic degradation: blur, ×1/factor down-sampling by a random
     method and Gaussian noise in a random order, then bicubic up-sampling back —
     what a ROG latent decoded by bicubic up-sampling looks like."""
     h, w = x.shape[-2:]

@@ -1,4 +1,4 @@
-"""Paper 01 §3 theory for two-layer networks: defended gradients as functions of the data, the
+"""Liu et al. §3 theory for two-layer networks: defended gradients as functions of the data, the
 Cramér–Rao lower bound (Eqs. 27–28), Table 1's scalings, Prop. 2.1, and the bound study."""
 from .bounds import BoundReport, DPRequirement, dp_noise_requirement, frobenius_sq, jacobian, lower_bound
 from .defenses import DEFENSE_OPTIONS, DefendedGradient, TheoryDefense, defended_gradient, parse_defense

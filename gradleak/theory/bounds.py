@@ -1,6 +1,6 @@
 """Lower bounds (any attack) and upper-bound scalings (tensor attack) for the two-layer model.
 
-Observation model (formula sheet §1.1/§1.5): O = D(G(S)) + ε, ε ~ N(0, σ_tot² I), where σ_tot² is the
+Observation model (Liu et al. §2 and App. D–E): O = D(G(S)) + ε, ε ~ N(0, σ_tot² I), where σ_tot² is the
 server-side observation noise σ² plus the Gaussian noise the defense itself adds (noise, DP-SGD).
 J := (∂O/∂S)ᵀ ∈ R^{Bd×P} (rows: input coordinates, columns: observed gradient coordinates).
 

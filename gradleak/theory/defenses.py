@@ -1,10 +1,10 @@
-"""Each defense of paper 01 Table 1 as a differentiable map S ↦ D(G(S)) on the two-layer model.
+"""Each defense of Liu et al. Table 1 as a differentiable map S ↦ D(G(S)) on the two-layer model.
 
 `defended_gradient(net, x, y, spec)` returns a `DefendedGradient`: the observation function of the
 data (so that torch.func can take its Jacobian), the defense's own Gaussian noise, and the bookkeeping
 the bounds and the tensor attack need (which coordinates survive, effective width, step count).
 Data-dependent selections (pruning masks) are fixed at the true data: they are piecewise constant,
-so their derivative is zero almost everywhere (formula sheet §1.4).
+so their derivative is zero almost everywhere (Liu et al., Thm 3.1/3.2).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The two-layer network of paper 01 §3 (formula sheet §1.2) and its gradient as a
+"""The two-layer network of Liu et al. §3 (App. B, D) and its gradient as a
 differentiable function of the client's data S.
 
 f(x) = Σ_j a_j σ(w_j·x),  a_j = 1/m,  w_j ~ N(0, I_d);  L = ½ Σ_i (y_i − f(x_i))²

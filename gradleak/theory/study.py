@@ -28,7 +28,7 @@ ACTIVATION = "square_cube"  # the tensor attack needs E σ'' ≠ 0 and E σ''' �
 
 
 def feature_error(x: torch.Tensor, x_hat: torch.Tensor) -> float:
-    """d(S, Ŝ) of Eq. (2), also minimised over the sign of each x̂_i (paper 01 scores features by cos²)."""
+    """d(S, Ŝ) of Eq. (2), also minimised over the sign of each x̂_i (Liu et al. scores features by cos²)."""
     diff_sq = torch.cdist(x, x_hat).pow(2)
     sum_sq = torch.cdist(x, -x_hat).pow(2)
     cost = torch.minimum(diff_sq, sum_sq).numpy()
