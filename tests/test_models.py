@@ -98,7 +98,7 @@ def test_lenet_matches_dlg():
     assert weights.abs().max() <= 0.5 and weights.std() > 0.25  # U(-0.5, 0.5), not Kaiming
 
 
-def test_lenet_rog_matches_paper_02_code():
+def test_lenet_rog_matches_rog_released_code():
     # KAI-YUE/rog networks/vgg.py LeNet_5: 32/64 5×5 convs (pad 2), max-pools, bias-free
     # Linear(64·H/4·W/4, 512) and Linear(512, classes); at 128 px fc1 has 33.5 M weights.
     model = build_model(spec("lenet-rog", (3, 128, 128), classes=1000))

@@ -1,6 +1,6 @@
 """ROG (Yue et al.): latent-space matching of FedAvg deltas, the signSGD variant,
 the enhancement U-Net and the semantic-match metric. Thresholds are smaller
-versions of the issue's targets, measured on this code (see docs/rog.md)."""
+versions of the ROG benchmark's targets, measured on this code (see docs/rog.md)."""
 from __future__ import annotations
 
 import skimage.data

@@ -1,4 +1,4 @@
-"""CPL, the client-privacy-leakage attack of Wei et al. (Wei et al., Algorithm 1).
+"""CPL, the client-privacy-leakage attack of Wei et al. (ESORICS 2020, Algorithm 1).
 
 Labels come from the update (iDLG for a batch of 1, label counts otherwise);
 the data start from a configurable seed (random, patterned, dark, light, r, g,

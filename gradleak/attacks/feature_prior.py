@@ -24,7 +24,7 @@ Attack side (`reconstruct`). x̂ = U_θ(z₀), an untrained convolutional genera
 (deep image prior) whose weights θ are optimised with Adam, z₀ fixed noise;
 objective (Liu et al. §4.2):
     L_rw(∇ℓ(x̂), G) + α_TV R_TV + α_BN R_BN + α_feat R_feature,
-L_rw the cosine distance with per-tensor weights 1/‖G_k‖² (§1.8, Liu et al.'s
+L_rw the cosine distance with per-tensor weights 1/‖G_k‖² (App. F, Liu et al.'s
 norm-reweighting), R_BN Σ_l ‖μ_l − μ_l^BN‖ + ‖σ²_l − σ²_l^BN‖ (when the threat
 model grants BN statistics), R_feature = mean_i 1 − cos²(φ(x̂_i), ẑ_π(i)) with π
 the assignment maximising Σ cos² (the order of the recovered features is

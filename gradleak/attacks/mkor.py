@@ -1,4 +1,4 @@
-"""MKOR: Maximum Knowledge Orthogonality Reconstruction (Wang, Velipasalar, Gursoy; Wang et al.).
+"""MKOR: Maximum Knowledge Orthogonality Reconstruction (Wang, Velipasalar, Gursoy, WACV 2024).
 
 A malicious server keeps the architecture (LeNet5 / VGG16, original or the
 "modified" stride-2 variants) and sends parameters that

@@ -1,4 +1,4 @@
-"""ROG: Reconstruction from Obfuscated Gradients (Yue et al., Yue et al.).
+"""ROG: Reconstruction from Obfuscated Gradients (Yue et al., USENIX Security 2023).
 
 The unknowns are a low-dimensional latent Z per image — by default the image
 bicubic-downsampled ×1/4 (d_z = HW/16 per channel) — decoded by bicubic

@@ -1,4 +1,4 @@
-"""LeNet-5 (LeCun et al. 1998) as used by MKOR (Wang et al., Wang et al.).
+"""LeNet-5 (LeCun et al. 1998) as used by MKOR (Wang, Velipasalar, Gursoy, WACV 2024).
 
 conv5(6)-act-avgpool2-conv5(16)-act-avgpool2-fc120-act-fc84-act-fc, sigmoid by
 default. The first conv pads by 2 below 32 px so 28×28 MNIST sees the 32×32

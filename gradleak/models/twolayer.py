@@ -1,4 +1,4 @@
-"""The two-layer network f(x) = aᵀσ(Wx) of the WLL analysis (Liu et al., sheet §1.2).
+"""The two-layer network f(x) = aᵀσ(Wx) of the Wang–Lee–Lei analysis (Liu et al. §3, App. B and D).
 
 Both layers are bias-free so the gradient formulas of the paper hold exactly.
 `init=gaussian` is the mean-field scaling of the upper bound (Assumption B.2):
