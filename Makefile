@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench install clean
+.PHONY: demo test lint install-check bench install clean
 
 $(STAMP): requirements.txt requirements-data.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,16 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# Lint (ruff) and types on the public API (mypy; files listed in pyproject.toml).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check gradleak tests benchmarks examples
+	$(VENV)/bin/mypy
+
+# `pip install .` into a clean virtual environment, then the installed command on data
+# that ships with its dependencies (the pins of requirements.txt as constraints).
+install-check:
+	bash .ci/install_check.sh
 
 bench: $(STAMP)
 	$(PY) -m benchmarks

@@ -121,7 +121,7 @@ def _exact(quick: bool) -> dict:
     for target in sorted(set(int(v) for v in y if int((y == v).sum()) == 1)):
         attack = make_attack(f"fishing:target_class={target}")
         model = attack.prepare_model(build_model(ModelSpec("mlp", data.input_shape, 10, seed=0)),
-                                     data.input_shape, 10, AttackContext())
+                                     data.input_shape, 10, AttackContext()).model
         update = compute_update(model, x, y, TrainingSpec())
         obs = observe(update, model, make_threat_model("malicious"), input_shape=data.input_shape,
                       num_classes=10, training=TrainingSpec(), batch_size=8, labels=y, defenses=[])

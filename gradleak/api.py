@@ -20,13 +20,14 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Literal, Sequence
 
 import torch
 from torch import nn
 
 from .attacks import ATTACKS, Attack, AttackContext, make_attack
 from .data import Dataset
+from .defenses import make_chain
 from .errors import GradleakError
 from .experiment import (AttackRunResult, AttackRunSpec, attack_observation, batch_attack_seed,
                          build_named_model, convergence_summary, dataset_spec, pick_device, run_scenario)
@@ -129,7 +130,7 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
           defenses: Sequence[str | Any] = (),
           threat: str = "honest", knows: Iterable[str] = (),
           training: TrainingSpec | None = None, lr: float = 0.1, local_steps: int = 1,
-          local_epochs: int | None = None, local_batch_size: int | None = None, bn_mode: str = "train",
+          local_epochs: int | None = None, local_batch_size: int | None = None, bn_mode: Literal["train", "eval"] = "train",
           batch_size: int = 1, images: int | None = None, seed: int = 0, budget: str = "quick",
           lpips: str = "alex", device: str = "auto", checkpoint: str | None = None,
           split: str = "test", resize: int | None = None,
@@ -306,7 +307,7 @@ def _component_text(item: Any, kind: str) -> str:
     values: dict[str, Any] = {}
     if options is not None and dataclasses.is_dataclass(options):
         try:
-            defaults = type(options)()
+            defaults = type(options)()  # type: ignore[misc]  # option dataclasses default every field
         except TypeError:
             defaults = None
         for f in dataclasses.fields(options):
@@ -441,7 +442,8 @@ def _attack_captured(spec: AttackRunSpec, attack: Attack, model: nn.Module, upda
     sent = copy.deepcopy(model).to("cpu")
     bn = capture_bn_statistics(sent, x) if "bn_statistics" in threat.grants else None
     obs = observe(update, sent, threat, input_shape=data.input_shape, num_classes=data.num_classes,
-                  training=training, batch_size=update.samples, labels=y, defenses=list(spec.defenses),
+                  training=training, batch_size=update.samples, labels=y,
+                  defenses=make_chain(spec.defenses).defenses,
                   modality=data.modality, bn_statistics=bn)
     ctx = AttackContext(seed=batch_attack_seed(spec.seed, 0), device=device)
     rec, scores, aligned = attack_observation(attack, obs, x, y, ctx, spec.lpips)

@@ -241,8 +241,10 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
     if "prior_data" in threat.grants:
         prior = held_out(targets) if held_out is not None else _held_out(data, targets)
     ctx = AttackContext(seed=spec.seed, device=device, progress=progress, prior_data=prior)
+    server_secrets = None
     if attack.malicious:
-        model = attack.prepare_model(model, data.input_shape, data.num_classes, ctx)
+        prepared = attack.prepare_model(model, data.input_shape, data.num_classes, ctx)
+        model, server_secrets = prepared.model, prepared.secrets
     model = model.to("cpu")
 
     scores, originals, recons, iterations, extras, runs = [], [], [], [], {}, []
@@ -265,8 +267,8 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
         bn = capture_bn_statistics(model, x) if "bn_statistics" in threat.grants else None
         obs = observe(update, copy.deepcopy(model), threat, input_shape=data.input_shape,
                       num_classes=data.num_classes, training=training, batch_size=batch_total,
-                      labels=y, defenses=[str(d) for d in spec.defenses], modality=data.modality,
-                      bn_statistics=bn, prior_data=prior)
+                      labels=y, defenses=chain.defenses, modality=data.modality,
+                      bn_statistics=bn, prior_data=prior, server_secrets=server_secrets)
         batch_ctx = AttackContext(seed=batch_attack_seed(spec.seed, b), device=device, progress=progress)
         rec, batch_scores, aligned = attack_observation(attack, obs, x, y, batch_ctx, spec.lpips)
         for s in batch_scores:

@@ -8,7 +8,7 @@ threat model that does not grant it refuses the attack before it runs, and
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -76,6 +76,9 @@ class Observation:
     threat: ThreatModel
     modality: str = "image"
     _knowledge: dict[str, Any] = field(default_factory=dict, repr=False)
+    # What a malicious server remembers about the model it crafted (its own state, not
+    # knowledge about the client); set only under a threat model granting malicious_model.
+    server_secrets: Any = field(default=None, repr=False)
 
     def knows(self, key: str) -> bool:
         return key in self.threat.grants and key in self._knowledge
@@ -100,21 +103,26 @@ class Observation:
 
 def observe(update: Update, model: nn.Module, threat: ThreatModel, *, input_shape: tuple[int, ...],
             num_classes: int, training: TrainingSpec, batch_size: int, labels: torch.Tensor,
-            defenses: list[str], modality: str = "image",
+            defenses: Sequence[Any], modality: str = "image",
             bn_statistics: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-            prior_data: Any = None) -> Observation:
-    """Build the server's view, keeping only what `threat` grants."""
+            prior_data: Any = None, server_secrets: Any = None) -> Observation:
+    """Build the server's view, keeping only what `threat` grants. `defenses` are
+    the client's defenses, as objects or `name:k=v` strings (their names and options
+    are what a server that chose the protocol knows)."""
+    from .defenses import make_defense
+
     available = {
         "batch_size": batch_size,
         "local_training": training,
-        "defenses": list(defenses),
+        "defenses": tuple(make_defense(d) if isinstance(d, str) else d for d in defenses),
         "labels": labels.clone(),
         "bn_statistics": bn_statistics,
         "prior_data": prior_data,
         "malicious_model": True,
     }
     knowledge = {k: v for k, v in available.items() if k in threat.grants and v is not None}
-    return Observation(update, model, tuple(input_shape), num_classes, threat, modality, knowledge)
+    secrets = server_secrets if "malicious_model" in threat.grants else None
+    return Observation(update, model, tuple(input_shape), num_classes, threat, modality, knowledge, secrets)
 
 
 def capture_bn_statistics(model: nn.Module, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -67,7 +67,7 @@ def test_fishing_isolates_and_recovers_the_target_class(mnist_test):
     target = int(y[0])
     assert int((y == target).sum()) == 1
     attack = make_attack(f"fishing:target_class={target}")
-    model = attack.prepare_model(_mlp(), (1, 28, 28), 10, AttackContext())
+    model = attack.prepare_model(_mlp(), (1, 28, 28), 10, AttackContext()).model
     obs = _observe(model, x, y, "malicious")
     # the first layer's batch gradient is (up to the 1/B of the mean loss) the target sample's alone
     alone = compute_update(model, x[:1], y[:1], TrainingSpec()).tensors["1.weight"] / 8
@@ -86,7 +86,7 @@ def test_fishing_inverts_the_isolated_gradient_of_a_conv_first_model(mnist_test)
     x, y = mnist_test.inputs[:8], mnist_test.labels[:8]  # 7 occurs once
     attack = make_attack("fishing:target_class=7,iterations=300")
     lenet = build_model(ModelSpec("lenet", (1, 28, 28), 10, seed=0))
-    model = attack.prepare_model(lenet, (1, 28, 28), 10, AttackContext())
+    model = attack.prepare_model(lenet, (1, 28, 28), 10, AttackContext()).model
     obs = _observe(model, x, y, "malicious")
     # every conv gradient is the target sample's alone (the head's zeroed rows still see all)
     alone = compute_update(model, x[:1], y[:1], TrainingSpec()).tensors

@@ -4,7 +4,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from gradleak.attacks import AttackContext, make_attack
-from gradleak.attacks.feature_prior import (feature_errors, find_probe, insert_feature_probe, recover_class_features,
+from gradleak.attacks.feature_probe import (feature_errors, find_probe, insert_feature_probe, recover_class_features,
                                             recover_features)
 from gradleak.data import DatasetSpec, load_dataset
 from gradleak.errors import GradleakError

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from gradleak.errors import GradleakError
-from gradleak.executors import RayExecutor, SweepBars, parse_ray_address
+from gradleak.sweep.progress import SweepBars
+from gradleak.sweep.ray_executor import RayExecutor, parse_ray_address
 from gradleak.sweep import parse_sweep
 
 ROOT = Path(__file__).resolve().parents[1]

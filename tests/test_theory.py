@@ -9,8 +9,11 @@ import pytest
 import torch
 
 from gradleak.cli import main
+from gradleak.defenses import make_defense
+from gradleak.errors import GradleakError
 from gradleak.theory import (TwoLayerNet, defended_gradient, dp_noise_requirement, gradient, jacobian,
                              lower_bound, random_data, random_network)
+from gradleak.theory.defenses import parse_defense
 from gradleak.theory.study import run_study
 
 SLOPE_TOL = 0.15
@@ -50,24 +53,40 @@ def test_defended_gradients_behave_as_defined():
     x, y = random_data(6, 4, seed=1)
     plain = defended_gradient(net, x, y, "none").observe(x)
     assert torch.allclose(defended_gradient(net, x, y, "secagg:clients=3").observe(x), plain, atol=1e-12)
-    clip = defended_gradient(net, x, y, "clip:c=0.5")
+    clip = defended_gradient(net, x, y, "clip:bound=0.5")
     assert float(clip.observe(x).norm()) == pytest.approx(0.5)
     assert clip.extra["clip_factor"] == pytest.approx(float(plain.norm()) / 0.5)
     local = defended_gradient(net, x, y, "local:steps=2,lr=1e-9").observe(x)
     assert torch.allclose(local, 2 * plain, rtol=1e-4, atol=1e-9)
-    drop = defended_gradient(net, x, y, "dropout:p=0.5")
+    drop = defended_gradient(net, x, y, "dropout:p=0.5,place=model")
     assert drop.observe(x).numel() == len(drop.neurons) * 7 and 100 < len(drop.neurons) < 200
-    prune = defended_gradient(net, x, y, "prune:p=0.5")
+    prune = defended_gradient(net, x, y, "prune:ratio=0.5,scope=global")
     assert prune.observe(x).numel() == plain.numel() // 2
     assert len(prune.neurons) >= 290  # W-gradients (a_j = 1/m smaller) go first: ~every ∇_a survives
 
     base = lower_bound(net, x, y, 0.1)
     noisy = lower_bound(net, x, y, 0.1, "noise:sigma=0.3")
     assert noisy.lower_numeric == pytest.approx(base.lower_numeric * math.sqrt(0.1 ** 2 + 0.3 ** 2) / 0.1)
-    dropped = lower_bound(net, x, y, 0.1, "dropout:p=0.5")
+    dropped = lower_bound(net, x, y, 0.1, "dropout:p=0.5,place=model")
     assert dropped.lower_numeric > base.lower_numeric * 1.2  # ||J_keep||² ≈ (1−p)||J||²
-    clipped = lower_bound(net, x, y, 0.1, "clip:c=0.05")
+    clipped = lower_bound(net, x, y, 0.1, "clip:bound=0.05")
     assert clipped.lower_numeric > base.lower_numeric * 0.8 * clipped.clip_factor
+
+
+def test_theory_speaks_the_defense_vocabulary():
+    net = random_network(6, 300, "tanh", seed=1)
+    x, y = random_data(6, 4, seed=1)
+    dp = defended_gradient(net, x, y, "dpsgd:clip=0.01,sigma=2")
+    assert dp.defense_noise == pytest.approx(2 * 0.01 / 4)  # σ·clip/B on the average, as Opacus
+    assert float(dp.observe(x).norm()) <= 0.01 * (1 + 1e-9)  # a mean of vectors clipped to 0.01
+    for name, option in (("secagg", "clients"), ("prune", "ratio"), ("noise", "sigma"), ("dpsgd", "clip")):
+        assert getattr(parse_defense(name).options, option) == getattr(make_defense(name).options, option)
+    with pytest.raises(GradleakError, match="place=model"):
+        parse_defense("dropout:p=0.5")
+    with pytest.raises(GradleakError, match="covers"):
+        parse_defense("topk")
+    with pytest.raises(GradleakError, match="no option 'c'"):
+        parse_defense("clip:c=1")
 
 
 def test_dp_noise_requirement_scales_with_width_and_epsilon():
@@ -122,8 +141,8 @@ def test_pruning_jump_past_first_layer_share(study):
     assert above and max(above) > 2.0, ratios
     # the measured attack jumps too: d = 8, threshold 8/9
     prune = {c["defense"]: c["measured"] for c in result["cells"] if c["sweep"] == "prune"}
-    assert prune["prune:p=0.85"] < 1.1 * prune["prune:p=0.5"]
-    assert prune["prune:p=0.95"] > 1.5 * prune["prune:p=0.5"]
+    assert prune["prune:ratio=0.85,scope=global"] < 1.1 * prune["prune:ratio=0.5,scope=global"]
+    assert prune["prune:ratio=0.95,scope=global"] > 1.5 * prune["prune:ratio=0.5,scope=global"]
 
 
 def test_study_writes_figure_table_and_html(study):
@@ -135,7 +154,7 @@ def test_study_writes_figure_table_and_html(study):
 
 def test_bound_cli(capsys):
     assert main(["bound", "--d", "4", "--m", "50", "--batch-size", "2", "--noise", "0.1",
-                 "--defense", "none", "--defense", "prune:p=0.9", "--json"]) == 0
+                 "--defense", "none", "--defense", "prune:ratio=0.9", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert len(report["bounds"]) == 2 and report["bounds"][1]["pruned_fraction_hat"] is not None
     assert main(["bound", "--d", "4", "--m", "50", "--noise", "0.1", "--defense", "nope"]) == 2

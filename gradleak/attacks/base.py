@@ -30,6 +30,17 @@ class Reconstruction:
 
 
 @dataclass
+class PreparedModel:
+    """What a malicious server's `prepare_model` returns: the model it sends, and the
+    secrets it keeps about that model (e.g. which rows it crafted), which the
+    Observation carries back to the same attack's `reconstruct` as
+    `obs.server_secrets`. Attacks keep no hidden state between the two calls."""
+
+    model: nn.Module
+    secrets: Any = None
+
+
+@dataclass
 class AttackContext:
     seed: int = 0
     device: torch.device = torch.device("cpu")
@@ -46,7 +57,8 @@ class Attack(ABC):
     """Base class. Subclasses set `name`, `Options`, the knowledge they need
     (`requires`), the knowledge they use when granted (`uses`), and implement
     `reconstruct`. Malicious-server attacks set `malicious = True` and
-    implement `prepare_model`, which runs before the client trains."""
+    implement `prepare_model`, which runs before the client trains and returns
+    the model sent plus the server's secrets (`PreparedModel`)."""
 
     name: ClassVar[str] = ""
     Options: ClassVar[type | None] = None
@@ -76,9 +88,10 @@ class Attack(ABC):
         return None
 
     def prepare_model(self, model: nn.Module, input_shape: tuple[int, ...], num_classes: int,
-                      ctx: AttackContext) -> nn.Module:
-        """Malicious attacks: return the model the server sends instead."""
-        return model
+                      ctx: AttackContext) -> PreparedModel:
+        """Malicious attacks: the model the server sends instead, with the secrets it
+        keeps for `reconstruct` (read there as `obs.server_secrets`)."""
+        return PreparedModel(model)
 
     @abstractmethod
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:

@@ -31,7 +31,7 @@ from ..fl import TrainingSpec
 from ..models import last_linear
 from ..options import check
 from ..threat import Observation, make_threat_model, observe
-from .base import Attack, AttackContext, Reconstruction
+from .base import Attack, AttackContext, PreparedModel, Reconstruction
 from .fc_analytic import FCAnalyticOptions, invert_first_layer
 from .ig import IGOptions, InvertingGradients
 
@@ -78,7 +78,7 @@ class ClassFishing(Attack):
         return super().unsupported(model, input_shape, num_classes, modality)
 
     def prepare_model(self, model: nn.Module, input_shape: tuple[int, ...], num_classes: int,
-                      ctx: AttackContext) -> nn.Module:
+                      ctx: AttackContext) -> PreparedModel:
         t = self.options.target_class
         if t >= num_classes:
             raise GradleakError(f"attack 'fishing': target_class {t} is not one of the {num_classes} classes")
@@ -92,7 +92,7 @@ class ClassFishing(Attack):
             head.weight[t] = keep
             head.bias.zero_()
             head.bias[t] = -self.options.fish_bias
-        return fished
+        return PreparedModel(fished)
 
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
         opt = self.options

@@ -23,7 +23,7 @@ from torch import nn
 from ..errors import GradleakError
 from ..options import check
 from ..threat import Observation
-from .base import Attack, AttackContext, Reconstruction
+from .base import Attack, AttackContext, PreparedModel, Reconstruction
 from .labels import recover_labels
 
 IMPRINT = "imprint"
@@ -84,7 +84,7 @@ class RobbingTheFed(Attack):
     malicious = True
 
     def prepare_model(self, model: nn.Module, input_shape: tuple[int, ...], num_classes: int,
-                      ctx: AttackContext) -> nn.Module:
+                      ctx: AttackContext) -> PreparedModel:
         opt = self.options
         d = math.prod(input_shape)
         gen = ctx.generator(101)
@@ -103,7 +103,7 @@ class RobbingTheFed(Attack):
         # bins sit in the [0.5/K, 1 − 0.5/K] quantiles; the lowest threshold is moved to −∞ in effect
         # so that every sample lands in some bin
         thresholds[0] = thresholds[0] - 1e3
-        return ImprintedModel(model, query, thresholds.float(), opt.readout, gen)
+        return PreparedModel(ImprintedModel(model, query, thresholds.float(), opt.readout, gen))
 
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
         opt = self.options

@@ -39,7 +39,7 @@ def inspect_attack(dataset: str, model: str, attack: str, batch_size: int = 16,
     spec = AttackRunSpec(dataset=dataset, model=model, attack=attack, seed=seed, threat="malicious")
     received = build_scenario_model(spec, data.input_shape, data.num_classes)
     received = attack_obj.prepare_model(received, data.input_shape, data.num_classes,
-                                        AttackContext(seed=seed))
+                                        AttackContext(seed=seed)).model
     honest = build_scenario_model(AttackRunSpec(dataset=dataset, model=model, attack=attack,
                                                 seed=seed + 1), data.input_shape, data.num_classes)
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))[:batch_size]

@@ -9,23 +9,14 @@ Secure aggregation is handled by the experiment, which adds other clients.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from ..fl.local import StepGradient
-from ..fl.training import TrainingSpec
+from ..fl.places import DefenseContext, NoDefense
 from ..fl.update import Update
-
-
-@dataclass
-class DefenseContext:
-    generator: torch.Generator
-    state: dict = field(default_factory=dict)  # per-client memory across rounds
-    training: TrainingSpec | None = None
-    model: nn.Module | None = None
 
 
 class Defense:
@@ -64,8 +55,9 @@ class Defense:
         return f"{self.name}({self.options})"
 
 
-class DefenseChain:
-    """Defenses in the order given on the command line."""
+class DefenseChain(NoDefense):
+    """Defenses in the order given on the command line, at the places of a client's
+    round (`gradleak.fl.places`)."""
 
     def __init__(self, defenses: list[Defense]):
         self.defenses = list(defenses)

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from .local import local_update, model_state, plain_gradient
+from .places import DefenseContext, NoDefense
 from .training import TrainingSpec
 from .update import Update
 
@@ -15,12 +16,11 @@ def compute_update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, training:
                    client_state: dict | None = None) -> Update:
     """What the client sends after training on (x, y).
 
-    `defenses` is a `gradleak.defenses.DefenseChain` (or None). `client_state`
-    persists across rounds for defenses with memory (DGC's residuals).
+    `defenses` is a `gradleak.defenses.DefenseChain` (or None): anything with the
+    hooks of `gradleak.fl.places.NoDefense`. `client_state` persists across rounds
+    for defenses with memory (DGC's residuals).
     """
-    from ..defenses import DefenseChain, DefenseContext
-
-    chain = defenses if defenses is not None else DefenseChain([])
+    chain = defenses if defenses is not None else NoDefense()
     ctx = DefenseContext(generator=generator or torch.Generator().manual_seed(0),
                          state=client_state if client_state is not None else {},
                          training=training, model=model)

@@ -16,6 +16,7 @@ from torch import nn
 from torch.func import functional_call
 
 from .training import TrainingSpec
+from .update import UpdateKind
 
 Tensors = dict[str, torch.Tensor]
 
@@ -61,7 +62,7 @@ def batchnorm_mode(model: nn.Module, mode: str) -> Iterator[None]:
 def local_update(model: nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor,
                  y: torch.Tensor, training: TrainingSpec, *, create_graph: bool = False,
                  step_gradient: StepGradient = plain_gradient,
-                 on_step: Callable[[int, Tensors], None] | None = None) -> tuple[str, Tensors]:
+                 on_step: Callable[[int, Tensors], None] | None = None) -> tuple[UpdateKind, Tensors]:
     """Run the client's local computation; return (kind, tensors).
 
     FedSGD returns the gradient; FedAvg returns `params_start - params_end`.

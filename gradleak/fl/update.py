@@ -9,6 +9,7 @@ import torch
 
 from ..errors import GradleakError
 
+UpdateKind = Literal["gradient", "delta"]
 
 @dataclass
 class Update:
@@ -20,7 +21,7 @@ class Update:
     """
 
     tensors: dict[str, torch.Tensor]
-    kind: Literal["gradient", "delta"]
+    kind: UpdateKind
     lr: float
     steps: int
     batch_size: int  # examples per local step

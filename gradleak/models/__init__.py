@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..registry import Registry
 from .base import ACTIVATIONS, ModelSpec, make_activation
+from .building import build
 
 MODELS: Registry = Registry("model", {
     "lenet": "gradleak.models.lenet:build_lenet",
@@ -21,9 +22,7 @@ __all__ = ["MODELS", "ModelSpec", "ACTIVATIONS", "make_activation", "build_model
 
 def build_model(spec: ModelSpec):
     """Build `spec.name` for the spec's input shape / classes with seeded init."""
-    from .building import build
-
-    return build(spec)
+    return build(spec, MODELS.get(spec.name))
 
 
 def last_linear(model):

@@ -15,11 +15,9 @@ from ..errors import GradleakError
 from .base import ACTIVATIONS, ModelSpec
 
 
-def build(spec: ModelSpec) -> nn.Module:
-    """Validate `spec`, build the model with seed `spec.seed`, return it float32 in train mode."""
-    from . import MODELS
-
-    builder = MODELS.get(spec.name)
+def build(spec: ModelSpec, builder) -> nn.Module:
+    """Validate `spec`, build the model with `builder` (the registered factory) and
+    seed `spec.seed`; return it float32 in train mode."""
     if spec.activation is not None and spec.activation not in ACTIVATIONS:
         raise GradleakError(
             f"unknown activation '{spec.activation}'; choose from: {', '.join(ACTIVATIONS)}"

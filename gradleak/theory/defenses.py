@@ -40,67 +40,12 @@ class LocalAggregation:
         check(self.lr > 0, f"local: lr must be > 0 (got {self.lr})")
 
 
-@dataclass
-class GradientNoise:
-    sigma: float = 0.1
-
-    def __post_init__(self):
-        check(self.sigma >= 0, f"noise: sigma must be ≥ 0 (got {self.sigma})")
-
-
-@dataclass
-class Clipping:
-    c: float = 1.0
-
-    def __post_init__(self):
-        check(self.c > 0, f"clip: c must be > 0 (got {self.c})")
-
-
-@dataclass
-class DPSGD:
-    c: float = 1.0
-    sigma: float = 0.1
-
-    def __post_init__(self):
-        check(self.c > 0, f"dpsgd: c must be > 0 (got {self.c})")
-        check(self.sigma >= 0, f"dpsgd: sigma must be ≥ 0 (got {self.sigma})")
-
-
-@dataclass
-class Dropout:
-    """Each hidden unit's gradient (a_j and w_j together) is dropped with probability p."""
-
-    p: float = 0.5
-    seed: int = 0
-
-    def __post_init__(self):
-        check(0 <= self.p < 1, f"dropout: p must be in [0, 1) (got {self.p})")
-
-
-@dataclass
-class Pruning:
-    """Magnitude pruning: the fraction p of coordinates with the smallest |G_k| is removed."""
-
-    p: float = 0.5
-
-    def __post_init__(self):
-        check(0 <= self.p < 1, f"prune: p must be in [0, 1) (got {self.p})")
-
-
-@dataclass
-class SecureAggregation:
-    """The server sees only Σ_k G_k over `clients` clients that split the batch."""
-
-    clients: int = 2
-
-    def __post_init__(self):
-        check(self.clients >= 1, f"secagg: clients must be ≥ 1 (got {self.clients})")
-
-
-DEFENSE_OPTIONS: dict[str, type] = {
-    "none": NoDefense, "local": LocalAggregation, "noise": GradientNoise, "clip": Clipping,
-    "dpsgd": DPSGD, "dropout": Dropout, "prune": Pruning, "secagg": SecureAggregation,
-}
+# The defenses of `gradleak.defenses` that the two-layer analysis covers, under the same
+# names, options and defaults (one vocabulary for attacks, utility and theory), plus `local`,
+# which is local training (the CLI's --local-steps/--lr), not a defense of the update.
+COVERED = ("noise", "clip", "dpsgd", "dropout", "prune", "secagg")
+DEFENSE_OPTIONS: dict[str, type | None] = {"none": NoDefense, "local": LocalAggregation,
+                                           **{name: None for name in COVERED}}
 
 
 @dataclass(frozen=True)
@@ -115,10 +60,23 @@ class TheoryDefense:
 
 
 def parse_defense(text: str) -> TheoryDefense:
+    """`name:k=v` with the options of the same defense in `gradleak.defenses`."""
     spec = parse_spec(text, "defense")
     if spec.name not in DEFENSE_OPTIONS:
-        raise GradleakError(f"unknown theory defense '{spec.name}'; choose from {', '.join(DEFENSE_OPTIONS)}")
-    return TheoryDefense(spec.name, build_options(DEFENSE_OPTIONS[spec.name], spec.options, f"defense '{spec.name}'"))
+        raise GradleakError(f"the two-layer analysis covers the defenses {', '.join(DEFENSE_OPTIONS)}; "
+                            f"got '{spec.name}'")
+    if spec.name in ("none", "local"):
+        return TheoryDefense(spec.name, build_options(DEFENSE_OPTIONS[spec.name], spec.options,
+                                                      f"defense '{spec.name}'"))
+    from ..defenses import make_defense
+
+    options = make_defense(spec).options
+    if spec.name == "noise" and options.snr_db is not None:
+        raise GradleakError("defense 'noise': the two-layer analysis takes an absolute sigma, not snr_db")
+    if spec.name == "dropout" and options.place != "model":
+        raise GradleakError("defense 'dropout': the two-layer analysis drops hidden units, i.e. "
+                            "dropout:place=model (place=update drops single update entries)")
+    return TheoryDefense(spec.name, options)
 
 
 @dataclass
@@ -158,14 +116,26 @@ def defended_gradient(net: TwoLayerNet, x: torch.Tensor, y: torch.Tensor,
             # With the summed loss Σ_k (B_k/B)·(B/B_k)·G_k = Σ_k G_k: one batch of size B.
             return sum(gradient_at(net.a, net.W, x_[idx], y[idx], act) for idx in parts if len(idx))
         return result(aggregated)
-    if defense.name in ("clip", "dpsgd"):
+    if defense.name == "clip":
         norm = float(plain(x).norm())
 
         def clipped(x_: torch.Tensor) -> torch.Tensor:
             g = plain(x_)
-            return g * torch.clamp(opts.c / g.norm(), max=1.0)
-        return result(clipped, noise=getattr(opts, "sigma", 0.0), grad_norm=norm,
-                      clip_factor=max(1.0, norm / opts.c))
+            return g * torch.clamp(opts.bound / g.norm(), max=1.0)
+        return result(clipped, grad_norm=norm, clip_factor=max(1.0, norm / opts.bound))
+    if defense.name == "dpsgd":
+        # As gradleak.defenses.dpsgd and Opacus: every example's gradient clipped to `clip`,
+        # averaged, plus N(0, (sigma·clip/B)²) on every coordinate of the average.
+        batch = x.shape[0]
+
+        def per_example_clipped(x_: torch.Tensor) -> torch.Tensor:
+            grads = [gradient_at(net.a, net.W, x_[i:i + 1], y[i:i + 1], act) for i in range(batch)]
+            return sum(g * torch.clamp(opts.clip / g.norm(), max=1.0) for g in grads) / batch
+        norms = [float(gradient_at(net.a, net.W, x[i:i + 1], y[i:i + 1], act).norm()) for i in range(batch)]
+        # Every example is scaled by its own factor; the least-clipped one bounds the error
+        # from below, so the closed form uses the smallest factor.
+        return result(per_example_clipped, noise=opts.sigma * opts.clip / batch, grad_norm=max(norms),
+                      clip_factor=max(1.0, min(norms) / opts.clip))
     if defense.name == "local":
         eta_a, eta_W = opts.lr / m, opts.lr * m
         K = opts.steps
@@ -184,7 +154,7 @@ def defended_gradient(net: TwoLayerNet, x: torch.Tensor, y: torch.Tensor,
                 W = W - eta_W * g[m:].reshape(W.shape)
             return total  # (Θ⁰ − Θᴷ)/η, block by block
         return result(accumulated, steps=K)
-    if defense.name == "dropout":
+    if defense.name == "dropout":  # place=model: hidden units dropped, effective width (1 − p)m
         gen = torch.Generator().manual_seed(opts.seed)
         kept = (torch.rand(m, generator=gen) >= opts.p).nonzero().flatten()
         if len(kept) == 0:
@@ -194,8 +164,13 @@ def defended_gradient(net: TwoLayerNet, x: torch.Tensor, y: torch.Tensor,
                       width=float(len(kept)), coordinates=coords)
     if defense.name == "prune":
         g = plain(x).detach()
-        keep = g.numel() - int(round(opts.p * g.numel()))
-        coords = torch.sort(torch.topk(g.abs(), max(keep, 1)).indices).values
+        # scope=layer prunes the a- and W-blocks separately, scope=global the whole vector
+        blocks = [(0, m), (m, g.numel())] if opts.scope == "layer" else [(0, g.numel())]
+        kept = []
+        for lo, hi in blocks:
+            keep = (hi - lo) - int(round(opts.ratio * (hi - lo)))
+            kept.append(lo + torch.topk(g[lo:hi].abs(), max(keep, 1)).indices)
+        coords = torch.sort(torch.cat(kept)).values
         a_mask = coords < m
         return result(lambda x_: plain(x_)[coords], neurons=coords[a_mask],
                       positions=a_mask.nonzero().flatten(), coordinates=coords,

@@ -83,11 +83,11 @@ def sweep_cells(quick: bool) -> list[Cell]:
         cells += [Cell("d", d, 8000, 2, "none", noise, s) for d in ds]
         cells += [Cell("B", 16, 4000, B, "none", noise, s) for B in ((1, 2, 4) if quick else (1, 2, 3, 4))]
         cells += [Cell("noise", 8, 4000, 2, f"noise:sigma={v}", noise, s) for v in (1.0, 10.0, 30.0)]
-        cells += [Cell("dropout", 8, 4000, 2, f"dropout:p={p},seed={s}", noise, s) for p in (0.5, 0.75, 0.9)]
-        cells += [Cell("prune", 8, 4000, 2, f"prune:p={p}", noise, s) for p in (0.5, 0.85, 0.95, 0.99)]
+        cells += [Cell("dropout", 8, 4000, 2, f"dropout:p={p},place=model,seed={s}", noise, s) for p in (0.5, 0.75, 0.9)]
+        cells += [Cell("prune", 8, 4000, 2, f"prune:ratio={p},scope=global", noise, s) for p in (0.5, 0.85, 0.95, 0.99)]
         if not quick:
-            cells += [Cell("clip", 8, 4000, 2, f"clip:c={c}", noise, s) for c in (100.0, 10.0)]
-            cells += [Cell("dpsgd", 8, 4000, 2, f"dpsgd:c={c},sigma=0.3", noise, s) for c in (100.0, 10.0)]
+            cells += [Cell("clip", 8, 4000, 2, f"clip:bound={c}", noise, s) for c in (100.0, 10.0)]
+            cells += [Cell("dpsgd", 8, 4000, 2, f"dpsgd:clip={c},sigma=0.3", noise, s) for c in (100.0, 10.0)]
             cells += [Cell("local", 8, 4000, 2, f"local:steps={k}", noise, s) for k in (2, 3)]
             cells += [Cell("secagg", 8, 4000, 2, "secagg:clients=2", noise, s)]
     return cells
@@ -155,7 +155,7 @@ def lipschitz_lower_bound_checks(activation: str = "tanh", quick: bool = False) 
     d_prune, m_prune = 16, 1000
     base = bound(d_prune, m_prune)
     ratios = (0.5, 0.8, 0.9, 0.93, 0.95, 0.97, 0.99)
-    prune = {p: bound(d_prune, m_prune, f"prune:p={p}") / base for p in ratios}
+    prune = {p: bound(d_prune, m_prune, f"prune:ratio={p},scope=global") / base for p in ratios}
     return {"activation": activation, "lower_vs_m": loglog_slope(list(ms), by_m),
             "lower_vs_d": loglog_slope(list(ds), by_d),
             "prune_threshold": d_prune / (d_prune + 1), "prune_d": d_prune, "prune_m": m_prune,
@@ -177,7 +177,7 @@ def _x_value(row: dict, key: str) -> float:
     if key in row:
         return float(row[key])
     spec = parse_defense(row["defense"]).options
-    return float(spec.sigma if key == "noise_sigma" else spec.p)
+    return float(spec.sigma if key == "noise_sigma" else spec.ratio if key == "prune_p" else spec.p)
 
 
 def plot(table: list[dict], slopes: dict, c_upper: float, path: Path) -> None:

@@ -1,44 +1,19 @@
-"""Sweeps: a YAML grid of scenarios, expanded into cells, run in parallel, stored.
-
-Spec (every key optional except `grids`):
-
-    name: demo
-    defaults: {lr: 0.1, lpips: alex}        # any AttackRunSpec field, for every cell
-    grids:                                   # each grid is a cartesian product
-      - datasets: [mnist]
-        models: [lenet]
-        batch_sizes: [1, 4]
-        local_steps: [1]
-        seeds: [0]
-        defenses:                            # none | "name:k=v" | [chain...] | {name, options}
-          - none
-          - {name: noise, options: {sigma: [0.001, 0.01]}}   # lists expand: one cell each
-        attacks:
-          - ig:iterations=300
-          - {name: dlg, options: {iterations: [100, 300]}}
-          - {name: rtf, threat: malicious}     # per-attack threat / knows
-    utility:                                 # optional: one FedAvg utility run per
-      options: {rounds: 15}                  # (dataset, model, defenses) of the grids, plus
-      seeds: [0]                             # the undefended baseline (UtilitySpec fields)
-
-Every cell is an `AttackRunSpec` (or a utility spec), keyed by a hash of its
-full spec; see gradleak.store.
-"""
+"""Sweep files: the YAML grid parsed into cells, each keyed by a hash of its full spec."""
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import itertools
 import json
-import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from .errors import GradleakError
-from .experiment import AttackRunSpec, jsonable
-from .options import parse_spec
+from ..errors import GradleakError
+from ..experiment import AttackRunSpec
+from ..options import parse_spec
+from .cells import utility_spec_type
+from .labels import is_dataset_path, attack_labels, dataset_label, defense_label, strength_label
+
 
 CELL_VERSION = 2  # bump when a cell's result would change for the same spec
 
@@ -81,8 +56,6 @@ def cell_key(kind: str, spec: dict) -> str:
     text = json.dumps({"kind": kind, "spec": spec, "version": CELL_VERSION}, sort_keys=True, default=list)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
-
-# --------------------------------------------------------------------------- parsing
 
 def load_sweep(path: str | Path) -> Sweep:
     path = Path(path)
@@ -191,7 +164,7 @@ class _SweepParser:
                 self.fail(where, f"must be a {fieldname} name, got {value!r}")
             if fieldname == "model" and _is_user_model(value):
                 return
-            if fieldname == "dataset" and _dataset_path(value):
+            if fieldname == "dataset" and is_dataset_path(value):
                 return
             registry = _registry(fieldname)
             name = parse_spec(value, fieldname).name
@@ -240,10 +213,10 @@ class _SweepParser:
     def validate_component(self, text: str, where: str, kind: str) -> None:
         try:
             if kind == "attack":
-                from .attacks import make_attack
+                from ..attacks import make_attack
                 make_attack(text)
             else:
-                from .defenses import make_defense
+                from ..defenses import make_defense
                 make_defense(text)
         except GradleakError as exc:
             self.fail(where, str(exc))
@@ -318,22 +291,16 @@ class _SweepParser:
 
 
 def _is_user_model(text: str) -> bool:
-    from .models.user import is_user_model_ref
+    from ..models.user import is_user_model_ref
 
     return is_user_model_ref(text)
 
 
-def _dataset_path(text: str) -> bool:
-    from .experiment import dataset_path_form
-
-    return dataset_path_form(text) is not None
-
-
 def _registry(kind: str):
     if kind == "dataset":
-        from .data import DATASETS
+        from ..data import DATASETS
         return DATASETS
-    from .models import MODELS
+    from ..models import MODELS
     return MODELS
 
 
@@ -348,193 +315,3 @@ def _fmt(value) -> str:
 def _canonical(value):
     """JSON-shaped copy (tuples → lists) so the hash is stable across processes."""
     return json.loads(json.dumps(value, default=list))
-
-
-def defense_label(defenses) -> str:
-    return "+".join(parse_spec(d, "defense").name for d in defenses) or "none"
-
-
-def strength_label(defenses) -> str:
-    parts = []
-    for d in defenses:
-        spec = parse_spec(d, "defense")
-        parts += [f"{k}={v}" for k, v in spec.options.items()]
-    return ",".join(parts) or "default" if defenses else ""
-
-
-def dataset_label(text: str) -> str:
-    """A dataset's name for tables: the registry name, or the path as given."""
-    return text.strip() if _dataset_path(text) else parse_spec(text, "dataset").name
-
-
-def attack_labels(spec: AttackRunSpec) -> dict:
-    from .threat import make_threat_model
-
-    attack = parse_spec(spec.attack, "attack")
-    return {"threat": make_threat_model(spec.threat, spec.knows).name,
-            "dataset": dataset_label(spec.dataset), "model": spec.model,
-            "batch_size": spec.batch_size, "local_steps": spec.local_steps, "seed": spec.seed,
-            "defense": defense_label(spec.defenses), "strength": strength_label(spec.defenses),
-            "defenses": list(spec.defenses), "attack": attack.name, "attack_spec": str(attack),
-            "init": attack.options.get("init")}
-
-
-# --------------------------------------------------------------------------- utility hook
-
-def utility_spec_type():
-    """The utility module's spec dataclass (the annotation of `run_utility`'s
-    argument), or None when gradleak.utility is not available."""
-    import typing
-
-    try:
-        from . import utility
-    except ImportError:
-        return None
-    run = getattr(utility, "run_utility", None)
-    if run is None:
-        return None
-    hints = typing.get_type_hints(run)
-    params = [p for p in hints if p != "return"]
-    spec_type = hints.get(params[0]) if params else None
-    return spec_type if dataclasses.is_dataclass(spec_type) else None
-
-
-# --------------------------------------------------------------------------- one cell
-
-def execute_cell(kind: str, spec: dict, progress: Callable[[int, int, float], None] | None = None) -> dict:
-    """Run one cell and return a picklable, JSON-shaped result (PNG bytes included).
-    Deterministic given the spec."""
-    cpu_start = time.process_time()
-    result = _execute_utility(spec) if kind == "utility" else _execute_attack(spec, progress)
-    result["cpu_seconds"] = time.process_time() - cpu_start
-    return result
-
-
-def _execute_attack(spec: dict, progress) -> dict:
-    from .experiment import result_record, run_attack
-
-    fields = dict(spec)
-    fields["defenses"] = tuple(fields["defenses"])
-    fields["knows"] = tuple(fields["knows"])
-    return result_record(run_attack(AttackRunSpec(**fields), progress))
-
-
-def _execute_utility(spec: dict) -> dict:
-    from . import utility
-
-    spec_type = utility_spec_type()
-    fields = {}
-    for f in dataclasses.fields(spec_type):
-        if f.name in spec:
-            value = spec[f.name]
-            fields[f.name] = tuple(value) if isinstance(value, list) else value
-    start = time.perf_counter()
-    result = utility.run_utility(spec_type(**fields))
-    seconds = time.perf_counter() - start
-    if hasattr(result, "to_json"):
-        data = result.to_json()
-    elif dataclasses.is_dataclass(result):
-        data = dataclasses.asdict(result)
-    else:
-        data = dict(result)
-    data = jsonable(data)
-    # Results only: timing and echoed settings (rounds, δ) would break "same spec → same metrics".
-    not_metrics = {"seconds", "rounds", "delta"}
-    metrics = {k: v for k, v in data.items()
-               if k not in not_metrics and (v is None or isinstance(v, (int, float))) and not isinstance(v, bool)}
-    if isinstance(data.get("metrics"), dict):
-        metrics.update({k: v for k, v in data["metrics"].items() if isinstance(v, (int, float, type(None)))})
-    extras = {k: v for k, v in data.items() if k not in metrics and k not in not_metrics and k != "spec"}
-    return {"metrics": metrics, "extras": extras,
-            "seconds": seconds, "grid_png": None, "images": []}
-
-
-# --------------------------------------------------------------------------- running
-
-def store_result(store, sweep_name: str, cell: Cell, result: dict) -> bool:
-    return store_result_record(store, sweep_name, cell.kind, cell.spec, cell.labels, result, cell.key)
-
-
-def store_result_record(store, sweep_name: str, kind: str, spec: dict, labels: dict, result: dict,
-                        key: str | None = None) -> bool:
-    """Write one result (as `experiment.result_record` shapes it) as a store row."""
-    from .store import CellRecord, ImageRecord
-
-    record = CellRecord(key or cell_key(kind, spec), kind, sweep_name, spec, labels, result["metrics"],
-                        result["extras"], result["seconds"], result["grid_png"], result.get("cpu_seconds"))
-    images = [ImageRecord(im["idx"], im["metrics"], im["original"], im["reconstruction"])
-              for im in result["images"]]
-    return store.add_cell(record, images)
-
-
-def store_failure(store, sweep_name: str, cell: Cell, error: str) -> bool:
-    """Record a cell that raised, as kind 'failed' with its one-line error; the next run of
-    the sweep tries it again and replaces the row when it succeeds."""
-    from .store import CellRecord
-
-    labels = dict(cell.labels, cell_kind=cell.kind)
-    return store.add_cell(CellRecord(cell.key, "failed", sweep_name, cell.spec, labels, {}, {"error": error}, 0.0))
-
-
-def cell_title(cell: Cell) -> str:
-    """A cell in a few words, for messages: what ran, under which defenses, at which batch size."""
-    labels = cell.labels
-    what = labels.get("attack_spec") or cell.kind
-    defenses = ", ".join(labels.get("defenses") or []) or "no defense"
-    batch = f", batch {labels['batch_size']}" if labels.get("batch_size") is not None else ""
-    return f"{what}, {defenses}{batch}"
-
-
-def default_workers() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-
-
-def estimated_cost(cell: Cell) -> float:
-    """Rough relative run time of a cell, used only to start the longest cells
-    first so parallel workers finish together (longest-processing-time order)."""
-    spec = cell.spec
-    if cell.kind == "utility":
-        return 1.5 * spec["rounds"] * spec["per_round"] * (spec.get("local_steps") or 10)
-    from .attacks import make_attack
-
-    attack = make_attack(spec["attack"])
-    options = attack.options
-    iterations = getattr(options, "iterations", 1) * getattr(options, "restarts", 1)
-    # An L-BFGS iteration evaluates the objective up to ~20 times (DLG always uses it).
-    if getattr(options, "optimizer", "lbfgs" if attack.name == "dlg" else "adam") == "lbfgs":
-        iterations *= 20
-    steps = spec.get("local_steps") or 1
-    return iterations * steps * (1 + spec["batch_size"] / 4)
-
-
-def run_sweep(sweep: Sweep, store, workers: int | None = None, executor: str = "local",
-              address: str | None = None, show_progress: bool = True) -> dict:
-    """Run every cell of `sweep` not yet in `store`; the driver writes each result
-    as it arrives. Returns counts and timing."""
-    from .executors import CellFailure, make_executor, sweep_progress
-
-    done = store.finished_keys()
-    todo = [c for c in sweep.cells if c.key not in done]
-    if workers is not None and workers < 1:
-        raise GradleakError(f"--workers must be >= 1, got {workers}")
-    workers = workers or default_workers()
-    if workers > 1:
-        todo.sort(key=estimated_cost, reverse=True)
-    start = time.perf_counter()
-    written, cpu_seconds = 0, 0.0
-    failed: list[dict] = []
-    with sweep_progress(len(sweep.cells), len(sweep.cells) - len(todo), enabled=show_progress) as bars:
-        runner = make_executor(executor, workers, address)
-        for cell, result in runner.run(todo, bars):
-            if isinstance(result, CellFailure):
-                store_failure(store, sweep.name, cell, result.error)
-                failed.append({"key": cell.key, "cell": cell_title(cell), "error": result.error})
-            else:
-                written += store_result(store, sweep.name, cell, result)
-                cpu_seconds += result.get("cpu_seconds") or 0.0
-            bars.cell_done(cell)
-    seconds = time.perf_counter() - start
-    return {"sweep": sweep.name, "cells": len(sweep.cells), "skipped": len(sweep.cells) - len(todo),
-            "ran": written, "failed": failed, "seconds": round(seconds, 3), "cpu_seconds": round(cpu_seconds, 3),
-            "workers": workers, "executor": executor,
-            "cells_per_minute": round(60 * written / seconds, 3) if written and seconds > 0 else None}

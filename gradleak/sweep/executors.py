@@ -1,0 +1,117 @@
+"""Where sweep cells run: in this process or in local worker processes (Ray:
+gradleak.sweep.ray_executor). Executors only compute; the driver
+(gradleak.sweep.run.run_sweep) writes every result to the store, so a store has
+exactly one writer.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+
+from ..errors import GradleakError
+from .cells import execute_cell
+from .progress import SweepBars
+
+_THROTTLE_SECONDS = 0.2
+
+
+@dataclass(frozen=True)
+class CellFailure:
+    """A cell that raised: the sweep records it (one line) and goes on with the others."""
+    error: str
+
+    @classmethod
+    def of(cls, exc: BaseException) -> "CellFailure":
+        detail = str(exc) if isinstance(exc, GradleakError) else f"{type(exc).__name__}: {exc}"
+        return cls(" ".join(detail.split()) or type(exc).__name__)
+
+
+def single_thread() -> None:
+    # Cells run side by side on few cores; one thread each also makes results
+    # independent of the executor (same thread count → same floating point).
+    import torch
+
+    torch.set_num_threads(1)
+
+
+class InProcessExecutor:
+    def run(self, cells, bars: SweepBars):
+        single_thread()
+        for cell in cells:
+            try:
+                result = execute_cell(cell.kind, cell.spec, lambda i, t, d, c=cell: bars.attack(c, i, t, d))
+            except Exception as exc:
+                result = CellFailure.of(exc)
+            yield cell, result
+
+
+# --- local worker processes
+
+_progress_queue = None
+
+
+def _init_worker(queue) -> None:
+    global _progress_queue
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    single_thread()
+    _progress_queue = queue
+
+
+def _worker_cell(key: str, kind: str, spec: dict) -> dict:
+    last = [0.0]
+
+    def report(iteration: int, total: int, distance: float) -> None:
+        now = time.monotonic()
+        if _progress_queue is not None and (now - last[0] >= _THROTTLE_SECONDS or iteration >= total):
+            last[0] = now
+            _progress_queue.put((key, iteration, total, float(distance)))
+
+    return execute_cell(kind, spec, report)
+
+
+class ProcessExecutor:
+    def __init__(self, workers: int):
+        self.workers = workers
+
+    def run(self, cells, bars: SweepBars):
+        if not cells:
+            return
+        method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+        ctx = multiprocessing.get_context(method)
+        if method == "forkserver":
+            # Workers fork from a server that already imported torch and the pipeline.
+            ctx.set_forkserver_preload(["torch", "gradleak.experiment", "gradleak.sweep.cells"])
+        queue = ctx.Queue()
+        by_key = {c.key: c for c in cells}
+        pool = ProcessPoolExecutor(max_workers=min(self.workers, len(cells)), mp_context=ctx,
+                                   initializer=_init_worker, initargs=(queue,))
+        try:
+            pending = {pool.submit(_worker_cell, c.key, c.kind, c.spec): c for c in cells}
+            while pending:
+                finished, _ = wait(pending, timeout=_THROTTLE_SECONDS, return_when=FIRST_COMPLETED)
+                self._drain(queue, by_key, bars)
+                for future in finished:
+                    cell = pending.pop(future)
+                    try:
+                        result = future.result()
+                    except Exception as exc:
+                        result = CellFailure.of(exc)
+                    yield cell, result
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            queue.close()
+
+    @staticmethod
+    def _drain(queue, by_key, bars: SweepBars) -> None:
+        import queue as queue_module
+
+        while True:
+            try:
+                key, iteration, total, distance = queue.get_nowait()
+            except (queue_module.Empty, OSError, EOFError):
+                return
+            if key in by_key:
+                bars.attack(by_key[key], iteration, total, distance)

@@ -1,0 +1,108 @@
+"""Running a sweep: the driver hands the unfinished cells to an executor and
+writes every result (or failure) to the store as it arrives."""
+from __future__ import annotations
+
+import os
+import time
+
+from ..errors import GradleakError
+from .executors import CellFailure, InProcessExecutor, ProcessExecutor
+from .progress import sweep_progress
+from .spec import Cell, Sweep, cell_key
+
+
+def make_executor(name: str, workers: int, address: str | None = None):
+    if name == "local":
+        return InProcessExecutor() if workers == 1 else ProcessExecutor(workers)
+    if name == "ray":
+        from .ray_executor import RayExecutor  # lazy: Ray is imported only when asked for
+
+        return RayExecutor(address, workers)
+    raise GradleakError(f"--executor must be local or ray, got '{name}'")
+
+
+def store_result(store, sweep_name: str, cell: Cell, result: dict) -> bool:
+    return store_result_record(store, sweep_name, cell.kind, cell.spec, cell.labels, result, cell.key)
+
+
+def store_result_record(store, sweep_name: str, kind: str, spec: dict, labels: dict, result: dict,
+                        key: str | None = None) -> bool:
+    """Write one result (as `experiment.result_record` shapes it) as a store row."""
+    from ..store import CellRecord, ImageRecord
+
+    record = CellRecord(key or cell_key(kind, spec), kind, sweep_name, spec, labels, result["metrics"],
+                        result["extras"], result["seconds"], result["grid_png"], result.get("cpu_seconds"))
+    images = [ImageRecord(im["idx"], im["metrics"], im["original"], im["reconstruction"])
+              for im in result["images"]]
+    return store.add_cell(record, images)
+
+
+def store_failure(store, sweep_name: str, cell: Cell, error: str) -> bool:
+    """Record a cell that raised, as kind 'failed' with its one-line error; the next run of
+    the sweep tries it again and replaces the row when it succeeds."""
+    from ..store import CellRecord
+
+    labels = dict(cell.labels, cell_kind=cell.kind)
+    return store.add_cell(CellRecord(cell.key, "failed", sweep_name, cell.spec, labels, {}, {"error": error}, 0.0))
+
+
+def cell_title(cell: Cell) -> str:
+    """A cell in a few words, for messages: what ran, under which defenses, at which batch size."""
+    labels = cell.labels
+    what = labels.get("attack_spec") or cell.kind
+    defenses = ", ".join(labels.get("defenses") or []) or "no defense"
+    batch = f", batch {labels['batch_size']}" if labels.get("batch_size") is not None else ""
+    return f"{what}, {defenses}{batch}"
+
+
+def default_workers() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def estimated_cost(cell: Cell) -> float:
+    """Rough relative run time of a cell, used only to start the longest cells
+    first so parallel workers finish together (longest-processing-time order)."""
+    spec = cell.spec
+    if cell.kind == "utility":
+        return 1.5 * spec["rounds"] * spec["per_round"] * (spec.get("local_steps") or 10)
+    from ..attacks import make_attack
+
+    attack = make_attack(spec["attack"])
+    options = attack.options
+    iterations = getattr(options, "iterations", 1) * getattr(options, "restarts", 1)
+    # An L-BFGS iteration evaluates the objective up to ~20 times (DLG always uses it).
+    if getattr(options, "optimizer", "lbfgs" if attack.name == "dlg" else "adam") == "lbfgs":
+        iterations *= 20
+    steps = spec.get("local_steps") or 1
+    return iterations * steps * (1 + spec["batch_size"] / 4)
+
+
+def run_sweep(sweep: Sweep, store, workers: int | None = None, executor: str = "local",
+              address: str | None = None, show_progress: bool = True) -> dict:
+    """Run every cell of `sweep` not yet in `store`; the driver writes each result
+    as it arrives. Returns counts and timing."""
+    done = store.finished_keys()
+    todo = [c for c in sweep.cells if c.key not in done]
+    if workers is not None and workers < 1:
+        raise GradleakError(f"--workers must be >= 1, got {workers}")
+    workers = workers or default_workers()
+    if workers > 1:
+        todo.sort(key=estimated_cost, reverse=True)
+    start = time.perf_counter()
+    written, cpu_seconds = 0, 0.0
+    failed: list[dict] = []
+    with sweep_progress(len(sweep.cells), len(sweep.cells) - len(todo), enabled=show_progress) as bars:
+        runner = make_executor(executor, workers, address)
+        for cell, result in runner.run(todo, bars):
+            if isinstance(result, CellFailure):
+                store_failure(store, sweep.name, cell, result.error)
+                failed.append({"key": cell.key, "cell": cell_title(cell), "error": result.error})
+            else:
+                written += store_result(store, sweep.name, cell, result)
+                cpu_seconds += result.get("cpu_seconds") or 0.0
+            bars.cell_done(cell)
+    seconds = time.perf_counter() - start
+    return {"sweep": sweep.name, "cells": len(sweep.cells), "skipped": len(sweep.cells) - len(todo),
+            "ran": written, "failed": failed, "seconds": round(seconds, 3), "cpu_seconds": round(cpu_seconds, 3),
+            "workers": workers, "executor": executor,
+            "cells_per_minute": round(60 * written / seconds, 3) if written and seconds > 0 else None}

@@ -1,0 +1,156 @@
+"""The package layout follows the data flow: data + models → fl → defenses →
+Observation (threat) → attacks → metrics → experiment → store → sweep → analysis
+→ report → api → integrations and the command line. Every import, including
+those inside functions, must point down this order, and no modules may import
+each other in a circle."""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "gradleak"
+
+# Rank of each top-level module or sub-package of gradleak: an import may only go to an
+# equal or lower rank, and equal ranks only within one package.
+RANKS: dict[str, int] = {
+    "errors": 0,
+    "options": 1, "registry": 1, "seeding": 1, "progress": 1, "viz": 1,
+    "data": 2, "analytic": 2, "postprocess": 2,
+    "models": 3,
+    "fl": 4,
+    "defenses": 5,
+    "threat": 6,
+    "attacks": 7,
+    "metrics": 8,
+    "experiment": 9, "inspect": 9, "theory": 9,
+    "batch_attack": 10, "utility": 10,
+    "store": 11,
+    "sweep": 12,
+    "analysis": 13,
+    "report": 14,
+    "api": 15,
+    "flower": 16,
+    "commands": 17, "cli": 18, "__main__": 19, "__init__": 19,
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every gradleak module `name` imports, at module level or inside functions."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            candidates = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                stem = ".".join(base + ([node.module] if node.module else []))
+            else:
+                stem = node.module or ""
+            candidates = [f"{stem}.{alias.name}" for alias in node.names] + [stem]
+        else:
+            continue
+        for candidate in candidates:
+            while candidate and candidate not in modules:
+                candidate = candidate.rpartition(".")[0]
+            if candidate.startswith("gradleak") and candidate != name:
+                targets.add(candidate)
+    return targets
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    # `from .x import y` also names the package x's __init__; an import of a sub-module
+    # is enough, so drop the package when one of its sub-modules is imported too.
+    for name, targets in graph.items():
+        graph[name] = {t for t in targets if not any(o.startswith(t + ".") for o in targets)} or targets
+    return graph
+
+
+def _top(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_every_package_has_a_place_in_the_flow():
+    missing = sorted({_top(m) for m in _modules()} - set(RANKS))
+    assert not missing, f"give these a rank in RANKS (where they sit in the data flow): {missing}"
+
+
+def test_no_import_runs_back_up_the_flow():
+    upward = []
+    for name, targets in _graph().items():
+        for target in targets:
+            a, b = _top(name), _top(target)
+            if a != b and (RANKS[b] > RANKS[a] or (RANKS[b] == RANKS[a])):
+                upward.append(f"{name} -> {target}")
+    assert not upward, "imports against the flow:\n" + "\n".join(sorted(upward))
+
+
+def test_no_import_circle():
+    graph = _graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not circles, f"import circles: {circles}"
+
+
+def test_the_checks_catch_a_circle_and_an_upward_arrow(tmp_path, monkeypatch):
+    fake = tmp_path / "gradleak"
+    (fake / "fl").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "fl" / "__init__.py").write_text("from ..defenses import x\n")
+    (fake / "defenses.py").write_text("from .fl import y\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    graph = _graph()
+    assert "gradleak.defenses" in graph["gradleak.fl"] and "gradleak.fl" in graph["gradleak.defenses"]
+    try:
+        test_no_import_runs_back_up_the_flow()
+    except AssertionError as exc:
+        assert "gradleak.fl -> gradleak.defenses" in str(exc)
+    else:
+        raise AssertionError("an upward import went unnoticed")
+    try:
+        test_no_import_circle()
+    except AssertionError as exc:
+        assert "import circles" in str(exc)
+    else:
+        raise AssertionError("an import circle went unnoticed")
