@@ -27,7 +27,8 @@ def run(quick: bool) -> dict:
     images = 2 if quick else 8
     out: dict = {"attack": _attack_name(), "images": images}
     out["noise"] = {f"sigma={s}": _asr([f"noise:sigma={s}"], images=images) for s in ("1e-4", "1e-2")}
-    out["dgc"] = {f"theta={t}": _asr([f"dgc:theta={t}"], images=images) for t in ((20, 40) if quick else (10, 20, 40, 80))}
+    thetas = (20, 40) if quick else (10, 20, 40, 80)
+    out["dgc"] = {f"theta={t}": _asr([f"dgc:theta={t}"], images=images) for t in thetas}
     steps = (1, 10) if quick else (1, 3, 5, 10)
     out["local_iterations"] = {f"steps={t}": _asr(local_steps=t, images=images) for t in steps}
     asrs = [v["asr"] for v in out["local_iterations"].values()]
@@ -36,7 +37,8 @@ def run(quick: bool) -> dict:
     start = time.perf_counter()
     base = run_utility(UtilitySpec(rounds=5 if quick else 20))
     out["utility_no_defense"] = {"rounds": base.spec.rounds, "test_accuracy": base.test_accuracy,
-                                 "train_loss": round(base.train_loss, 4), "seconds": round(time.perf_counter() - start, 1)}
+                                 "train_loss": round(base.train_loss, 4),
+                                 "seconds": round(time.perf_counter() - start, 1)}
     out["equal_utility"] = _equal_utility(quick, base.train_loss)
     return out
 

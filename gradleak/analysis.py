@@ -10,8 +10,8 @@ larger best-attack error).
 """
 from __future__ import annotations
 
-from collections import defaultdict
 import math
+from collections import defaultdict
 from statistics import mean, stdev
 
 from .store import CellRecord
@@ -43,6 +43,10 @@ def cell_under_budget(cell: CellRecord) -> bool | None:
 # (reconstructions that share little structure with the originals).
 HOLDS_SSIM = 0.3
 HOLDS_MIN_SEEDS = 2
+
+# An undefended utility model whose accuracy is within this of chance (1/classes) did not
+# train: every defense then "costs" nothing, which says nothing about the defense.
+NEAR_CHANCE = 0.1
 
 
 def _avg(values):
@@ -101,7 +105,8 @@ def utility_table(cells: list[CellRecord]) -> dict[tuple, dict]:
     table = {}
     for key, members in groups.items():
         names = {k for m in members for k, v in m.metrics.items() if isinstance(v, (int, float))}
-        table[key] = {"seeds": len(members), "trained_model": members[0].labels.get("trained_model")}
+        table[key] = {"seeds": len(members), "trained_model": members[0].labels.get("trained_model"),
+                      "dataset_spec": members[0].spec.get("dataset") if isinstance(members[0].spec, dict) else None}
         for n in names:
             table[key][n], table[key][f"{n}_ci"] = interval95([m.metrics.get(n) for m in members])
     return table
@@ -165,9 +170,45 @@ def verdict(entry: dict) -> str:
     return f"not shown (SSIM up to {min(1.0, entry['ssim'] + entry['ssim_ci']):.2f})"
 
 
+_CLASSES: dict[str, int | None] = {}
+
+
+def _num_classes(row: dict) -> int | None:
+    """The class count a utility row was trained on: stored with the run, or (stores written
+    before it was) read from the dataset itself; None when neither is available."""
+    stored = row.get("num_classes")
+    if isinstance(stored, (int, float)) and stored >= 2:
+        return int(round(stored))
+    text = row.get("dataset_spec")
+    if not isinstance(text, str):
+        return None
+    if text not in _CLASSES:
+        try:
+            from .data import load_dataset
+            from .experiment import dataset_spec
+
+            _CLASSES[text] = load_dataset(dataset_spec(text, "test", None)).num_classes
+        except Exception:  # a dataset no longer at hand: the rule is not applied
+            _CLASSES[text] = None
+    return _CLASSES[text]
+
+
+def did_not_train(baseline: dict, metric: str) -> str | None:
+    """'utility model did not train (accuracy X ≈ chance Y)' when the undefended run's accuracy
+    is at most chance + NEAR_CHANCE, else None."""
+    accuracy = baseline.get(metric)
+    # accuracy above 0.5 + NEAR_CHANCE is above chance + NEAR_CHANCE for any class count: no lookup
+    if "accuracy" not in metric or accuracy is None or accuracy > 0.5 + NEAR_CHANCE:
+        return None
+    classes = _num_classes(baseline)
+    if classes is None or accuracy > 1.0 / classes + NEAR_CHANCE:
+        return None
+    return f"utility model did not train (accuracy {accuracy:.3g} ≈ chance {1.0 / classes:.3g})"
+
+
 def _utility_loss(entry: dict, utilities: dict, metric: tuple[str, bool] | None) -> dict:
     empty = {"utility_metric": None, "utility": None, "utility_loss": None, "utility_loss_ci": None,
-             "utility_model": None}
+             "utility_model": None, "utility_note": None}
     if metric is None:
         return empty
     name, higher = metric
@@ -176,13 +217,18 @@ def _utility_loss(entry: dict, utilities: dict, metric: tuple[str, bool] | None)
     baseline = utilities.get((*base, "none", ""))
     if mine is None or baseline is None or mine.get(name) is None or baseline.get(name) is None:
         return {**empty, "utility_metric": name}
+    trained = mine.get("trained_model")
+    model = trained if trained and trained != entry["model"] else None
+    note = did_not_train(baseline, name)
+    if note:
+        # no loss at all: a loss of 0 would read as a free defense
+        return {**empty, "utility_metric": name, "utility": mine[name], "utility_model": model, "utility_note": note}
     loss = (baseline[name] - mine[name]) if higher else (mine[name] - baseline[name])
     spreads = [mine.get(f"{name}_ci"), baseline.get(f"{name}_ci")]
     # independent runs: the half-widths add in quadrature
     loss_ci = math.sqrt(sum(h * h for h in spreads)) if all(h is not None for h in spreads) else None
-    trained = mine.get("trained_model")
     return {"utility_metric": name, "utility": mine[name], "utility_loss": loss, "utility_loss_ci": loss_ci,
-            "utility_model": trained if trained and trained != entry["model"] else None}
+            "utility_model": model, "utility_note": None}
 
 
 def _mark_frontier(entries: list[dict]) -> None:
@@ -263,3 +309,65 @@ def leakage_by_round(cells: list[CellRecord]) -> list[dict]:
                      "key": c.key})
     rows.sort(key=lambda r: (_sortable(r["round"]), _sortable(r["client"]), str(r["attack"])))
     return rows
+
+
+MATRIX_KEYS = ("threat", "dataset", "model")  # one matrix each
+MATRIX_ROW_KEYS = ("batch_size", "local_steps", "defense", "strength")
+
+
+def _cell_threat(cell: CellRecord):
+    # skipped rows name the threat model only in their spec
+    threat = cell.labels.get("threat")
+    if threat is None and isinstance(cell.spec, dict):
+        threat = cell.spec.get("threat")
+    return threat if threat is not None else "unrecorded"
+
+
+def _better(a: CellRecord, b: CellRecord) -> bool:
+    """Is a's reconstruction better than b's: lower MSE, then higher PSNR."""
+    def rank(c):
+        mse, psnr = c.metrics.get("mse"), c.metrics.get("psnr")
+        return (mse if isinstance(mse, (int, float)) else math.inf, -(psnr if isinstance(psnr, (int, float)) else
+                                                                     -math.inf))
+    return rank(a) < rank(b)
+
+
+def best_reconstructions(cells: list[CellRecord]) -> list[dict]:
+    """The defense × attack matrices of the report: one per (threat model, dataset, model);
+    rows are defense settings (with batch size and local steps, never mixed), columns attacks.
+    A cell holds the best-reconstructing attack cell over seeds (lowest MSE), or why there is
+    none: the attack was not run (with the reason) or failed (with the error)."""
+    groups: dict[tuple, dict] = {}
+    for c in cells:
+        kind = c.kind if c.kind != "failed" else ("failed" if c.labels.get("cell_kind") == "attack" else None)
+        if kind not in ("attack", "skipped", "failed") or not c.labels.get("attack_spec"):
+            continue
+        lab = c.labels
+        key = (_cell_threat(c), lab.get("dataset"), lab.get("model"))
+        group = groups.setdefault(key, {"rows": {}, "columns": {}, "cells": {}})
+        row = tuple(lab.get(k) if k != "strength" else lab.get(k) or "" for k in MATRIX_ROW_KEYS)
+        if row[2] is None:
+            row = (row[0], row[1], "none", "")
+        column = str(lab["attack_spec"])
+        group["rows"][row] = None
+        group["columns"][column] = None
+        slot = group["cells"].setdefault((row, column), {"best": None, "seeds": 0, "failed": [], "not_run": None})
+        if kind == "attack":
+            slot["seeds"] += 1
+            if slot["best"] is None or _better(c, slot["best"]):
+                slot["best"] = c
+        elif kind == "failed":
+            error = c.extras.get("error") if isinstance(c.extras, dict) else None
+            slot["failed"].append(str(error or "no error recorded"))
+        else:
+            slot["not_run"] = str(lab.get("reason") or (c.extras or {}).get("reason") or "not applicable")
+    out = []
+    order = ["honest", "informed", "malicious"]
+    for key, group in sorted(groups.items(), key=lambda kv: (
+            order.index(str(kv[0][0]).split("+")[0]) if str(kv[0][0]).split("+")[0] in order else len(order),
+            *[str(v) for v in kv[0]])):
+        rows = sorted(group["rows"], key=lambda r: (_sortable(r[0]), _sortable(r[1]), r[2] != "none", str(r[2]),
+                                                    str(r[3])))
+        out.append({**dict(zip(MATRIX_KEYS, key)), "rows": rows, "columns": sorted(group["columns"]),
+                    "cells": group["cells"]})
+    return out

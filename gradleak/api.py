@@ -29,8 +29,17 @@ from .attacks import ATTACKS, Attack, AttackContext, make_attack
 from .data import Dataset
 from .defenses import make_chain
 from .errors import GradleakError
-from .experiment import (AttackRunResult, AttackRunSpec, attack_observation, batch_attack_seed,
-                         build_named_model, convergence_summary, dataset_spec, pick_device, run_scenario)
+from .experiment import (
+    AttackRunResult,
+    AttackRunSpec,
+    attack_observation,
+    batch_attack_seed,
+    build_named_model,
+    convergence_summary,
+    dataset_spec,
+    pick_device,
+    run_scenario,
+)
 from .fl import TrainingSpec
 from .fl.update import Update
 from .metrics import summarize
@@ -84,9 +93,9 @@ class AuditResult:
         """Write one store row per attack that ran and one per skipped attack;
         `labels` (e.g. round and client) are added to every row and its key.
         Returns the number of rows written (rows already present are kept)."""
+        from .experiment import result_record
         from .store import CellRecord, ResultStore
         from .sweep import attack_labels, cell_key, store_result_record
-        from .experiment import result_record
 
         extra = dict(labels or {})
         written = 0
@@ -130,7 +139,8 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
           defenses: Sequence[str | Any] = (),
           threat: str = "honest", knows: Iterable[str] = (),
           training: TrainingSpec | None = None, lr: float = 0.1, local_steps: int = 1,
-          local_epochs: int | None = None, local_batch_size: int | None = None, bn_mode: Literal["train", "eval"] = "train",
+          local_epochs: int | None = None, local_batch_size: int | None = None,
+          bn_mode: Literal["train", "eval"] = "train",
           batch_size: int = 1, images: int | None = None, seed: int = 0, budget: str = "quick",
           lpips: str = "alex", device: str = "auto", checkpoint: str | None = None,
           split: str = "test", resize: int | None = None,

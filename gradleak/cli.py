@@ -1,16 +1,20 @@
 """`gradleak` command line. Each sub-command lives in gradleak/commands/<name>.py
 with `add_arguments(parser)` and `run(args) -> int`; add one line to COMMANDS.
 
-Bad input prints one line on stderr and exits with code 2.
+Bad input (and an internal fault) prints one line on stderr and exits with code 2;
+Ctrl-C exits with 130 and SIGTERM with 143, after the stores are left consistent.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
+import warnings
 
-from .errors import GradleakError
+from .errors import GradleakError, Terminated
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("gradleak.commands.audit", "every applicable attack on your model and data, with an HTML report"),
@@ -45,22 +49,57 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _on_sigterm(_signum, _frame):
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if on_main_thread else None
+    try:
+        return _run(argv)
+    finally:
+        if on_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def _run(argv: list[str] | None) -> int:
+    # Warnings are held back while the command runs: a failing command prints its one
+    # line and nothing else; a command that succeeds shows them at the end.
+    with warnings.catch_warnings(record=True) as caught:
+        code = _dispatch(argv)
+    if code == 0:
+        for w in caught:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return code
+
+
+def _dispatch(argv: list[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args._module.run(args) or 0)
     except GradleakError as exc:
-        print(f"gradleak: error: {exc}", file=sys.stderr)
+        print(f"gradleak: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("gradleak: interrupted", file=sys.stderr)
+        print("gradleak: interrupted; what finished is stored, the same command resumes", file=sys.stderr)
         return 130
+    except Terminated:
+        print("gradleak: terminated; what finished is stored, the same command resumes", file=sys.stderr)
+        return 143
+    except BrokenPipeError:  # stdout closed early (e.g. piped into head): nothing left to say
+        sys.stdout = open(os.devnull, "w")
+        return 1
     except Exception as exc:  # an internal fault, not bad input: still one line unless debugging
         if os.environ.get("GRADLEAK_DEBUG"):
             raise
-        print(f"gradleak: internal error: {type(exc).__name__}: {exc} (set GRADLEAK_DEBUG=1 for the traceback)",
-              file=sys.stderr)
-        return 1
+        print(f"gradleak: internal error: {type(exc).__name__}: {_one_line(exc)[:500]} "
+              "(set GRADLEAK_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -153,7 +153,8 @@ def format_report(report: ModelReport, title: str) -> str:
         f"widest FC / input size       {report.widest_fc_ratio:.3f}   honest {report.honest_widest_fc_ratio:.3f}",
         f"max one-sample gradient share {report.max_sample_share:.3f}  honest {report.honest_max_sample_share:.3f}"
         f"  (balanced = {1 / report.batch_size:.3f})",
-        f"samples with ~zero gradient  {report.silent_sample_share:.1%}   honest {report.honest_silent_sample_share:.1%}",
+        f"samples with ~zero gradient  {report.silent_sample_share:.1%}   "
+        f"honest {report.honest_silent_sample_share:.1%}",
         f"max KS to honest weights     {report.max_ks:.3f}   (flag > {MAX_KS})",
         f"parameters without an honest counterpart: {', '.join(report.extra_parameters) or 'none'}",
         "flags: " + (", ".join(k for k, v in report.flags.items() if v) or "none")

@@ -6,12 +6,120 @@ in one line when something is wrong.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import fnmatch
 import math
 import typing
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from .errors import GradleakError
+from .errors import GradleakError, OptionRangeError
+
+# Bounds every numeric option gets, so that an absurd value is refused where it is
+# parsed instead of reaching PyTorch (an overflow, a NaN, terabytes to allocate or a
+# run that never ends). A field may declare its own bounds with
+# `field(default=..., metadata={"range": (lo, hi)})`; otherwise the first matching
+# name pattern below applies, else the bound of its type. docs/options.md lists them.
+MAX_COUNT = 1_000_000          # any integer option
+MAX_MAGNITUDE = 1e6            # |value| of any real option; NaN and infinity are always refused
+MAX_ITERATIONS = 100_000       # optimisation iterations and steps
+MAX_SEED = 2**32 - 1
+NAME_RANGES: tuple[tuple[str, tuple[float, float]], ...] = (
+    ("seed", (0, MAX_SEED)),
+    ("*seed", (0, MAX_SEED)),
+    ("iterations", (0, MAX_ITERATIONS)),
+    ("*steps", (0, MAX_ITERATIONS)),
+    ("refine", (0, MAX_ITERATIONS)),
+    ("inner", (0, 10_000)),
+    ("restarts", (0, 1_000)),
+    ("starts", (0, 1_000)),
+    ("history*", (0, 10_000)),
+    ("lr", (0, 1_000)),
+    ("*_lr", (0, 1_000)),
+    ("*_db", (-300, 300)),
+)
+
+
+def field_range(field: dataclasses.Field, annotation: Any) -> tuple[float, float] | None:
+    """The (lo, hi) bounds of a numeric option field (both inclusive), or None for other types."""
+    declared = field.metadata.get("range") if field.metadata else None
+    if declared is not None:
+        return declared
+    if _numeric_kind(annotation) is None:
+        return None
+    for pattern, bounds in NAME_RANGES:
+        if fnmatch.fnmatchcase(field.name, pattern):
+            return bounds
+    return (-MAX_COUNT, MAX_COUNT) if _numeric_kind(annotation) is int else (-MAX_MAGNITUDE, MAX_MAGNITUDE)
+
+
+def _numeric_kind(annotation: Any) -> type | None:
+    """int or float for a (possibly optional, possibly tuple-of) numeric annotation."""
+    if annotation in (int, float):
+        return annotation
+    origin = get_origin(annotation)
+    if origin is not None and origin is not Literal:
+        for arg in get_args(annotation):
+            if arg is not type(None) and arg is not Ellipsis:
+                kind = _numeric_kind(arg)
+                if kind is not None:
+                    return kind
+    return None
+
+
+def _fmt(bound: float) -> str:
+    return f"{bound:g}" if isinstance(bound, float) else str(bound)
+
+
+def check_range(value: Any, bounds: tuple[float, float], where: str) -> None:
+    """Refuse a number (or each number of a tuple) outside [lo, hi], or not finite."""
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            check_range(item, bounds, where)
+        return
+    if not isinstance(value, (int, float)):
+        return
+    lo, hi = bounds
+    if isinstance(value, float) and not math.isfinite(value):
+        raise OptionRangeError(f"{where} = {value} is not a finite number; allowed: {_fmt(lo)} to {_fmt(hi)}")
+    if not lo <= value <= hi:
+        shown = f"{value:g}" if isinstance(value, float) else (str(value) if abs(value) < 10**21 else f"{value:.3g}")
+        raise OptionRangeError(f"{where} = {shown} is out of range; allowed: {_fmt(lo)} to {_fmt(hi)}")
+
+
+def ranged(kind: type, lo: float, hi: float, option: str):
+    """An argparse `type=` that parses an int or float and keeps it within [lo, hi]."""
+    def parse(text: str):
+        where = f"{option}"
+        if not text.isascii():
+            raise argparse.ArgumentTypeError(f"'{text}' is not {'a number' if kind is float else 'an integer'}")
+        try:
+            number = float(text) if kind is float else _parse_int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not {'a number' if kind is float else 'an integer'}") \
+                from None
+        if kind is float and math.isnan(number):
+            raise argparse.ArgumentTypeError("NaN is not allowed")
+        try:
+            check_range(number, (lo, hi), where)
+        except OptionRangeError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{where} = ")) from None
+        return number
+    parse.__name__ = "integer" if kind is int else "number"  # argparse names the type in its message
+    return parse
+
+
+def _parse_int(text: str) -> int:
+    text = text.strip()
+    try:
+        return int(text)
+    except ValueError:
+        as_float = float(text)  # "1e3" is accepted when it is a whole number
+        if not math.isfinite(as_float) or as_float != int(as_float):
+            raise ValueError(text) from None
+        return int(as_float)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +186,7 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
             return False
         raise GradleakError(f"{where}: '{value}' is not a boolean (true/false)")
     if annotation is int:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or not _ascii_number(value):
             raise GradleakError(f"{where}: '{value}' is not an integer")
         try:
             as_float = float(value)
@@ -88,6 +196,8 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
             raise GradleakError(f"{where}: '{value}' is not an integer")
         return int(as_float)
     if annotation is float:
+        if not _ascii_number(value):
+            raise GradleakError(f"{where}: '{value}' is not a number")
         try:
             result = float(value)
         except (TypeError, ValueError):
@@ -98,6 +208,11 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
     if annotation is str:
         return str(value)
     return value
+
+
+def _ascii_number(value: Any) -> bool:
+    """Python's float() also reads other scripts' digits ("٣"): option values are written in ASCII."""
+    return not isinstance(value, str) or value.isascii()
 
 
 def build_options(cls: type, raw: dict[str, Any], owner: str) -> Any:
@@ -111,7 +226,7 @@ def build_options(cls: type, raw: dict[str, Any], owner: str) -> Any:
             raise GradleakError(f"{owner} takes no options (got {', '.join(raw)})")
         return None
     hints = get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     values = {}
     for key, value in raw.items():
         norm = key.replace("-", "_")
@@ -119,7 +234,11 @@ def build_options(cls: type, raw: dict[str, Any], owner: str) -> Any:
             raise GradleakError(
                 f"{owner} has no option '{key}'; valid options: {', '.join(sorted(fields)) or 'none'}"
             )
-        values[norm] = _coerce(value, hints[norm], f"{owner} option '{norm}'")
+        where = f"{owner} option '{norm}'"
+        values[norm] = _coerce(value, hints[norm], where)
+        bounds = field_range(fields[norm], hints[norm])
+        if bounds is not None:
+            check_range(values[norm], bounds, where)
     try:
         return cls(**values)
     except GradleakError:
@@ -136,3 +255,116 @@ def check(condition: bool, message: str) -> None:
 
 def options_dict(options: Any) -> dict[str, Any]:
     return dataclasses.asdict(options) if options is not None else {}
+
+
+# Sizes refused before anything is allocated (docs/options.md): a model or a batch that
+# would need more memory than a workstation has fails with one line saying how much.
+MAX_PARAMETERS = 250_000_000           # trainable parameters of a model (1 GB of float32 weights)
+MAX_ACTIVATIONS = 100_000_000          # activations of one example through a model (400 MB)
+MAX_DATA_BYTES = 4 * 2**30             # a dataset's images after crop / resize, as float32
+MIN_IMAGE_SIDE, MAX_IMAGE_SIDE = 8, 1024  # --resize / crop (SSIM needs a few pixels)
+MAX_CLASSES = 100_000                  # classes a user's labels may imply
+
+
+def human_bytes(count: float) -> str:
+    for unit in ("bytes", "KB", "MB", "GB", "TB", "PB"):
+        if count < 1024 or unit == "PB":
+            return f"{count:.3g} {unit}" if unit != "bytes" else f"{int(count)} bytes"
+        count /= 1024
+    return f"{count:.3g} PB"  # pragma: no cover
+
+
+def check_size(what: str, count: int, limit: int, unit: str, bytes_each: int = 4) -> None:
+    """Refuse `count` items (parameters, activations, ...) above `limit`, naming the memory needed."""
+    if count > limit:
+        from .errors import ResourceLimitError
+
+        raise ResourceLimitError(f"{what} needs {count:.3g} {unit} ({human_bytes(count * bytes_each)}); "
+                                 f"the maximum is {limit:.3g} {unit}")
+
+
+def check_device(name: str) -> str:
+    """`auto`, `cpu` or `cuda[:N]` naming a GPU this machine has; anything else is a DeviceError."""
+    import re
+
+    from .errors import DeviceError
+
+    text = (name or "").strip().lower()
+    if text in ("auto", "cpu"):
+        return text
+    match = re.fullmatch(r"cuda(?::(\d{1,3}))?", text)
+    if not match:
+        raise DeviceError(f"unknown device '{name}'; use auto, cpu or cuda[:N]")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise DeviceError(f"device '{name}' requested but no GPU is available")
+    if match.group(1) is not None and int(match.group(1)) >= torch.cuda.device_count():
+        raise DeviceError(f"device '{name}': this machine has {torch.cuda.device_count()} GPU(s)")
+    return text
+
+
+def device_name(text: str) -> str:
+    """argparse `type=` for --device (see `check_device`)."""
+    try:
+        return check_device(text)
+    except GradleakError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# Output paths are checked when they are parsed, before any work starts.
+MAX_PATH_CHARS, MAX_NAME_CHARS = 4096, 255
+
+
+def check_output_path(text: str, option: str, folder: bool) -> Any:
+    """An output folder (or file) that can be created or written: not an existing file where a
+    folder is wanted (or the reverse), no over-long name, a writable nearest existing parent."""
+    import os
+    from pathlib import Path
+
+    from .errors import OutputPathError
+
+    if not text or "\x00" in text:
+        raise OutputPathError(f"{option}: '{text}' is not a usable path")
+    path = Path(text).expanduser()
+    if len(str(path)) > MAX_PATH_CHARS or any(len(part.encode()) > MAX_NAME_CHARS for part in path.parts):
+        raise OutputPathError(f"{option}: path is too long ({len(str(path))} characters)")
+    if folder and path.exists() and not path.is_dir():
+        raise OutputPathError(f"{option} {path} exists and is not a folder")
+    if not folder and path.is_dir():
+        raise OutputPathError(f"{option} {path} is a folder, expected a file")
+    parent = path if folder else path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    parent = parent if str(parent) else Path(".")
+    if parent.exists() and not parent.is_dir():
+        raise OutputPathError(f"{option} {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{option} {path}: {parent} is not writable")
+    if not folder and path.exists() and not os.access(path, os.W_OK):
+        raise OutputPathError(f"{option} {path} is not writable")
+    return path
+
+
+def output_dir(option: str = "--out"):
+    """argparse `type=` for an output folder (see `check_output_path`)."""
+    def parse(text: str) -> str:
+        try:
+            return str(check_output_path(text, option, folder=True))
+        except GradleakError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{option} ").removeprefix(f"{option}: ")) \
+                from None
+    parse.__name__ = "folder"
+    return parse
+
+
+def output_file(option: str = "--out"):
+    """argparse `type=` for an output file (see `check_output_path`)."""
+    def parse(text: str) -> str:
+        try:
+            return str(check_output_path(text, option, folder=False))
+        except GradleakError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{option} ").removeprefix(f"{option}: ")) \
+                from None
+    parse.__name__ = "file"
+    return parse

@@ -6,13 +6,24 @@ import csv
 import hashlib
 import html
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 
-from .analysis import (HOLDS_MIN_SEEDS, HOLDS_SSIM, SCENARIO_KEYS, attack_rows, leakage_by_round, strongest_attacks,
-                       study_tables)
+from .analysis import (
+    HOLDS_MIN_SEEDS,
+    HOLDS_SSIM,
+    SCENARIO_KEYS,
+    attack_rows,
+    best_reconstructions,
+    cell_under_budget,
+    leakage_by_round,
+    strongest_attacks,
+    study_tables,
+)
 from .errors import GradleakError
 from .store import ResultStore
+from .viz import pairs_thumbnail
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1400px}
@@ -24,6 +35,12 @@ figure{display:inline-block;margin:6px;vertical-align:top;font-size:12px;max-wid
 figure img{image-rendering:pixelated;border:1px solid #ddd;max-width:340px}
 figure.plot{max-width:none} figure.plot img{max-width:660px;image-rendering:auto}
 .note{color:#666;font-size:13px}
+table.matrix td,table.matrix th{text-align:center;vertical-align:top;font-size:12px}
+table.matrix th.l{text-align:left} table.matrix tr.group th{background:#fafafa;text-align:left}
+img.thumb{image-rendering:pixelated;max-width:200px;max-height:110px;border:1px solid #ddd;display:block;
+margin:0 auto 2px}
+td.empty{color:#999;font-style:italic;max-width:200px} .warn{color:#a60}
+details{margin:.4em 0} summary{cursor:pointer;font-weight:600}
 """
 
 # Counts loaded and broken images and script errors into the title, so a headless
@@ -32,7 +49,10 @@ _CHECK_SCRIPT = """
 window.__errors=0;window.addEventListener('error',function(e){if(!(e.target&&e.target.tagName==='IMG')){window.__errors++;}},true);
 window.addEventListener('load',function(){var ok=0,bad=0;var imgs=document.images;
 for(var i=0;i<imgs.length;i++){if(imgs[i].complete&&imgs[i].naturalWidth>0){ok++;}else{bad++;}}
-document.title=document.title+' [images ok='+ok+' broken='+bad+' errors='+window.__errors+']';});
+var thumbs=document.querySelectorAll('img.thumb'),tok=0;
+for(var j=0;j<thumbs.length;j++){if(thumbs[j].complete&&thumbs[j].naturalWidth>0){tok++;}}
+document.title=document.title+' [images ok='+ok+' broken='+bad+' errors='+window.__errors
++' matrix='+tok+'/'+thumbs.length+']';});
 """
 
 
@@ -101,9 +121,7 @@ def verdict_in_words(entries: list[dict]) -> list[tuple[str, list[str]]]:
         hidden = [e for e in members if str(e.get("verdict", "")).startswith("not shown")]
         lines = []
         if holds:
-            lines.append("Holds: " + "; ".join(
-                setting(e) + (f", utility loss {_fmt(e['utility_loss'], 3)}" if e.get("utility_loss") is not None
-                              else "") for e in holds) + ".")
+            lines.append("Holds: " + "; ".join(setting(e) + _cost(e) for e in holds) + ".")
         else:
             lines.append("No defense setting is shown to hold.")
         if leaks:
@@ -114,13 +132,25 @@ def verdict_in_words(entries: list[dict]) -> list[tuple[str, list[str]]]:
             lines.append(f"Not shown ({len(hidden)}): {budget} with the strongest attack under budget, {seeds} "
                          f"with one seed only, {len(hidden) - budget - seeds} whose SSIM interval reaches "
                          f"{HOLDS_SSIM} or more.")
+        notes = sorted({f"{e.get('dataset')}/{e.get('model')}: {e['utility_note']}" for e in members
+                        if e.get("utility_note")})
+        if notes:
+            lines.append("Utility cost unknown — " + "; ".join(notes) + ": no defense's cost is measured, "
+                         "so none is shown to be free.")
         out.append((_threat_title(threat), lines))
     return out
 
 
+def _cost(entry: dict) -> str:
+    if entry.get("utility_loss") is not None:
+        return f", utility loss {_fmt(entry['utility_loss'], 3)}"
+    return ", utility cost unknown (utility model did not train)" if entry.get("utility_note") else ""
+
+
 def _with_budget_note(entry: dict) -> dict:
-    note = f"{UNDER_BUDGET_NOTE} ({entry['under_budget']})" if entry.get("under_budget") else None
-    return {**entry, "budget_note": note}
+    notes = [f"{UNDER_BUDGET_NOTE} ({entry['under_budget']})" if entry.get("under_budget") else None,
+             entry.get("utility_note")]
+    return {**entry, "budget_note": "; ".join(n for n in notes if n) or None}
 
 
 def format_strongest(entries: list[dict]) -> str:
@@ -139,6 +169,9 @@ def format_strongest(entries: list[dict]) -> str:
     if any(e.get("under_budget") for e in entries):
         blocks.append(f"* {UNDER_BUDGET_NOTE}: the strongest attack did not converge or was still improving "
                       "when its budget ran out")
+    for note in sorted({f"{e.get('dataset')}/{e.get('model')}: {e['utility_note']}" for e in entries
+                        if e.get("utility_note")}):
+        blocks.append(f"util.loss – : {note}; no utility cost is shown")
     return "\n\n".join(blocks)
 
 
@@ -172,18 +205,28 @@ def _rounds_plot(rows: list[dict], path: Path) -> bool:
 
 
 # Below this MSE (PSNR 60 dB) a reconstruction is an exact copy; analytic attacks reach 1e-16,
-# which would stretch the log axis over decades that say nothing.
+# which would stretch the axis over decades (or hundreds of dB) that say nothing.
 PLOT_MSE_FLOOR = 1e-6
+PLOT_PSNR_CAP = 60.0
 
 
 def _tradeoff_plot(entries: list[dict], path: Path, title: str) -> bool:
+    """Utility loss (x) against the best attack's PSNR (y, dB, linear: higher = more leaked);
+    stores without PSNR (tabular data) fall back to the best MSE on a log axis."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = [e for e in entries if e.get("mse") is not None]
+    points = [e for e in entries if e.get("mse") is not None or e.get("psnr") is not None]
     if not points:
         return False
+    by_psnr = all(e.get("psnr") is not None for e in points)
+
+    def privacy(e: dict) -> float:
+        if by_psnr:
+            return min(e["psnr"], PLOT_PSNR_CAP)
+        return max(e["mse"], PLOT_MSE_FLOOR) if e.get("mse") is not None else math.nan
+
     with_utility = all(e.get("utility_loss") is not None for e in points)
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
     by_defense: dict[str, list[dict]] = defaultdict(list)
@@ -191,27 +234,129 @@ def _tradeoff_plot(entries: list[dict], path: Path, title: str) -> bool:
         by_defense[e["defense"]].append(e)
     for i, (defense, members) in enumerate(sorted(by_defense.items())):
         xs = [e["utility_loss"] if with_utility else i for e in members]
-        ys = [max(e["mse"], PLOT_MSE_FLOOR) for e in members]
+        ys = [privacy(e) for e in members]
         ax.scatter(xs, ys, label=defense, s=36)
         for x, y, e in zip(xs, ys, members):
             if e["strength"]:
                 ax.annotate(e["strength"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
     frontier = sorted((e for e in points if e.get("frontier")), key=lambda e: e["utility_loss"])
     if with_utility and len(frontier) > 1:
-        ax.plot([e["utility_loss"] for e in frontier], [max(e["mse"], PLOT_MSE_FLOOR) for e in frontier], "k--",
-                lw=0.8, label="frontier")
+        ax.plot([e["utility_loss"] for e in frontier], [privacy(e) for e in frontier], "k--", lw=0.8,
+                label="frontier")
     if not with_utility:
         ax.set_xticks(range(len(by_defense)), sorted(by_defense), rotation=30, fontsize=8)
     ax.set_xlabel(f"utility loss ({points[0].get('utility_metric')})" if with_utility
-                  else "defense (no utility runs in this store)")
-    ax.set_ylabel(f"best-attack MSE (higher = more private; exact copies at {PLOT_MSE_FLOOR:g})")
-    ax.set_yscale("log")
+                  else "defense (utility unknown: the utility model did not train)"
+                  if any(e.get("utility_note") for e in points) else "defense (no utility runs in this store)")
+    if by_psnr:
+        ax.set_ylabel(f"best-attack PSNR, dB (higher = more leaked; ≤ {PLOT_PSNR_CAP:g})")
+    else:
+        ax.set_ylabel(f"best-attack MSE (higher = more private; exact copies at {PLOT_MSE_FLOOR:g})")
+        ax.set_yscale("log")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return True
+
+
+# A batch wider than this is shown in the matrix by its first THUMB_IMAGES pairs.
+THUMB_IMAGES = 8
+
+
+class _Images:
+    """Writes each image file of the report once, under a name derived from the cell key,
+    never the key itself: a foreign store's key could hold markup or a path ("../")."""
+
+    def __init__(self, out: Path, store: ResultStore):
+        self.out, self.store = out, store
+        self.written: dict[str, str] = {}
+
+    def _name(self, text: str) -> str:
+        return f"images/{hashlib.sha256(text.encode()).hexdigest()[:32]}.png"
+
+    def grid(self, cell) -> str | None:
+        if cell.grid_png is None:
+            return None
+        name = self._name(cell.key)
+        if name not in self.written:
+            (self.out / name).write_bytes(cell.grid_png)
+            self.written[name] = cell.key
+        return name
+
+    def thumb(self, cell) -> str | None:
+        batch = cell.labels.get("batch_size")
+        if cell.grid_png is not None and isinstance(batch, int) and batch > THUMB_IMAGES:
+            name = self._name(cell.key + "#thumb")
+            if name in self.written:
+                return name
+            pairs = [(im.original_png, im.reconstruction_png) for im in self.store.images(cell.key)
+                     if im.original_png and im.reconstruction_png]
+            try:
+                png = pairs_thumbnail(pairs, THUMB_IMAGES) if pairs else None
+            except (ValueError, RuntimeError, OSError):  # unreadable or mismatched images: the full grid
+                png = None
+            if png is not None:
+                (self.out / name).write_bytes(png)
+                self.written[name] = cell.key
+                return name
+        return self.grid(cell)
+
+
+def _matrix_cell(slot: dict | None, images: _Images) -> str:
+    if slot is None:
+        return "<td class='empty'>not in the sweep</td>"
+    best = slot["best"]
+    if best is None:
+        if slot["not_run"]:
+            return f"<td class='empty'>not run: {html.escape(slot['not_run'])}</td>"
+        error = slot["failed"][0] if slot["failed"] else "no result"
+        error = error if len(error) <= 160 else error[:157] + "…"
+        return f"<td class='empty'>failed: {html.escape(error)}</td>"
+    m, lab = best.metrics, best.labels
+    if m.get("psnr") is not None:
+        score = f"PSNR {_fmt(m.get('psnr'), 3)} dB · SSIM {_fmt(m.get('ssim'), 2)}"
+    else:
+        score = f"MSE {_fmt(m.get('mse'), 3)}"
+    if m.get("asr"):
+        score += f" · ASR {_fmt(m.get('asr'), 2)}"
+    lines = [html.escape(score)]
+    if slot["seeds"] > 1:
+        lines.append(html.escape(f"best of {slot['seeds']} seeds (seed {lab.get('seed')})"))
+    if cell_under_budget(best):
+        lines.append("<span class='warn'>attack under budget</span>")
+    if slot["failed"]:
+        lines.append(f"<span class='warn'>{len(slot['failed'])} run(s) failed</span>")
+    name = images.thumb(best)
+    alt = f"{lab.get('attack_spec')} under {lab.get('defense')} {lab.get('strength') or ''}: {score}"
+    img = f"<img class='thumb' src='{name}' alt='{html.escape(alt)}'>" if name else ""
+    return f"<td>{img}{'<br>'.join(lines)}</td>"
+
+
+def _matrix_html(matrices: list[dict], images: _Images) -> list[str]:
+    parts = []
+    for m in matrices:
+        parts.append(f"<h3>{html.escape(_threat_title(m['threat']))} · {html.escape(str(m['dataset']))} · "
+                     f"{html.escape(str(m['model']))}</h3>")
+        # rows are sorted by (batch size, local steps) first: one header per setting, never mixed
+        settings = list(dict.fromkeys(r[:2] for r in m["rows"]))
+        if len(settings) == 1:
+            parts.append(f"<p class='note'>batch {html.escape(_fmt(settings[0][0]))}, "
+                         f"{html.escape(_fmt(settings[0][1]))} local step(s)</p>")
+        head = ("<tr><th class='l'>defense \\ attack</th>"
+                + "".join(f"<th>{html.escape(c)}</th>" for c in m["columns"]) + "</tr>")
+        body, previous = [], None
+        for row in m["rows"]:
+            if len(settings) > 1 and row[:2] != previous:
+                body.append(f"<tr class='group'><th colspan='{len(m['columns']) + 1}'>batch "
+                            f"{html.escape(_fmt(row[0]))}, {html.escape(_fmt(row[1]))} local step(s)</th></tr>")
+                previous = row[:2]
+            label = row[2] if not row[3] else f"{row[2]} {row[3]}"
+            body.append(f"<tr><th class='l'>{html.escape(str(label))}</th>"
+                        + "".join(_matrix_cell(m["cells"].get((row, c)), images) for c in m["columns"]) + "</tr>")
+        parts.append(f"<table class='matrix'>{head}{''.join(body)}</table>")
+    return parts
 
 
 def write_report(store_path: str | Path, out: str | Path) -> dict:
@@ -226,6 +371,7 @@ def write_report(store_path: str | Path, out: str | Path) -> dict:
         entries = strongest_attacks(cells)
         rows = attack_rows(cells)
         studies = study_tables(cells)
+        images = _Images(out, store)
         parts = [f"<h1>gradleak report</h1><p class='note'>store {html.escape(str(store_path))}: "
                  f"{sum(c.kind == 'attack' for c in cells)} attack cells, "
                  f"{sum(c.kind == 'utility' for c in cells)} utility runs, "
@@ -238,6 +384,17 @@ def write_report(store_path: str | Path, out: str | Path) -> dict:
         for title, lines in verdict_in_words(entries):
             parts.append(f"<h3>{html.escape(title)}</h3><ul>"
                          + "".join(f"<li>{html.escape(line)}</li>" for line in lines) + "</ul>")
+
+        matrices = best_reconstructions(cells)
+        if matrices:
+            parts.append("<h2 id='matrix'>Best reconstruction per defense and attack</h2><p class='note'>One "
+                         "matrix per threat model, dataset and model. Each cell shows the seed in which that "
+                         "attack reconstructed best (lowest MSE) under that defense: originals on top, "
+                         "reconstructions below (the first "
+                         f"{THUMB_IMAGES} of a larger batch), with that run's PSNR and SSIM (MSE for tabular "
+                         "data). An empty cell says why: the attack was not run (the threat model or the "
+                         "architecture rules it out) or it failed.</p>")
+            parts.extend(_matrix_html(matrices, images))
 
         parts.append("<h2>Strongest attack per defense (Liu et al., Eq. 3)</h2><p class='note'>For each defense "
                      "and strength, the best value over all attacks of each metric, and the attack that "
@@ -253,7 +410,10 @@ def write_report(store_path: str | Path, out: str | Path) -> dict:
             parts.append(_table([_with_budget_note(e) for e in members], STRONGEST_COLUMNS,
                                 lambda e: "frontier" if e.get("frontier") else ""))
 
-        parts.append("<h2>Utility–privacy trade-off</h2>")
+        parts.append("<h2>Utility–privacy trade-off</h2><p class='note'>Per defense and strength: utility "
+                     "loss against the best attack's PSNR (higher = more leaked; exact copies drawn at "
+                     f"{PLOT_PSNR_CAP:g} dB), frontier dashed. Where the utility model did not train, the "
+                     "x axis lists the defenses instead of a loss.</p>")
         scenarios: dict[tuple, list[dict]] = defaultdict(list)
         for e in entries:
             scenarios[tuple(e[k] for k in SCENARIO_KEYS)].append(e)
@@ -311,26 +471,31 @@ def write_report(store_path: str | Path, out: str | Path) -> dict:
                                 [("kind", "cell"), ("what", "attack"), ("dataset", "dataset"), ("model", "model"),
                                  ("defense", "defense"), ("batch", "batch"), ("error", "error")]))
 
-        parts.append("<h2>Originals (top) vs reconstructions (bottom)</h2>")
+        parts.append("<h2 id='gallery'>All reconstructions</h2><p class='note'>Originals (top) vs "
+                     "reconstructions (bottom) of every attack cell, grouped by defense (click to open).</p>")
         n_images = 0
-        # ordered as the tables are: threat model, scenario, defense (undefended first), attack, seed
+        # by defense (undefended first), then as the tables are: threat model, scenario, strength, attack, seed
         grids = sorted((c for c in cells if c.kind == "attack" and c.grid_png is not None),
-                       key=lambda c: (*[str(c.labels.get(k, "")) for k in SCENARIO_KEYS],
-                                      c.labels.get("defense") != "none", str(c.labels.get("defense")),
+                       key=lambda c: (c.labels.get("defense") != "none", str(c.labels.get("defense")),
+                                      *[str(c.labels.get(k, "")) for k in SCENARIO_KEYS],
                                       str(c.labels.get("strength")), str(c.labels.get("attack_spec")),
                                       str(c.labels.get("seed"))))
+        by_defense: dict[str, list] = defaultdict(list)
         for c in grids:
-            # The file name is derived from the key, never the key itself: a foreign store's
-            # key could hold markup or a path ("../").
-            name = f"images/{hashlib.sha256(c.key.encode()).hexdigest()[:32]}.png"
-            (out / name).write_bytes(c.grid_png)
-            n_images += 1
-            lab = c.labels
-            caption = (f"{lab.get('threat', '')} · {lab['attack_spec']} · {lab['defense']} {lab['strength']} · "
-                       f"batch {lab['batch_size']}"
-                       f" · T={lab['local_steps']} · seed {lab['seed']} · PSNR {_fmt(c.metrics.get('psnr'), 3)}")
-            parts.append(f"<figure><img src='{name}' alt='{html.escape(caption)}'>"
-                         f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+            by_defense[str(c.labels.get("defense"))].append(c)
+        for defense, grid_cells in by_defense.items():
+            figures = []
+            for cell in grid_cells:
+                image = images.grid(cell)
+                n_images += 1
+                lab = cell.labels
+                caption = (f"{lab.get('threat', '')} · {lab.get('attack_spec')} · {lab.get('defense')} "
+                           f"{lab.get('strength')} · batch {lab.get('batch_size')} · T={lab.get('local_steps')} · "
+                           f"seed {lab.get('seed')} · PSNR {_fmt(cell.metrics.get('psnr'), 3)}")
+                figures.append(f"<figure><img src='{image}' alt='{html.escape(caption)}'>"
+                               f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+            parts.append(f"<details><summary>{html.escape(defense)} ({len(grid_cells)} reconstruction"
+                         f"{'s' if len(grid_cells) != 1 else ''})</summary>{''.join(figures)}</details>")
 
         page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>gradleak report</title>"
                 f"<style>{_CSS}</style><script>{_CHECK_SCRIPT}</script></head><body>"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import GradleakError
+from .errors import StoreError
 
 # "GLK1": lets us tell our file from any other SQLite database.
 APPLICATION_ID = 0x474C4B31
@@ -74,28 +74,44 @@ class ResultStore:
     def __init__(self, path: str | Path, create: bool = True):
         self.path = Path(path)
         if not create and not self.path.exists():
-            raise GradleakError(f"store '{self.path}' does not exist")
+            raise StoreError(f"store '{self.path}' does not exist")
         if self.path.is_dir():
-            raise GradleakError(f"store '{self.path}' is a directory, expected a database file")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+            raise StoreError(f"store '{self.path}' is a directory, expected a database file")
+        if create:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = None
         try:
             self._conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-            self._open()
+            self._open(create)
         except sqlite3.DatabaseError as exc:
-            raise GradleakError(f"store '{self.path}' is corrupted or not a gradleak results database "
-                                f"({exc})") from None
+            self._close_quietly()
+            raise StoreError(f"store '{self.path}' is corrupted or not a gradleak results database "
+                             f"({exc})") from None
+        except BaseException:
+            self._close_quietly()  # no connection (nor its -wal/-shm files) left behind
+            raise
 
-    def _open(self) -> None:
+    def _close_quietly(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except sqlite3.Error:
+                pass
+
+    def _open(self, create: bool) -> None:
         c = self._conn
         app_id = c.execute("PRAGMA application_id").fetchone()[0]
         tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if tables and app_id != APPLICATION_ID:
-            raise GradleakError(f"store '{self.path}' is an SQLite database but not a gradleak results store")
+            raise StoreError(f"store '{self.path}' is an SQLite database but not a gradleak results store")
+        if not tables and not create:  # an empty file is not turned into a store by reading it
+            raise StoreError(f"store '{self.path}' is empty, not a gradleak results store")
         # quick_check reads every page: damage surfaces here, not halfway through a report.
         verdict = c.execute("PRAGMA quick_check").fetchone()[0]
         if verdict != "ok":
-            raise GradleakError(f"store '{self.path}' is corrupted ({verdict})")
-        c.execute("PRAGMA journal_mode=WAL")
+            raise StoreError(f"store '{self.path}' is corrupted ({verdict})")
+        if create:  # a reader leaves the file's journal mode as it is
+            c.execute("PRAGMA journal_mode=WAL")
         c.execute("PRAGMA synchronous=FULL")
         c.execute("PRAGMA foreign_keys=ON")
         if not tables:
@@ -104,7 +120,7 @@ class ResultStore:
             c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         version = c.execute("PRAGMA user_version").fetchone()[0]
         if version != SCHEMA_VERSION:
-            raise GradleakError(f"store '{self.path}' has schema version {version}, "
+            raise StoreError(f"store '{self.path}' has schema version {version}, "
                                 f"this gradleak reads version {SCHEMA_VERSION}")
 
     def close(self) -> None:
@@ -120,7 +136,7 @@ class ResultStore:
         try:
             return action()
         except sqlite3.DatabaseError as exc:
-            raise GradleakError(f"store '{self.path}' is corrupted or unreadable ({exc})") from None
+            raise StoreError(f"store '{self.path}' is corrupted or unreadable ({exc})") from None
 
     def finished_keys(self) -> set[str]:
         """Keys of cells that need no re-run: a failed cell is tried again."""
@@ -163,20 +179,99 @@ class ResultStore:
             query += " WHERE kind=?"
             args = (kind,)
         rows = self._guard(lambda: self._conn.execute(query + " ORDER BY finished, key", args).fetchall())
-        return [CellRecord(r[0], r[1], r[2], json.loads(r[3]), json.loads(r[4]), json.loads(r[5]),
-                           json.loads(r[6]), r[7], r[8], r[9]) for r in rows]
+        return [self._cell(r) for r in rows]
 
     def images(self, key: str) -> list[ImageRecord]:
         rows = self._guard(lambda: self._conn.execute(
             "SELECT idx, metrics, original_png, reconstruction_png FROM images WHERE cell_key=? ORDER BY idx",
             (key,)).fetchall())
-        return [ImageRecord(r[0], json.loads(r[1]), r[2], r[3]) for r in rows]
+        where = f"image row of cell {_shown(key)}"
+        records = []
+        for r in rows:
+            if not isinstance(r[0], int) or isinstance(r[0], bool):
+                self._malformed(where, "idx", "is not an integer")
+            records.append(ImageRecord(r[0], self._numbers(self._json_dict(r[1], where, "metrics"), where, "metrics"),
+                                       self._blob(r[2], where, "original_png"),
+                                       self._blob(r[3], where, "reconstruction_png")))
+        return records
+
+    # Rows are read back as they were written by gradleak; a foreign, hand-edited or damaged
+    # row (non-JSON text, a string where a number belongs) is refused with one line naming
+    # it, so nothing downstream trips over it.
+    def _cell(self, r: tuple) -> CellRecord:
+        key = r[0]
+        if not isinstance(key, str) or not key:
+            self._malformed("a cell", "key", "is not a non-empty text")
+        where = f"cell {_shown(key)}"
+        for column, value in (("kind", r[1]), ("sweep", r[2])):
+            if not isinstance(value, str):
+                self._malformed(where, column, "is not text")
+        if r[1] not in CELL_KINDS:
+            self._malformed(where, "kind", f"is '{_shown(r[1])}', not one of {', '.join(CELL_KINDS)}")
+        spec = self._json_dict(r[3], where, "spec")
+        labels = self._json_dict(r[4], where, "labels")
+        missing = [k for k in REQUIRED_LABELS.get(r[1], ()) if k not in labels]
+        if missing:
+            self._malformed(where, "labels", f"lacks {', '.join(missing)}")
+        for name, value in labels.items():
+            items = value if isinstance(value, list) else [value]
+            if not all(v is None or isinstance(v, (str, int, float, bool)) for v in items):
+                self._malformed(where, "labels", f"holds a nested value under '{_shown(name)}'")
+        metrics = self._numbers(self._json_dict(r[5], where, "metrics"), where, "metrics")
+        extras = self._json_dict(r[6], where, "extras")
+        for column, value in (("seconds", r[7]), ("cpu_seconds", r[9])):
+            if column == "cpu_seconds" and value is None:
+                continue
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                self._malformed(where, column, "is not a number")
+        return CellRecord(key, r[1], r[2], spec, labels, metrics, extras, float(r[7]),
+                          self._blob(r[8], where, "grid_png"), r[9])
+
+    def _malformed(self, where: str, column: str, problem: str):
+        raise StoreError(f"store '{self.path}': {where} is malformed: '{column}' {problem} "
+                         "(not written by gradleak, or damaged)")
+
+    def _json_dict(self, text: Any, where: str, column: str) -> dict:
+        if not isinstance(text, str):
+            self._malformed(where, column, "is not JSON text")
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            self._malformed(where, column, "is not valid JSON")
+        if not isinstance(value, dict):
+            self._malformed(where, column, f"is JSON {type(value).__name__}, not an object")
+        return value
+
+    def _numbers(self, values: dict, where: str, column: str) -> dict:
+        for name, value in values.items():
+            if not (value is None or isinstance(value, (int, float))):
+                self._malformed(where, column, f"holds {type(value).__name__} under '{_shown(name)}', "
+                                "not a number")
+        return values
+
+    def _blob(self, value: Any, where: str, column: str) -> bytes | None:
+        if value is not None and not isinstance(value, bytes):
+            self._malformed(where, column, "is not binary data")
+        return value
 
     def count(self) -> int:
         return self._guard(lambda: self._conn.execute("SELECT COUNT(*) FROM cells").fetchone()[0])
 
     def __iter__(self) -> Iterator[CellRecord]:
         return iter(self.cells())
+
+
+CELL_KINDS = ("attack", "utility", "skipped", "failed")
+# What the analysis groups finished cells by (every writer in gradleak stores these).
+REQUIRED_LABELS = {"attack": ("attack", "attack_spec", "defense", "strength", "batch_size", "local_steps", "seed"),
+                   "utility": ("dataset", "model", "defense", "strength")}
+
+
+def _shown(value: Any) -> str:
+    """A short, printable excerpt of a stored value for a one-line message."""
+    text = str(value)
+    text = "".join(ch if ch.isprintable() else "?" for ch in text)
+    return text[:40] + ("…" if len(text) > 40 else "")
 
 
 def _dump(value: Any) -> str:

@@ -23,8 +23,8 @@ from .defenses import make_chain
 from .errors import GradleakError
 from .experiment import dataset_spec
 from .fl import TrainingSpec, aggregate_updates, compute_update
-from .fl.training import check_bn_mode
 from .fl.local import batch_loss
+from .fl.training import check_bn_mode
 from .models import ModelSpec, build_model
 from .options import parse_spec
 from .seeding import stream
@@ -60,7 +60,8 @@ class UtilitySpec:
         require(self.rounds >= 1, f"--rounds must be >= 1, got {self.rounds}")
         require(self.dirichlet > 0 and math.isfinite(self.dirichlet),
                 f"--dirichlet must be a positive number, got {self.dirichlet}")
-        require(self.local_steps is None or self.local_steps >= 1, f"--local-steps must be >= 1, got {self.local_steps}")
+        require(self.local_steps is None or self.local_steps >= 1,
+                f"--local-steps must be >= 1, got {self.local_steps}")
         require(self.local_epochs >= 1, f"--local-epochs must be >= 1, got {self.local_epochs}")
         require(self.local_batch_size >= 1, f"--local-batch-size must be >= 1, got {self.local_batch_size}")
         require(0 < self.delta < 1, f"--delta must be in (0, 1), got {self.delta}")
@@ -84,12 +85,23 @@ class UtilityResult:
     epsilon: float | None  # worst client's ε at spec.delta (DP defenses only)
     seconds: float
     history: list[dict] = field(default_factory=list)  # per round: mean client loss before the round
+    # lets the analysis tell a model that did not train (accuracy near 1/classes) from a cheap defense
+    num_classes: int | None = None
 
     def to_json(self) -> dict:
         return {"defenses": list(self.spec.defenses), "dataset": self.spec.dataset, "model": self.spec.model,
                 "rounds": self.spec.rounds, "train_loss": self.train_loss, "test_accuracy": self.test_accuracy,
-                "test_loss": self.test_loss, "epsilon": self.epsilon, "delta": self.spec.delta if self.epsilon
-                is not None else None, "seconds": self.seconds, "history": self.history, "spec": self.spec.to_dict()}
+                "test_loss": self.test_loss, "num_classes": self.num_classes, **self._privacy(),
+                "seconds": self.seconds, "history": self.history,
+                "spec": self.spec.to_dict()}
+
+    def _privacy(self) -> dict:
+        # An unbounded ε (a DP defense without noise) is no guarantee: null plus a flag, never Infinity.
+        if self.epsilon is None:
+            return {"epsilon": None, "delta": None}
+        if not math.isfinite(self.epsilon):
+            return {"epsilon": None, "delta": self.spec.delta, "dp_guarantee": False}
+        return {"epsilon": self.epsilon, "delta": self.spec.delta}
 
 
 def dirichlet_partition(labels: torch.Tensor, clients: int, alpha: float, seed: int) -> list[torch.Tensor]:
@@ -174,7 +186,8 @@ def run_utility(spec: UtilitySpec, progress: Callable[[int, int, dict], None] | 
     train_loss, _ = evaluate(model, train)
     test_loss, test_accuracy = evaluate(model, test)
     epsilon = _epsilon(chain, shards, dp_steps, training, spec.delta)
-    return UtilityResult(spec, train_loss, test_accuracy, test_loss, epsilon, time.perf_counter() - start, history)
+    return UtilityResult(spec, train_loss, test_accuracy, test_loss, epsilon, time.perf_counter() - start, history,
+                         num_classes=train.num_classes)
 
 
 def _epsilon(chain, shards, dp_steps, training: TrainingSpec, delta: float) -> float | None:

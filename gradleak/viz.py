@@ -35,3 +35,20 @@ def save_grid(path: str | Path, originals: torch.Tensor, reconstructions: torch.
     image_grid([originals, reconstructions]).save(tmp)
     tmp.replace(path)
     return path
+
+
+def pairs_thumbnail(pairs: list[tuple[bytes, bytes]], limit: int = 8) -> bytes:
+    """PNG bytes of the first `limit` (original, reconstruction) PNG pairs as a two-row grid:
+    a large batch's full grid is too wide to read as a thumbnail."""
+    import io
+
+    def tensor(png: bytes) -> torch.Tensor:
+        arr = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.float32) / 255.0
+        return torch.from_numpy(arr).permute(2, 0, 1)
+
+    pairs = pairs[:limit]
+    originals = torch.stack([tensor(o) for o, _ in pairs])
+    reconstructions = torch.stack([tensor(r) for _, r in pairs])
+    buf = io.BytesIO()
+    image_grid([originals, reconstructions], scale=1).save(buf, format="PNG")
+    return buf.getvalue()

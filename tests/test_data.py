@@ -15,8 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from gradleak.data import DATASETS, Dataset, DatasetSpec, load_dataset
-from gradleak.data import fashion_mnist, sources
+from gradleak.data import DATASETS, Dataset, DatasetSpec, fashion_mnist, load_dataset, sources
 from gradleak.data.sources import safe_unpickle
 from gradleak.data.transforms import apply_spec_transforms, resize_images
 from gradleak.errors import GradleakError

@@ -177,6 +177,7 @@ def test_auto_differences_convolutional_models_only():
     assert UpdateSimulator(obs, second_order="auto").differenced is not None
 
 
+@pytest.mark.slow
 def test_ig_with_difference_reconstructs_as_well_as_exact():
     # ReLU ConvNet with max-pooling: every kink type the recorder freezes. Measured
     # 14.8 dB against 14.0 exact (600 iterations, two images: 16.4 vs 15.9 dB in

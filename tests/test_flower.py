@@ -16,6 +16,9 @@ from gradleak.fl import compute_update  # noqa: E402
 from gradleak.flower import run_app  # noqa: E402
 from gradleak.store import ResultStore  # noqa: E402
 
+# A Flower simulation starts Ray: tens of seconds per test.
+pytestmark = pytest.mark.slow
+
 APP = Path(__file__).resolve().parents[1] / "examples" / "flower_audit"
 # Inverting Gradients on a 4-image client update of the example's sigmoid CNN.
 ATTACK = "ig:iterations=1000"
@@ -82,9 +85,10 @@ def test_round_one_reconstruction_matches_gradleak_attack(plain_run):
         ours = audit_update(model, simulated, c.inputs, c.labels, training=training, attacks=[ATTACK],
                             lpips="none", seed=0).runs[0].metrics["psnr"]
         # the same optimisation from updates equal to float rounding: measured differences
-        # 0.00-0.21 dB (seeds 0-2, 6 updates); and the attack works here: 17.6-36.7 dB
+        # 0.00-0.21 dB (seeds 0-2, 6 updates); and the attack works here: PSNR of the mean MSE
+        # 15.8-34.0 dB (seeds 0-2, 6 updates; per-image 13.5-35.8)
         assert abs(flower[c.partition_id] - ours) <= 1.0
-        assert flower[c.partition_id] >= 15
+        assert flower[c.partition_id] >= 14
 
 
 def test_flower_local_dp_lowers_leakage(plain_run, dp_run):
@@ -93,7 +97,7 @@ def test_flower_local_dp_lowers_leakage(plain_run, dp_run):
     plain, noisy = _psnr_by_client(plain_run), _psnr_by_client(dp_run)
     assert set(plain) == set(noisy)
     for client in plain:
-        # measured (seeds 0-2): 17.6-36.7 dB without, 3.2-3.3 dB with local DP
+        # PSNR of the mean MSE, seeds 0-2: 15.8-34.0 dB without, 3.2-3.4 dB with local DP
         assert noisy[client] <= plain[client] - 8
     # and the noise is really in what the server received
     clean = {c.partition_id: c.update.norm() for c in plain_run.captured if c.round == 1}
@@ -165,4 +169,5 @@ def test_cli_reports_json(plain_run, capsys, tmp_path):
     assert code == 0, err
     payload = json.loads(out.strip().splitlines()[-1])
     assert payload["audited"] == 1 and payload["num_supernodes"] == 10
+    # PSNR of the mean MSE, one client, ig:iterations=200, seeds 0-2: 16.8-35.2 dB
     assert payload["by_round"][0]["round"] == 1 and payload["by_round"][0]["psnr"] > 10

@@ -15,7 +15,7 @@ from skimage.transform import resize
 
 from gradleak.errors import GradleakError
 from gradleak.metrics import lpips as lp
-from gradleak.metrics.lpips import LPIPS, load_checkpoint, load_lpips, lpips_distance
+from gradleak.metrics.lpips import load_checkpoint, load_lpips, lpips_distance
 
 
 def _t(img: np.ndarray) -> torch.Tensor:
@@ -119,7 +119,9 @@ def test_small_images_are_upsampled_to_64():
     # 32x32 (CIFAR) gives the same value as explicitly upsampling to 64x64 first.
     gen = torch.Generator().manual_seed(2)
     x, y = torch.rand(2, 4, 3, 32, 32, generator=gen)
-    up = lambda t: torch.nn.functional.interpolate(t, size=(64, 64), mode="bilinear", align_corners=False)
+    def up(t):
+        return torch.nn.functional.interpolate(t, size=(64, 64), mode="bilinear", align_corners=False)
+
     model = load_lpips("vgg")
     with torch.no_grad():
         assert torch.allclose(model(x, y), model(up(x), up(y)), atol=1e-6)

@@ -45,7 +45,8 @@ def test_forward_backward_shapes(name, shape):
     assert all(p.grad is not None for p in model.parameters())
 
 
-DEFAULT_PARAMS_3x32x32_10 = {"lenet": 15_826, "lenet5": 62_006, "lenet-rog": 2_155_968, "convnet": 733_642, "resnet18": 11_173_962,
+DEFAULT_PARAMS_3x32x32_10 = {"lenet": 15_826, "lenet5": 62_006, "lenet-rog": 2_155_968, "convnet": 733_642,
+                             "resnet18": 11_173_962,
                              "resnet20": 269_722, "vgg16": 15_245_130, "mlp": 855_050, "twolayer": 3_082_000}
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from gradleak.errors import GradleakError
+from gradleak.sweep import parse_sweep
 from gradleak.sweep.progress import SweepBars
 from gradleak.sweep.ray_executor import RayExecutor, parse_ray_address
-from gradleak.sweep import parse_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -84,6 +84,7 @@ def ray_cluster():
         ray.shutdown()
 
 
+@pytest.mark.slow
 def test_ray_sweep_equals_local_run(tmp_path, ray_cluster):
     spec = tmp_path / "sweep.yaml"
     spec.write_text(TINY_SWEEP)
@@ -169,7 +170,9 @@ def test_silent_server_times_out_within_the_connect_timeout():
         seconds = time.monotonic() - start
     message = str(err.value)
     assert "no gRPC handshake" in message and "GRADLEAK_RAY_CONNECT_TIMEOUT" in message and "\n" not in message
-    assert 1.5 < seconds < 6
+    # The 2 s connect timeout is honoured: not an instant refusal, not Ray's minutes of retries.
+    # The upper end leaves room for a loaded machine; it is not a speed target.
+    assert 1.5 < seconds < 30
 
 
 def test_non_ray_server_is_rejected():

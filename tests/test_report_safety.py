@@ -34,3 +34,27 @@ def test_hostile_keys_and_labels_are_escaped(tmp_path):
     assert not re.search(r"<[^>]*\sonload=", page)
     assert not (tmp_path / "escaped.png").exists() and not list(tmp_path.glob("*.png"))
     assert len(list((out / "images").glob("*.png"))) == 2
+    # every picture, the matrix's thumbnails included, is a hashed file of the report or a plot
+    sources = re.findall(r"src='([^']*)'", page)
+    assert "id='matrix'" in page and sources
+    assert all(re.fullmatch(r"images/[0-9a-f]{32}\.png|tradeoff-\d+\.png|rounds\.png", s) for s in sources)
+
+
+def test_large_batch_thumbnail_is_a_hashed_file(tmp_path):
+    """A batch wider than the matrix shows gets its own thumbnail file, named like the grids."""
+    from gradleak.store import ImageRecord
+
+    hostile = "../<img src=x onerror=alert(1)>"
+    labels = {"threat": "honest", "dataset": "mnist", "model": "lenet", "batch_size": 16, "local_steps": 1,
+              "seed": 0, "defense": "none", "strength": "", "defenses": [], "attack": "ig", "attack_spec": hostile,
+              "init": None}
+    with ResultStore(tmp_path / "store.db") as store:
+        store.add_cell(CellRecord(hostile, "attack", "s", {}, labels, {"mse": 0.1, "psnr": 10.0}, {}, 1.0, _png()),
+                       [ImageRecord(i, {"mse": 0.1}, _png(), _png()) for i in range(16)])
+    write_report(tmp_path / "store.db", tmp_path / "report")
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "<img src=x" not in page
+    thumbs = re.findall(r"<img class='thumb' src='(images/[0-9a-f]{32}\.png)'", page)
+    assert len(thumbs) == 1 and (tmp_path / "report" / thumbs[0]).exists()
+    assert len(list((tmp_path / "report" / "images").glob("*.png"))) == 2  # the grid and its thumbnail
+    assert not list(tmp_path.glob("*.png"))

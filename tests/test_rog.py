@@ -3,8 +3,8 @@ the enhancement U-Net and the semantic-match metric. Thresholds are smaller
 versions of the ROG benchmark's targets, measured on this code (see docs/rog.md)."""
 from __future__ import annotations
 
-import skimage.data
 import pytest
+import skimage.data
 import torch
 import torch.nn.functional as F
 
@@ -30,10 +30,11 @@ def test_rog_reconstructs_fedavg_delta_and_beats_ig():
     ig = run_attack(AttackRunSpec(attack="ig:iterations=30", **common))
     assert rog.metrics["label_acc"] == 1.0
     assert rog.metrics["lpips"] <= 0.28
-    assert rog.metrics["psnr"] >= 21.0
+    assert rog.metrics["psnr"] >= 21.0  # PSNR of the mean MSE, seeds 0-2: 21.3-24.2 dB (seed 0: 23.9)
     assert rog.metrics["lpips"] < ig.metrics["lpips"] - 0.2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,defense,options,ceiling,gain", [
     # Only the sent entries are matched. Seeds 0-4 on one thread: LPIPS 0.18-0.27, gain 0.39-0.48.
     ("lenet:init=default", "topk:sparsity=0.95", "iterations=15,refine=15", 0.30, 0.3),

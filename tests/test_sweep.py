@@ -75,6 +75,7 @@ def reference_store(workdir):
     return store
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_equals_uninterrupted_run(workdir, reference_store):
     store = workdir / "killed.db"
     proc = subprocess.Popen([sys.executable, "-m", "gradleak", "sweep", str(workdir / "sweep.yaml"),
@@ -237,11 +238,23 @@ def test_report_renders_in_headless_chromium(workdir, reference_store):
     assert report["grids"] == 8 and n_img >= 8 + 1  # every cell's grid + the trade-off plot
     assert "http://" not in page and "https://" not in page  # nothing external
     assert "id='verdict'" in page and "Honest-but-curious server" in page  # the verdict in words comes first
+    # then the defense × attack matrix: 4 defense settings × 2 batch sizes, one attack, a thumbnail each
+    assert page.index("id='verdict'") < page.index("id='matrix'") < page.index("Strongest attack per defense")
+    matrix = page[page.index("id='matrix'"):page.index("Strongest attack per defense")]
+    assert len(re.findall(r"<img class='thumb' src='images/[0-9a-f]{32}\.png'", matrix)) == 8
+    assert page.count("<details>") == 2  # the gallery: none and noise
     for name in ("strongest.csv", "attacks.csv", "utility.csv", "results.json"):
         assert (out / name).stat().st_size > 0
     exported = json.loads((out / "results.json").read_text())
     assert len(exported["cells"]) == 12 and len(exported["strongest"]) == 8
-    assert all(e["utility_loss"] is not None for e in exported["strongest"])
+    # one FedAvg round of two local steps leaves the sigmoid LeNet at chance: no utility loss is
+    # claimed, the rows say why
+    baseline = [c for c in exported["cells"] if c["kind"] == "utility" and c["labels"]["defense"] == "none"]
+    assert baseline[0]["metrics"]["num_classes"] == 10
+    untrained = baseline[0]["metrics"]["test_accuracy"] <= 0.2
+    for e in exported["strongest"]:
+        assert (e["utility_loss"] is None) == untrained
+        assert (e["utility_note"] or "").startswith("utility model did not train") == untrained
 
     profile = tempfile.mkdtemp(prefix="chromium-")
     try:
@@ -255,6 +268,7 @@ def test_report_renders_in_headless_chromium(workdir, reference_store):
     assert title, proc.stderr[-2000:]
     counts = dict(re.findall(r"(ok|broken|errors)=(\d+)", title.group(1)))
     assert counts == {"ok": str(n_img), "broken": "0", "errors": "0"}, title.group(1)
+    assert "matrix=8/8" in title.group(1)  # every matrix thumbnail decoded
 
 
 def test_threat_models_get_separate_verdicts_and_under_budget_attacks_are_flagged():
@@ -319,3 +333,91 @@ def test_verdict_needs_seeds_and_an_interval_and_utility_names_the_trained_model
     assert entry["utility_loss"] == pytest.approx(0.09)
     assert entry["utility_loss_ci"] == pytest.approx(12.706 * (0.01 ** 2 + 0.02 ** 2) ** 0.5, rel=1e-3)
     assert entry["utility_model"] == "lenet:activation=relu"
+
+
+def _untrained_store_cells(baseline_accuracy: float, num_classes: int | None):
+    def attack(seed, ssim):
+        labels = {"threat": "honest", "dataset": "mnist", "model": "lenet", "batch_size": 4, "local_steps": 1,
+                  "seed": seed, "defense": "noise", "strength": "sigma=0.1", "defenses": [], "attack": "ig",
+                  "attack_spec": "ig", "init": None}
+        return CellRecord(f"a{seed}", "attack", "t", {}, labels, {"ssim": ssim, "asr": 0.0, "mse": 0.1},
+                          {"convergence": {"under_budget": False}}, 1.0)
+
+    def utility(defense, strength, seed, acc):
+        labels = {"dataset": "mnist", "model": "lenet", "defense": defense, "strength": strength, "seed": seed}
+        metrics = {"test_accuracy": acc, **({"num_classes": num_classes} if num_classes else {})}
+        return CellRecord(f"u{defense}{seed}", "utility", "t", {"dataset": "mnist"}, labels, metrics, {}, 1.0)
+
+    return [attack(0, 0.05), attack(1, 0.06), utility("none", "", 0, baseline_accuracy),
+            utility("none", "", 1, baseline_accuracy), utility("noise", "sigma=0.1", 0, baseline_accuracy),
+            utility("noise", "sigma=0.1", 1, baseline_accuracy)]
+
+
+@pytest.mark.parametrize("num_classes", [10, None])  # None: a store written before the class count was
+def test_untrained_utility_model_gives_no_utility_loss_and_no_free_defense(num_classes):
+    from gradleak.analysis import strongest_attacks
+    from gradleak.report import format_strongest, verdict_in_words
+
+    entry = strongest_attacks(_untrained_store_cells(0.101, num_classes))[0]
+    assert entry["verdict"] == "holds"  # the privacy side stands on its own
+    assert entry["utility_loss"] is None and entry["frontier"] is None
+    assert entry["utility_note"] == "utility model did not train (accuracy 0.101 ≈ chance 0.1)"
+    (_, lines), = verdict_in_words([entry])
+    words = " ".join(lines)
+    assert "utility cost unknown" in words and "utility loss 0" not in words
+    assert "did not train (accuracy 0.101 ≈ chance 0.1)" in words and "none is shown to be free" in words
+    assert "did not train" in format_strongest([entry])
+
+    trained = strongest_attacks(_untrained_store_cells(0.9, num_classes))[0]
+    assert trained["utility_loss"] == 0.0 and trained["utility_note"] is None
+    # 0.2 = chance + 0.1 is still "did not train"; 0.21 is a (poorly) trained model
+    assert strongest_attacks(_untrained_store_cells(0.2, num_classes))[0]["utility_note"]
+    assert strongest_attacks(_untrained_store_cells(0.21, num_classes))[0]["utility_note"] is None
+
+
+def test_matrix_picks_each_attacks_best_seed_and_says_why_a_cell_is_empty(tmp_path):
+    from gradleak.analysis import best_reconstructions
+    from gradleak.report import write_report
+    from gradleak.store import ResultStore
+
+    def labels(defense, attack, seed, **extra):
+        return {"threat": "honest", "dataset": "mnist", "model": "lenet", "batch_size": 1, "local_steps": 1,
+                "seed": seed, "defense": defense, "strength": "" if defense == "none" else "sigma=0.1",
+                "defenses": [], "attack": attack, "attack_spec": attack, "init": None, **extra}
+
+    png = _png()
+    cells = [CellRecord("n0", "attack", "t", {}, labels("none", "ig", 0), {"mse": 0.02, "psnr": 17.0, "ssim": 0.4},
+                        {}, 1.0, png),
+             CellRecord("n1", "attack", "t", {}, labels("none", "ig", 1), {"mse": 0.01, "psnr": 20.0, "ssim": 0.5},
+                        {}, 1.0, png),
+             CellRecord("s", "skipped", "t", {"threat": "honest"},
+                        {k: v for k, v in labels("noise", "ig", 0, reason="needs labels").items() if k != "threat"},
+                        {}, {}, 0.0),
+             CellRecord("f", "failed", "t", {}, labels("none", "cpl", 0, cell_kind="attack"), {},
+                        {"error": "RuntimeError: out of memory"}, 0.0)]
+    (matrix,) = best_reconstructions(cells)
+    none, noise = ("none", ""), ("noise", "sigma=0.1")
+    assert matrix["rows"] == [(1, 1, *none), (1, 1, *noise)] and matrix["columns"] == ["cpl", "ig"]
+    assert matrix["cells"][((1, 1, *none), "ig")]["best"].key == "n1"  # lowest MSE of the two seeds
+    assert matrix["cells"][((1, 1, *noise), "ig")]["not_run"] == "needs labels"
+    assert matrix["cells"][((1, 1, *none), "cpl")]["failed"] == ["RuntimeError: out of memory"]
+
+    with ResultStore(tmp_path / "s.db") as store:
+        for c in cells:
+            store.add_cell(c)
+    write_report(tmp_path / "s.db", tmp_path / "r")
+    page = (tmp_path / "r" / "index.html").read_text()
+    matrix_html = page[page.index("id='matrix'"):page.index("Strongest attack per defense")]
+    assert "PSNR 20 dB · SSIM 0.5" in matrix_html and "best of 2 seeds (seed 1)" in matrix_html
+    assert "not run: needs labels" in matrix_html and "failed: RuntimeError: out of memory" in matrix_html
+    assert "not in the sweep" in matrix_html  # noise × cpl: never in the grid
+
+
+def _png() -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("L", (4, 4)).save(buf, format="PNG")
+    return buf.getvalue()

@@ -11,8 +11,16 @@ import torch
 from gradleak.cli import main
 from gradleak.defenses import make_defense
 from gradleak.errors import GradleakError
-from gradleak.theory import (TwoLayerNet, defended_gradient, dp_noise_requirement, gradient, jacobian,
-                             lower_bound, random_data, random_network)
+from gradleak.theory import (
+    TwoLayerNet,
+    defended_gradient,
+    dp_noise_requirement,
+    gradient,
+    jacobian,
+    lower_bound,
+    random_data,
+    random_network,
+)
 from gradleak.theory.defenses import parse_defense
 from gradleak.theory.study import run_study
 

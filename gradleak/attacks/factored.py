@@ -9,8 +9,8 @@ update T needs only
 
 (the second is Goodfellow's per-example-norm trick, Opacus's "ghost norm"), so
 G — out × in, 0.2 M entries for an MLP's first layer — is never formed, and the
-second derivative runs through B-row matrices instead of parameter-sized ones:
-an MLP's matching iteration 2.7 → 2.0× a training step (benchmarks optim).
+second derivative runs through B-row matrices instead of parameter-sized ones
+(`python -m benchmarks optim` prints the cost of a matching iteration).
 
 Exact, not an approximation; used by `UpdateSimulator` when every observed
 tensor is the weight or bias of an `nn.Linear` called once on (B, in) rows and

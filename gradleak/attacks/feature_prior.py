@@ -32,12 +32,18 @@ from ..models import last_linear
 from ..options import check
 from ..threat import Observation
 from .base import Attack, AttackContext, PreparedModel, Reconstruction
-from .feature_probe import (class_feature_loss, feature_match_loss, find_probe, insert_feature_probe,
-                            recover_class_features, recover_features, span_loss)
+from .feature_probe import (
+    class_feature_loss,
+    feature_match_loss,
+    find_probe,
+    insert_feature_probe,
+    recover_class_features,
+    recover_features,
+    span_loss,
+)
 from .generators import GENERATORS
 from .labels import recover_labels
-from .matching import (UpdateSimulator, finite_or_inf, step_decay_lr, total_variation,
-                       update_distance)
+from .matching import UpdateSimulator, finite_or_inf, step_decay_lr, total_variation, update_distance
 
 ProbeActivation = Literal["relu", "tanh", "sigmoid", "leakyrelu"]
 
@@ -46,13 +52,11 @@ ProbeActivation = Literal["relu", "tanh", "sigmoid", "leakyrelu"]
 class FeaturePriorOptions:
     iterations: int = 2000  # paper: 10,000 Adam steps
     lr: float = 0.01  # Adam on the generator's weights
-    # tv/bn/decay measured on the LPIPS benchmark (cifar10, ResNet-20, B = 16,
-    # 100 iterations, α_feat 0.1): tv 0.1, bn 0.005 (GradAttack's BN_exact) →
-    # 0.673; tv 0.01, bn 0.2 → 0.629; and a constant lr → 0.609 (IG: 0.624)
+    # tv, bn and a constant lr chosen by LPIPS on `python -m benchmarks feature_prior`
+    # (ResNet-20, B = 16); GradAttack's BN weight (bn 0.005, tv 0.1) scored worse there
     tv: float = 0.01
     bn: float = 0.2
-    # α_feat ("searched for each defense" in the paper); benchmark at 500
-    # iterations: LPIPS 0.567 / 0.557 / 0.537 for α_feat 0 / 0.1 / 1
+    # α_feat, which the paper searches per defense; the same benchmark prints LPIPS per α_feat
     feature: float = 1.0
     feature_mode: Literal["auto", "class", "match", "span", "none"] = "auto"
     span_above: int = 8  # auto without per-class recovery: the span variant when B > span_above

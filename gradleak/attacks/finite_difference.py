@@ -47,7 +47,6 @@ from torch import nn
 from ..fl.local import batch_loss, batchnorm_mode
 from ..fl.training import TrainingSpec
 
-
 # h = STEP × ‖θ‖ / ‖u‖. The one-sided difference's error grows with h (deep
 # batch-norm nets most: 5e-4 in cosine on ResNet-18 at 1e-5) and float32
 # rounding grows as h shrinks (1.7e-4 on LeNet at 1e-6); 3e-6 balances them.

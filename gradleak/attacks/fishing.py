@@ -19,6 +19,7 @@ Limits: needs a head with a bias; several target samples in one batch come back 
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass
 from typing import Literal
 
@@ -104,8 +105,12 @@ class ClassFishing(Attack):
         # mean loss: ∂L/∂b_t = (1/B) Σ_i (p_t − 1[y_i = t]) with p_t ≈ 0
         count = int(round(float(-g_bias[t]) * obs.batch_size))
         if count < 1:
+            # The class was fixed when the model was crafted, before the server saw this batch;
+            # returning nothing silently would read as a defense that held.
+            message = nothing_fished_message(t, g_bias, obs.batch_size, obs.num_classes)
+            warnings.warn(message, stacklevel=2)
             return Reconstruction(inputs=torch.zeros(0, *obs.input_shape), labels=torch.zeros(0, dtype=torch.long),
-                                  extras={"target_count": 0})
+                                  extras={"target_count": 0, "nothing_reconstructed": True, "message": message})
         labels = torch.full((count,), t, dtype=torch.long)
         method = opt.inversion
         if method == "auto":
@@ -114,14 +119,30 @@ class ClassFishing(Attack):
             x = invert_first_layer(obs, count, FCAnalyticOptions(tolerance=opt.tolerance))
             if obs.modality == "image":
                 x = x.clamp(0, 1)
-            return Reconstruction(inputs=x, labels=labels[: x.shape[0]],
-                                  extras={"target_count": count, "inversion": "analytic"})
+            extras = {"target_count": count, "inversion": "analytic"}
+            if x.shape[0] == 0:
+                extras["nothing_reconstructed"] = True
+            return Reconstruction(inputs=x, labels=labels[: x.shape[0]], extras=extras)
         rec = InvertingGradients(IGOptions(iterations=opt.iterations, lr=opt.lr, tv=opt.tv,
                                            restarts=opt.restarts)).reconstruct(
             isolated_observation(obs, head_name, labels), ctx)
         return Reconstruction(inputs=rec.inputs, labels=labels, iterations=rec.iterations,
                               final_distance=rec.final_distance, trace=rec.trace,
                               extras={"target_count": count, "inversion": "ig"})
+
+
+def nothing_fished_message(target: int, g_bias: torch.Tensor, batch_size: int, num_classes: int) -> str:
+    """One line saying that no example of the target class was in the batch, and which
+    classes the same update shows. With the head fished, every other of the K logits is 0 and
+    p_j ≈ 1/(K − 1), so ∂L/∂b_j = 1/(K − 1) − n_j/B reveals each class's count n_j from the
+    update alone (no ground truth): a later round could fish one of them."""
+    g = g_bias.detach().double().cpu()
+    counts = (batch_size / max(len(g) - 1, 1) - g * batch_size).round()
+    present = [j for j in range(min(num_classes, len(g))) if j != target and counts[j] >= 1]
+    seen = (f"; the update shows examples of class{'es' if len(present) > 1 else ''} "
+            f"{', '.join(map(str, present))}") if present else ""
+    return (f"attack 'fishing': nothing reconstructed: no example of target_class {target} in the batch "
+            f"(the head's bias gradient counts 0){seen}")
 
 
 def isolated_observation(obs: Observation, head_name: str, labels: torch.Tensor) -> Observation:

@@ -24,8 +24,7 @@ from ..threat import Observation
 from .base import Attack, AttackContext, Reconstruction
 from .initialization import initial_inputs
 from .labels import recover_labels
-from .matching import (UpdateSimulator, finite_or_inf, registered_mean, step_decay_lr,
-                       total_variation, update_distance)
+from .matching import UpdateSimulator, finite_or_inf, registered_mean, step_decay_lr, total_variation, update_distance
 
 
 @dataclass

@@ -23,14 +23,22 @@ from ..options import check
 from ..threat import Observation
 from .base import Attack, AttackContext, Reconstruction
 from .labels import recover_labels
-from .matching import (SecondOrder, UpdateSimulator, finite_or_inf, random_init, registered_mean,
-                       step_decay_lr, total_variation, update_distance)
+from .matching import (
+    SecondOrder,
+    UpdateSimulator,
+    finite_or_inf,
+    random_init,
+    registered_mean,
+    step_decay_lr,
+    total_variation,
+    update_distance,
+)
 
 
 @dataclass
 class IGOptions:
-    # 2500 signed-Adam steps with a light TV prior: measured ≥ 26 dB on MNIST/LeNet
-    # batch 1 (1000 steps or TV 1e-4 plateau near 23 dB).
+    # Signed Adam with a light TV prior; steps and TV chosen on MNIST/LeNet batch 1
+    # (`python -m benchmarks optim` prints the quality per budget).
     iterations: int = 2500
     lr: float = 0.1
     tv: float = 1e-6

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from ..options import check
 from ..threat import Observation
 from .base import Attack, AttackContext, Reconstruction
-from .labels import recover_labels
 from .head_unroll import make_simulator
+from .labels import recover_labels
 from .matching import UpdateSimulator, finite_or_inf, total_variation, update_distance
 
 Tensors = dict[str, torch.Tensor]

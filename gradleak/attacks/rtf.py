@@ -14,7 +14,7 @@ assumption about the data (defaults: mean-brightness query of [0, 1] images).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -31,13 +31,14 @@ IMPRINT = "imprint"
 
 @dataclass
 class RTFOptions:
-    bins: int = 512  # K; Fowl et al. use a few times the batch size
+    bins: int = field(default=512, metadata={"range": (2, 8192)})  # K; Fowl et al. use a few times the batch size
     query: Literal["mean", "gaussian"] = "mean"  # mean brightness, or a random Gaussian direction
     calibration: Literal["auto", "prior", "assumed"] = "auto"  # auto = prior if granted
     assumed_mean: float = 0.15  # query distribution assumed without prior data
     assumed_std: float = 0.06
     readout: float = 1e-3  # size of the read-out that feeds the bins back into the input
-    min_bias_grad: float = 1e-6  # relative |Δb| below which a bin counts as empty
+    # relative |Δb| below which a bin counts as empty
+    min_bias_grad: float = field(default=1e-6, metadata={"range": (0.0, 1.0)})
 
     def __post_init__(self):
         check(self.bins >= 2, "attack 'rtf': bins must be >= 2")

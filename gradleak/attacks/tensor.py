@@ -19,7 +19,7 @@ measured better on digits than the noisier residual norms.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -36,7 +36,7 @@ from .base import Attack, AttackContext, Reconstruction, check_result
 @dataclass
 class TensorOptions:
     row: int = -1  # head row c used as g; -1 = automatic (see module docstring)
-    projections: int = 100  # random slices for the decomposition
+    projections: int = field(default=100, metadata={"range": (2, 10_000)})  # random slices for the decomposition
     scale: Literal["auto", "residual", "max", "unit"] = "auto"
 
     def __post_init__(self):

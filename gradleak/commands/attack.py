@@ -7,7 +7,27 @@ import sys
 
 from ..experiment import AttackRunSpec, run_attack, write_outputs
 from ..fl.training import BN_MODES
+from ..options import MAX_IMAGE_SIDE, MAX_ITERATIONS, MAX_SEED, MIN_IMAGE_SIDE, device_name, output_dir, ranged
 from ..threat import KNOWLEDGE, PRESETS
+
+# Command-line maximums (docs/options.md); option specs have their own in gradleak.options.
+MAX_BATCH = 4096
+MAX_IMAGES = 1_000_000  # more than any dataset holds; the dataset size is the real bound
+MAX_LR = 1000.0
+seed_type = ranged(int, 0, MAX_SEED, "--seed")
+
+
+def add_training_arguments(p: argparse.ArgumentParser, local_steps_default: int | None = 1,
+                           local_epochs_default: int | None = None, local_batch_default: int | None = None,
+                           lr_default: float = 0.1) -> None:
+    """The client's local training: steps, epochs, batch size, batch norm mode, learning rate."""
+    p.add_argument("--local-steps", type=ranged(int, 1, MAX_ITERATIONS, "--local-steps"), default=local_steps_default,
+                   help="local SGD steps (1 = FedSGD gradient)")
+    p.add_argument("--local-epochs", type=ranged(int, 1, 10_000, "--local-epochs"), default=local_epochs_default)
+    p.add_argument("--local-batch-size", type=ranged(int, 1, MAX_BATCH, "--local-batch-size"),
+                   default=local_batch_default)
+    add_bn_mode_argument(p)
+    p.add_argument("--lr", type=ranged(float, 0.0, MAX_LR, "--lr"), default=lr_default, help="client learning rate")
 
 
 def add_bn_mode_argument(p: argparse.ArgumentParser) -> None:
@@ -18,25 +38,24 @@ def add_bn_mode_argument(p: argparse.ArgumentParser) -> None:
 def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", required=True, help="dataset name[:path=DIR,resize=N,crop=N]")
     p.add_argument("--model", required=True, help="model name[:key=value,...]")
-    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--batch-size", type=ranged(int, 1, MAX_BATCH, "--batch-size"), default=1)
     p.add_argument("--defense", action="append", default=[], metavar="NAME[:key=value,...]",
                    help="defense to apply (repeat to chain, in order)")
-    p.add_argument("--local-steps", type=int, default=1, help="local SGD steps (1 = FedSGD gradient)")
-    p.add_argument("--local-epochs", type=int, default=None)
-    p.add_argument("--local-batch-size", type=int, default=None)
-    add_bn_mode_argument(p)
-    p.add_argument("--lr", type=float, default=0.1, help="client learning rate")
-    p.add_argument("--images", type=int, default=None, help="images to attack (default: one batch)")
-    p.add_argument("--seed", type=int, default=0)
+    add_training_arguments(p)
+    p.add_argument("--images", type=ranged(int, 1, MAX_IMAGES, "--images"), default=None,
+                   help="images to attack (default: one batch)")
+    p.add_argument("--seed", type=seed_type, default=0)
     p.add_argument("--threat", default="honest", choices=list(PRESETS))
     p.add_argument("--knows", default="", help=f"extra knowledge, comma separated: {', '.join(KNOWLEDGE)}")
     p.add_argument("--activation", default=None, choices=["relu", "sigmoid", "tanh", "leakyrelu"])
-    p.add_argument("--pretrain-steps", type=int, default=0, help="SGD steps on the train split first")
+    p.add_argument("--pretrain-steps", type=ranged(int, 0, MAX_ITERATIONS, "--pretrain-steps"), default=0,
+                   help="SGD steps on the train split first")
     p.add_argument("--checkpoint", default=None, help="model weights (.safetensors or .pt)")
     p.add_argument("--split", default="test", choices=["train", "test"], help="split the targets come from")
-    p.add_argument("--resize", type=int, default=None, help="resize images to N×N")
+    p.add_argument("--resize", type=ranged(int, MIN_IMAGE_SIDE, MAX_IMAGE_SIDE, "--resize"), default=None,
+                   help="resize images to N×N")
     p.add_argument("--lpips", default="alex", choices=["alex", "vgg", "none"])
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", type=device_name, default="auto", help="auto, cpu or cuda[:N]")
 
 
 def spec_from_args(args: argparse.Namespace, attack: str) -> AttackRunSpec:
@@ -53,7 +72,7 @@ def spec_from_args(args: argparse.Namespace, attack: str) -> AttackRunSpec:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_scenario_arguments(p)
     p.add_argument("--attack", required=True, help="attack name[:key=value,...]")
-    p.add_argument("--out", default=None, help="directory for result.json and grid.png")
+    p.add_argument("--out", type=output_dir(), default=None, help="directory for result.json and grid.png")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
 
 

@@ -10,6 +10,7 @@ import json
 
 from ..api import BUDGETS, audit
 from ..errors import GradleakError
+from ..options import output_dir
 from .attack import add_scenario_arguments
 
 
@@ -20,7 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the architecture allow)")
     p.add_argument("--budget", default="quick", choices=BUDGETS,
                    help="attack budget preset (options given with --attack override it)")
-    p.add_argument("--out", default="gradleak-audit", help="report directory (index.html, results.db)")
+    p.add_argument("--out", type=output_dir(), default="gradleak-audit",
+                   help="report directory (index.html, results.db)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
 
 

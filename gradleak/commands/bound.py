@@ -4,24 +4,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from ..errors import GradleakError
+from ..options import ranged
 from ..theory.bounds import dp_noise_requirement, lower_bound
 from ..theory.defenses import DEFENSE_OPTIONS, parse_defense
 from ..theory.model import ACTIVATIONS, random_data, random_network
+from .attack import seed_type
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--d", type=int, required=True, help="input dimension")
-    p.add_argument("--m", type=int, required=True, help="hidden width")
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--noise", type=float, required=True, help="std σ of the observation noise")
+    p.add_argument("--d", type=ranged(int, 1, 100_000, "--d"), required=True, help="input dimension")
+    p.add_argument("--m", type=ranged(int, 1, 1_000_000, "--m"), required=True, help="hidden width")
+    p.add_argument("--batch-size", type=ranged(int, 1, 100_000, "--batch-size"), default=1)
+    p.add_argument("--noise", type=ranged(float, 0.0, 1e6, "--noise"), required=True,
+                   help="std σ of the observation noise")
     p.add_argument("--defense", action="append", default=[],
                    help=f"NAME:k=v (repeatable; one report each): {', '.join(DEFENSE_OPTIONS)}")
     p.add_argument("--activation", default="square_cube", choices=list(ACTIVATIONS))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epsilon", type=float, default=1.0, help="ε for Prop. 2.1's DP noise requirement")
-    p.add_argument("--delta", type=float, default=1e-5, help="δ for Prop. 2.1's DP noise requirement")
+    p.add_argument("--seed", type=seed_type, default=0)
+    p.add_argument("--epsilon", type=ranged(float, 1e-6, 1e6, "--epsilon"), default=1.0,
+                   help="ε for Prop. 2.1's DP noise requirement")
+    p.add_argument("--delta", type=ranged(float, 1e-100, 0.5, "--delta"), default=1e-5,
+                   help="δ for Prop. 2.1's DP noise requirement")
     p.add_argument("--json", action="store_true")
 
 
@@ -33,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     x, y = random_data(args.d, args.batch_size, seed=args.seed)
     reports = [lower_bound(net, x, y, args.noise, defense).as_dict() for defense in defenses]
     dp = dp_noise_requirement(net, args.epsilon, args.delta).__dict__
+    _check_finite({"bounds": reports, "dp_requirement": dp})
     if args.json:
         print(json.dumps({"bounds": reports, "dp_requirement": dp}, indent=2))
         return 0
@@ -49,3 +56,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"Prop. 2.1: ({dp['epsilon']}, {dp['delta']})-DP needs σ ≥ {dp['sigma_required']:.4g} "
           f"(sensitivity Δ ≈ {dp['sensitivity']:.4g}, Δ²/m = {dp['sensitivity_sq_over_m']:.3g}); {dp['exponent_note']}")
     return 0
+
+
+def _check_finite(value, where: str = "result") -> None:
+    """Refuse to print NaN or infinity as a result: these settings lie outside what the bound covers."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(item, key)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _check_finite(item, where)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise GradleakError(f"the bound's '{where}' is not finite for these settings ({value}); "
+                            "use a smaller network, a moderate noise, ε and δ")

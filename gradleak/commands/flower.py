@@ -9,16 +9,20 @@ import argparse
 import json
 
 from ..errors import GradleakError
+from ..options import output_dir, ranged
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("app", help="Flower app folder (its pyproject.toml names the ServerApp and ClientApp)")
-    p.add_argument("--out", default="gradleak-flower", help="report directory (index.html, results.db)")
-    p.add_argument("--num-supernodes", type=int, default=None, help="simulated clients (default: the app's)")
+    p.add_argument("--out", type=output_dir(), default="gradleak-flower",
+                   help="report directory (index.html, results.db)")
+    p.add_argument("--num-supernodes", type=ranged(int, 1, 10_000, "--num-supernodes"), default=None,
+                   help="simulated clients (default: the app's)")
     p.add_argument("--run-config", action="append", default=[], metavar="KEY=VALUE",
                    help="override the app's run config (repeatable), as `flwr run --run-config`")
     p.add_argument("--rounds", default=None, help="server rounds to audit, comma separated (default: the hook's)")
-    p.add_argument("--clients", type=int, default=None, help="clients audited per round (default: the hook's)")
+    p.add_argument("--clients", type=ranged(int, 1, 10_000, "--clients"), default=None,
+                   help="clients audited per round (default: the hook's)")
     p.add_argument("--attack", action="append", default=[], metavar="NAME[:key=value,...]",
                    help="attack to run (repeatable; default: the hook's, usually every applicable one)")
     p.add_argument("--budget", default=None, choices=["quick", "standard", "thorough"])
@@ -45,8 +49,8 @@ def _rounds(text: str | None) -> tuple[int, ...] | None:
         rounds = tuple(int(r) for r in text.split(",") if r.strip())
     except ValueError:
         raise GradleakError(f"--rounds '{text}': expected round numbers, e.g. 1,3") from None
-    if not rounds or min(rounds) < 1:
-        raise GradleakError(f"--rounds '{text}': rounds start at 1")
+    if not rounds or min(rounds) < 1 or max(rounds) > 100_000:
+        raise GradleakError(f"--rounds '{text}': rounds are 1 to 100000")
     return rounds
 
 

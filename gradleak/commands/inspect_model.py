@@ -9,9 +9,9 @@ import torch
 
 from ..attacks import make_attack
 from ..attacks.base import AttackContext
+from ..data import load_dataset
 from ..errors import GradleakError
 from ..experiment import AttackRunSpec, build_scenario_model, dataset_spec
-from ..data import load_dataset
 from ..inspect import format_report, inspect_model
 from ..options import parse_spec
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..options import output_dir
 from ..report import format_strongest, write_report
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", required=True, help="results database written by `gradleak sweep`")
-    p.add_argument("--out", required=True, help="report directory (index.html, images, CSV, JSON)")
+    p.add_argument("--out", type=output_dir(), required=True, help="report directory (index.html, images, CSV, JSON)")
     p.add_argument("--json", action="store_true", help="print the strongest-attack table as JSON")
 
 

@@ -4,21 +4,23 @@ from __future__ import annotations
 import argparse
 import time
 
-from ..errors import GradleakError
-from ..postprocess.unet import DEFAULT_WEIGHTS
+from ..options import MAX_ITERATIONS, output_file, ranged
+from .attack import seed_type
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default=str(DEFAULT_WEIGHTS), help="safetensors file to write")
-    p.add_argument("--steps", type=int, default=1600, help="training steps (batch 8 of 64 px crops); the shipped weights used 1600")
-    p.add_argument("--seed", type=int, default=0)
+    # The default is a new file here, never the packaged weights (gradleak/assets/rog_unet.safetensors),
+    # which only an explicit --out replaces.
+    p.add_argument("--out", type=output_file(), default="rog_unet.safetensors",
+                   help="safetensors file to write (default: ./rog_unet.safetensors)")
+    p.add_argument("--steps", type=ranged(int, 1, MAX_ITERATIONS, "--steps"), default=1600,
+                   help="training steps (batch 8 of 64 px crops); the shipped weights used 1600")
+    p.add_argument("--seed", type=seed_type, default=0)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..postprocess.training import save_enhancer, train_enhancer
 
-    if args.steps < 1:
-        raise GradleakError(f"--steps must be >= 1, got {args.steps}")
     start = time.perf_counter()
 
     def report(step: int, total: int, loss: float) -> None:

@@ -1,6 +1,7 @@
 """Datasets: one module per source, one registry line each."""
 from __future__ import annotations
 
+from ..errors import GradleakError
 from ..registry import Registry
 from .base import Dataset, DatasetSpec
 
@@ -22,10 +23,19 @@ DATASETS: Registry = Registry("dataset", {
 
 __all__ = ["DATASETS", "Dataset", "DatasetSpec", "load_dataset"]
 
+# Built-in datasets that read their files from `path`; the others come from installed
+# packages, and a `path` given to them would be ignored without a word.
+TAKES_PATH = ("fashion-mnist", "cifar-batches", "mnist-idx", "image-folder", "tensors")
+
 
 def load_dataset(spec: DatasetSpec) -> Dataset:
     """Load `spec.name` and apply crop / resize / channel options."""
-    from .transforms import apply_spec_transforms
+    from .transforms import apply_spec_transforms, check_spec
 
+    check_spec(spec)
     loader = DATASETS.get(spec.name)
+    if spec.path and spec.name in DATASETS.names() and spec.name not in TAKES_PATH and \
+            loader.__module__.startswith("gradleak."):
+        raise GradleakError(f"dataset '{spec.name}' takes no path (it is read from its installed package); "
+                            f"datasets that read files: {', '.join(TAKES_PATH)}")
     return apply_spec_transforms(loader(spec), spec)

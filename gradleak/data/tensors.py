@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import GradleakError
+from ..errors import GradleakError, ResourceLimitError
+from ..options import MAX_CLASSES
 from .base import Dataset, DatasetSpec
 
 INPUT_KEYS = ("inputs", "x", "images", "data")
@@ -41,6 +42,9 @@ def dataset_from_tensors(inputs: Any, labels: Any, name: str = "user", class_nam
     x, modality = _inputs(x, name)
     y = _labels(y, name)
     top = int(y.max()) + 1
+    if top > MAX_CLASSES:  # one logit and one name per class: refuse before allocating them
+        raise ResourceLimitError(f"data '{name}': label {top - 1} implies {top:.3g} classes; the maximum is "
+                                 f"{MAX_CLASSES:,} classes")
     if num_classes is None:
         num_classes = len(class_names) if class_names else top
     if top > num_classes:

@@ -10,7 +10,8 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from ..errors import GradleakError
+from ..errors import GradleakError, OptionRangeError
+from ..options import MAX_DATA_BYTES, MAX_IMAGE_SIDE, MIN_IMAGE_SIDE, check_size
 from .base import Dataset, DatasetSpec
 
 # ITU-R BT.601 luma weights, the usual RGB -> grayscale conversion.
@@ -51,7 +52,22 @@ def _positive(value: int | None, option: str, name: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise GradleakError(f"dataset '{name}': {option} must be a positive integer, got {value!r}")
+    if not MIN_IMAGE_SIDE <= value <= MAX_IMAGE_SIDE:
+        raise OptionRangeError(f"dataset '{name}': {option}={value} is out of range; allowed: "
+                               f"{MIN_IMAGE_SIDE} to {MAX_IMAGE_SIDE} pixels")
     return value
+
+
+def check_spec(spec: DatasetSpec) -> None:
+    """Spec options checked before anything is read (a loader may resize while it reads)."""
+    _positive(spec.crop, "crop", spec.name)
+    _positive(spec.resize, "resize", spec.name)
+
+
+def check_image_bytes(name: str, count: int, channels: int, height: int, width: int) -> None:
+    """Refuse a set of images whose float32 copy would exceed the documented maximum."""
+    check_size(f"dataset '{name}' at {count}×{channels}×{height}×{width}", count * channels * height * width,
+               MAX_DATA_BYTES // 4, "float32 values")
 
 
 def apply_spec_transforms(ds: Dataset, spec: DatasetSpec) -> Dataset:
@@ -76,6 +92,7 @@ def apply_spec_transforms(ds: Dataset, spec: DatasetSpec) -> Dataset:
                                 f"{h}x{w} images")
         x = center_crop(x, crop)
     if size is not None:
+        check_image_bytes(spec.name, x.shape[0], x.shape[1], size, size)
         x = resize_images(x, size)
     if spec.channels is not None:
         x = to_channels(x, spec.channels)

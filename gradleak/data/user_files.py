@@ -6,6 +6,7 @@ stops with one line naming it instead of a numpy traceback deep inside a run.
 from __future__ import annotations
 
 import gzip
+import math
 import zlib
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import GradleakError
+from ..errors import GradleakError, InputFileError, ResourceLimitError
 from .base import Dataset, DatasetSpec
 from .sources import check_split, safe_unpickle
 
@@ -58,7 +59,7 @@ def read_idx(path: Path) -> np.ndarray:
         raise GradleakError(f"{path}: corrupted IDX header")
     dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
     dtype = np.dtype(_IDX_DTYPES[raw[2]])
-    expected = int(np.prod(dims)) * dtype.itemsize
+    expected = math.prod(dims) * dtype.itemsize  # Python integers: a forged header cannot overflow
     if len(raw) - header != expected:
         raise GradleakError(
             f"{path}: corrupted IDX file: header says {dims} ({expected} bytes of data) "
@@ -127,8 +128,29 @@ def _load_batch(path: Path) -> dict[str, Any]:
         raise GradleakError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def _names(values: Any) -> list[str]:
-    return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in values]
+def _names(values: Any, path: Path, key: str) -> list[str]:
+    """Class names: a list of (byte) strings, nothing else."""
+    if not isinstance(values, (list, tuple)) or not all(isinstance(v, (str, bytes)) for v in values):
+        raise InputFileError(f"{path}: '{key}' must be a list of class-name strings")
+    try:
+        return [v.decode("utf-8") if isinstance(v, bytes) else v for v in values]
+    except UnicodeDecodeError:
+        raise InputFileError(f"{path}: '{key}' holds class names that are not UTF-8") from None
+
+
+def _label_array(value: Any, path: Path, key: str) -> np.ndarray:
+    """A flat list or 1-D integer array of class indices (no NaN, nesting or mappings)."""
+    if isinstance(value, np.ndarray):
+        array = value
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                                                  for v in value):
+        array = np.asarray(value, dtype=np.int64) if value else np.zeros(0, dtype=np.int64)
+    else:
+        raise InputFileError(f"{path}: '{key}' must be a flat list of integer class indices")
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        raise InputFileError(f"{path}: '{key}' must be a 1-D array of integer class indices, got "
+                             f"{array.dtype} {array.shape}")
+    return array.astype(np.int64)
 
 
 def load_cifar_batches(spec: DatasetSpec) -> Dataset:
@@ -155,8 +177,10 @@ def load_cifar_batches(spec: DatasetSpec) -> Dataset:
         batch = _load_batch(path)
         if "data" not in batch or label_key not in batch:
             raise GradleakError(f"{path}: not a CIFAR batch (needs 'data' and '{label_key}')")
-        data = np.asarray(batch["data"])
-        labels = np.asarray(batch[label_key], dtype=np.int64).reshape(-1)
+        data = batch["data"]
+        if not isinstance(data, np.ndarray):
+            raise InputFileError(f"{path}: 'data' must be a uint8 array, got {type(data).__name__}")
+        labels = _label_array(batch[label_key], path, label_key)
         if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
             raise GradleakError(f"{path}: expected uint8 data of shape (N, 3072), got "
                                 f"{data.dtype} {data.shape}")
@@ -170,7 +194,7 @@ def load_cifar_batches(spec: DatasetSpec) -> Dataset:
         meta = _load_batch(meta_path)
         if names_key not in meta:
             raise GradleakError(f"{meta_path}: has no '{names_key}' entry")
-        class_names = _names(meta[names_key])
+        class_names = _names(meta[names_key], meta_path, names_key)
     else:  # no meta file: name the classes by index
         class_names = [str(i) for i in range(10 if label_key == "labels" else 100)]
     if y.size and (y.min() < 0 or y.max() >= len(class_names)):
@@ -182,16 +206,48 @@ def load_cifar_batches(spec: DatasetSpec) -> Dataset:
 # --------------------------------------------------------------------------- image folders
 
 
+# One user image may be large (it is resized as it is read), not absurd: PIL's own
+# decompression-bomb limit is a warning below twice this.
+MAX_IMAGE_PIXELS = 50_000_000
+
+
+def _check_pixels(path: Path, size: tuple[int, int]) -> None:
+    if size[0] * size[1] > MAX_IMAGE_PIXELS:
+        raise ResourceLimitError(f"image {path} has {size[0]}×{size[1]} pixels; the maximum is "
+                                 f"{MAX_IMAGE_PIXELS:.3g} pixels")
+
+
+def _check_complete(path: Path, fmt: str | None) -> None:
+    """PIL decodes a PNG cut after its last pixel row without a word: a complete one ends
+    with the IEND chunk (and its CRC)."""
+    if fmt != "PNG":
+        return
+    with open(path, "rb") as fh:
+        fh.seek(0, 2)
+        fh.seek(max(0, fh.tell() - 4096))
+        tail = fh.read()
+    end = tail.rfind(b"IEND")
+    if end < 0 or len(tail) - end < 8:
+        raise InputFileError(f"cannot read image {path}: the PNG file is truncated (no IEND chunk)")
+
+
 def open_image(path: Path) -> Any:
     """Open an image with PIL, fully decoded, or fail with one line naming the file."""
+    import warnings
+
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as im:
-            im.load()
-            return im.copy() if im.mode != "P" else im.convert("RGBA")
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise GradleakError(f"cannot read image {path}: {exc}") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                _check_pixels(path, im.size)
+                im.load()
+                _check_complete(path, im.format)
+                return im.copy() if im.mode != "P" else im.convert("RGBA")
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError,
+            Image.DecompressionBombWarning) as exc:
+        raise InputFileError(f"cannot read image {path}: {exc}") from None
 
 
 def is_gray(im: Any) -> bool:
@@ -238,9 +294,11 @@ def _peek(path: Path) -> tuple[tuple[int, int], bool]:
 
     try:
         with Image.open(path) as im:
+            _check_pixels(path, im.size)
+            _check_complete(path, im.format)  # cheap (the file's tail): every split sees the same files
             return im.size, is_gray(im)
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise GradleakError(f"cannot read image {path}: {exc}") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise InputFileError(f"cannot read image {path}: {exc}") from None
 
 
 def _folder_splits(root: Path) -> tuple[list[str], dict[str, list[tuple[Path, int]]]]:
@@ -280,6 +338,9 @@ def load_image_folder(spec: DatasetSpec) -> Dataset:
     if spec.resize and spec.resize > 0 and not spec.crop:
         size = (spec.resize, spec.resize)
     chosen = items[spec.split]
+    from .transforms import check_image_bytes
+
+    check_image_bytes(spec.name, len(chosen), 1 if gray else 3, size[1], size[0])
     x = np.stack([image_to_array(open_image(path), gray, size) for path, _ in chosen])
     y = np.array([label for _, label in chosen], dtype=np.int64)
     return Dataset(spec.name, torch.from_numpy(x), torch.from_numpy(y), names)

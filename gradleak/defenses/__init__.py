@@ -1,7 +1,6 @@
 """Defenses: one module per defense, one registry line each."""
 from __future__ import annotations
 
-from ..errors import GradleakError
 from ..options import ComponentSpec, build_options, parse_spec
 from ..registry import Registry
 from .base import Defense, DefenseChain, DefenseContext

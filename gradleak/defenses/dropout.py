@@ -27,7 +27,8 @@ class DropoutOptions:
     def __post_init__(self):
         check(0 <= self.p < 1 if self.place == "model" else 0 <= self.p <= 1,
               f"defense 'dropout': p must be in [0, 1] (model dropout: [0, 1)), got {self.p}")
-        check(self.place in ("update", "model"), f"defense 'dropout': place must be update or model, got '{self.place}'")
+        check(self.place in ("update", "model"),
+              f"defense 'dropout': place must be update or model, got '{self.place}'")
 
 
 class SeededDropout(nn.Module):

@@ -6,7 +6,7 @@ zero-centred inputs; the model then trains on the encrypted images.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -17,7 +17,7 @@ from .mixup import class_count, mix_batch
 
 @dataclass
 class InstaHideOptions:
-    k: int = 4  # images per mixture (paper: 4)
+    k: int = field(default=4, metadata={"range": (1, 1024)})  # images per mixture (paper: 4)
     alpha: float = 1.0  # Dirichlet concentration of the mixing coefficients
     centre: bool = True  # map [0,1] inputs to [-1,1] before the sign flip
 

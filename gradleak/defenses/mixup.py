@@ -6,7 +6,7 @@ from the same client batch (with batch size 1 it can only mix with itself).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +17,7 @@ from .base import Defense, DefenseContext
 
 @dataclass
 class MixupOptions:
-    k: int = 2  # examples per mixture
+    k: int = field(default=2, metadata={"range": (1, 1024)})  # examples per mixture (each a copy of the batch)
     alpha: float = 1.0  # Dirichlet concentration of the mixing coefficients
 
     def __post_init__(self):

@@ -16,7 +16,7 @@ from torch.func import functional_call
 
 from ..fl.local import batch_loss
 from ..models import last_linear
-from ..options import check
+from ..options import MAX_PARAMETERS, check, check_size
 from .base import Defense, DefenseContext
 from .dropout import insert_before_classifier
 
@@ -35,6 +35,9 @@ class PrecodeOptions:
 class VariationalBottleneck(nn.Module):
     def __init__(self, features: int, latent: int, seed: int):
         super().__init__()
+        # encoder (features -> 2k) and decoder (k -> features): refuse before allocating
+        check_size(f"defense 'precode' with bottleneck={latent} on {features} features",
+                   3 * features * latent + 3 * latent + features, MAX_PARAMETERS, "parameters")
         init = torch.random.fork_rng()
         with init:
             torch.manual_seed(seed)

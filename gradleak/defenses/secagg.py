@@ -3,7 +3,7 @@ aggregate of K clients' updates. The experiment computes the K-1 other
 clients' updates and sums them with the target's (`aggregate_clients`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..options import check
 from .base import Defense
@@ -11,7 +11,8 @@ from .base import Defense
 
 @dataclass
 class SecAggOptions:
-    clients: int = 4  # K, clients in the aggregate including the target
+    # K, clients in the aggregate including the target (each one a simulated update)
+    clients: int = field(default=4, metadata={"range": (1, 10_000)})
 
     def __post_init__(self):
         check(self.clients >= 1, f"defense 'secagg': clients must be >= 1, got {self.clients}")

@@ -1,7 +1,7 @@
 """Client simulation: what a federated client computes and sends."""
-from .update import Update
+from .client import aggregate_updates, compute_update
+from .local import batch_loss, local_update
 from .training import TrainingSpec
-from .client import compute_update, aggregate_updates
-from .local import local_update, batch_loss
+from .update import Update
 
 __all__ = ["Update", "TrainingSpec", "compute_update", "aggregate_updates", "local_update", "batch_loss"]

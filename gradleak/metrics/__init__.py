@@ -1,6 +1,6 @@
 """Reconstruction quality: matched to the ground truth, then scored."""
 from .image import mse, psnr, ssim
-from .scoring import ImageScore, match_reconstruction, score_batch, summarize, ASR_MSE_THRESHOLD
+from .scoring import ASR_MSE_THRESHOLD, ImageScore, match_reconstruction, score_batch, summarize
 
 __all__ = ["mse", "psnr", "ssim", "ImageScore", "match_reconstruction", "score_batch", "summarize",
            "ASR_MSE_THRESHOLD"]

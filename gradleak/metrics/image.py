@@ -1,6 +1,8 @@
 """Per-example MSE, PSNR and SSIM for inputs in [0, 1]."""
 from __future__ import annotations
 
+import math
+
 import torch
 from pytorch_msssim import ssim as _ssim
 
@@ -10,10 +12,19 @@ def mse(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (x - y).pow(2).flatten(1).mean(1)
 
 
+# MSE floor: an exact copy scores 100 dB instead of infinity.
+PSNR_MSE_FLOOR = 1e-10
+
+
 def psnr(x: torch.Tensor, y: torch.Tensor, data_range: float = 1.0) -> torch.Tensor:
     """Peak signal-to-noise ratio in dB per example (capped at 100 dB for exact copies)."""
-    err = mse(x, y).clamp(min=1e-10)
+    err = mse(x, y).clamp(min=PSNR_MSE_FLOOR)
     return 10 * torch.log10(data_range ** 2 / err)
+
+
+def psnr_from_mse(value: float, data_range: float = 1.0) -> float:
+    """PSNR in dB of a mean squared error, with the same 100 dB cap as `psnr`."""
+    return 10 * math.log10(data_range ** 2 / max(float(value), PSNR_MSE_FLOOR))
 
 
 def ssim(x: torch.Tensor, y: torch.Tensor, data_range: float = 1.0) -> torch.Tensor:

@@ -175,7 +175,8 @@ class LPIPS(nn.Module):
         with torch.no_grad():
             for i, conv in enumerate(self.convs):
                 kernel = params[f"{prefix}/Conv_{i}/kernel"]
-                if tuple(kernel.shape) != (conv.kernel_size[0], conv.kernel_size[1], conv.in_channels, conv.out_channels):
+                expected = (conv.kernel_size[0], conv.kernel_size[1], conv.in_channels, conv.out_channels)
+                if tuple(kernel.shape) != expected:
                     raise GradleakError(f"LPIPS weights for {backbone!r}: Conv_{i} has shape {kernel.shape}")
                 conv.weight.copy_(_conv_weight(kernel))
                 conv.bias.copy_(torch.from_numpy(params[f"{prefix}/Conv_{i}/bias"]))

@@ -10,18 +10,24 @@ an example counts as reconstructed when its matched reconstruction has
 MSE ≤ 1e-3 (PSNR ≥ 30 dB for [0, 1] inputs), the level at which CPL's converged
 reconstructions (gradient distance ≤ 1e-4) are visually identical to the
 originals. ASR is the fraction of the batch's examples that are reconstructed.
+
+Aggregates (`summarize`) count every example, including one the attack returned
+nothing for (scored against an all-zero image). The headline PSNR is the PSNR of
+the mean MSE, not the mean of per-image PSNRs: PSNR is logarithmic, so one exact
+copy at the 100 dB cap would otherwise hide a failed image (a batch of one copy
+and one image at MSE 0.2 averages to 53.5 dB; its mean MSE reads 10 dB). The
+median and the range of the per-image PSNRs come alongside.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
-from statistics import mean
+from statistics import mean, median
 from typing import Literal
 
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from .image import mse, psnr, ssim
+from .image import mse, psnr, psnr_from_mse, ssim
 
 ASR_MSE_THRESHOLD = 1e-3
 
@@ -37,6 +43,7 @@ class ImageScore:
     ssim: float | None
     lpips: float | None
     success: bool
+    matched: bool = True  # False: the attack returned no reconstruction for this example
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -96,9 +103,9 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
             # Nothing reconstructed for this example: scored as an all-zero reconstruction
             # (SSIM 0, LPIPS 1), so every mean counts it instead of leaving it out.
             m = float(originals[i].pow(2).mean())
-            no_psnr = 10 * math.log10(1 / max(m, 1e-10)) if image else None
+            no_psnr = psnr_from_mse(m) if image else None
             scores.append(ImageScore(i, label, None, m, m ** 0.5, no_psnr, 0.0 if image else None,
-                                     1.0 if image and lpips != "none" else None, False))
+                                     1.0 if image and lpips != "none" else None, False, matched=False))
     _assign_labels_by_count(scores, recovered_labels)
     aligned = torch.zeros_like(originals)
     for i in matched:
@@ -121,18 +128,31 @@ def _assign_labels_by_count(scores: list[ImageScore], recovered: torch.Tensor | 
 
 
 def summarize(scores: list[ImageScore]) -> dict:
-    """Means over all attacked examples, with the key names of the CLI contract."""
+    """Aggregates over all attacked examples, with the key names of the CLI contract.
+
+    mse, rmse, ssim, lpips: means. psnr: the PSNR of the mean MSE (a failed image
+    pulls it down to near its own level). psnr_median, psnr_min, psnr_max: the
+    per-image PSNRs' median and range. label_acc: recovered labels as a multiset.
+    asr: fraction with MSE at most the ASR threshold. matched: fraction the
+    attack returned a reconstruction for (0: it reconstructed nothing)."""
     def avg(key):
         values = [getattr(s, key) for s in scores if getattr(s, key) is not None]
         return float(mean(values)) if values else None
 
+    psnrs = [s.psnr for s in scores if s.psnr is not None]
+    mean_mse = avg("mse")
     labelled = [s for s in scores if s.recovered_label is not None]
     return {
-        "mse": avg("mse"),
+        "mse": mean_mse,
         "rmse": avg("rmse"),
-        "psnr": avg("psnr"),
+        # PSNR is defined for image data only: per-image PSNRs are None otherwise.
+        "psnr": psnr_from_mse(mean_mse) if psnrs and mean_mse is not None else None,
+        "psnr_median": float(median(psnrs)) if psnrs else None,
+        "psnr_min": float(min(psnrs)) if psnrs else None,
+        "psnr_max": float(max(psnrs)) if psnrs else None,
         "ssim": avg("ssim"),
         "lpips": avg("lpips"),
         "label_acc": (sum(s.recovered_label == s.label for s in labelled) / len(labelled)) if labelled else None,
         "asr": sum(s.success for s in scores) / len(scores) if scores else None,
+        "matched": sum(s.matched for s in scores) / len(scores) if scores else None,
     }

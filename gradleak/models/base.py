@@ -1,9 +1,15 @@
 """The spec every model builder receives."""
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
+
+from ..errors import GradleakError
+from ..options import MAX_ACTIVATIONS, MAX_PARAMETERS, check_size
 
 ACTIVATIONS = ("relu", "sigmoid", "tanh", "leakyrelu")
 
@@ -36,3 +42,44 @@ class ModelSpec:
     activation: str | None = None
     seed: int = 0
     options: dict = field(default_factory=dict, hash=False, compare=False)
+
+
+def size_checked(builder):
+    """Wrap a registered model builder: build the architecture on the meta device first
+    (no memory, no random draws), refuse it when its parameters or one example's
+    activations exceed the documented maximums, then build it for real."""
+    @functools.wraps(builder)
+    def build(spec: ModelSpec) -> nn.Module:
+        check_model_size(spec, builder)
+        return builder(spec)
+    return build
+
+
+def check_model_size(spec: ModelSpec, builder) -> None:
+    with torch.random.fork_rng(devices=[]):
+        try:
+            with torch.device("meta"):
+                probe = builder(spec)
+        except GradleakError:
+            raise
+        except Exception:  # the real build reports its own error
+            return
+        params = sum(p.numel() for p in probe.parameters())
+        check_size(f"model '{spec.name}'", params, MAX_PARAMETERS, "parameters")
+        total = [math.prod(spec.input_shape)]
+
+        def count(_module, _inputs, output):
+            if isinstance(output, torch.Tensor):
+                total[0] += output.numel()
+
+        leaves = [m for m in probe.modules() if not list(m.children())]
+        handles = [m.register_forward_hook(count) for m in leaves]
+        try:
+            probe(torch.empty(1, *spec.input_shape, device="meta"))
+        except Exception:  # a shape problem is reported by the real build's own checks
+            return
+        finally:
+            for handle in handles:
+                handle.remove()
+        check_size(f"model '{spec.name}' on inputs {tuple(spec.input_shape)}", total[0], MAX_ACTIVATIONS,
+                   "activations per example")

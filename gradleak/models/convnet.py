@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..options import build_options, check
-from .base import ModelSpec, make_activation
+from .base import ModelSpec, make_activation, size_checked
 from .building import act_name, conv_out, image_shape
 
 
@@ -26,6 +26,7 @@ class ConvNetOptions:
         check(self.width >= 1, "model 'convnet' option 'width' must be at least 1")
 
 
+@size_checked
 def build_convnet(spec: ModelSpec) -> nn.Module:
     """inversefed ConvNet (8 conv blocks, two 3×3 max-pools, linear head)."""
     opts: ConvNetOptions = build_options(ConvNetOptions, spec.options, "model 'convnet'")

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..options import build_options, check
-from .base import ModelSpec, make_activation
+from .base import ModelSpec, make_activation, size_checked
 from .building import act_name, conv_out, image_shape
 
 
@@ -37,6 +37,7 @@ def dlg_init_(model: nn.Module) -> None:
                     param.uniform_(-0.5, 0.5)
 
 
+@size_checked
 def build_lenet(spec: ModelSpec) -> nn.Module:
     """DLG/CPL LeNet: conv(s2)-act-conv(s2)-act-conv(s1)-act-flatten-linear."""
     opts: LeNetOptions = build_options(LeNetOptions, spec.options, "model 'lenet'")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..options import build_options
-from .base import ModelSpec, make_activation
+from .base import ModelSpec, make_activation, size_checked
 from .building import act_name, conv_out, image_shape
 
 MIN_SIZE = 16
@@ -24,6 +24,7 @@ class LeNet5Options:
     modified: bool = False  # stride-2 convolutions instead of average pooling (MKOR)
 
 
+@size_checked
 def build_lenet5(spec: ModelSpec) -> nn.Module:
     """Classic LeNet-5 (or MKOR's pooling-free variant) sized to the input."""
     opts: LeNet5Options = build_options(LeNet5Options, spec.options, "model 'lenet5'")

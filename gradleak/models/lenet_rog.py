@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..options import build_options, check
-from .base import ModelSpec, make_activation
+from .base import ModelSpec, make_activation, size_checked
 from .building import act_name, conv_out, image_shape
 
 MIN_SIZE = 4  # two 2×2 max-pools
@@ -34,6 +34,7 @@ class LeNetROGOptions:
         check(self.hidden >= 1, "model 'lenet-rog' option 'hidden' must be at least 1")
 
 
+@size_checked
 def build_lenet_rog(spec: ModelSpec) -> nn.Module:
     """Yue et al.'s LeNet_5 sized to the input (bias-free linear layers)."""
     opts: LeNetROGOptions = build_options(LeNetROGOptions, spec.options, "model 'lenet-rog'")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..options import build_options, check
-from .base import ModelSpec, make_activation
+from .base import ModelSpec, make_activation, size_checked
 from .building import act_name, flat_dim
 
 
@@ -18,6 +18,7 @@ class MLPOptions:
         check(all(h >= 1 for h in self.hidden), "model 'mlp' option 'hidden': every width must be at least 1")
 
 
+@size_checked
 def build_mlp(spec: ModelSpec) -> nn.Module:
     """Flatten → (Linear → act) per hidden width → Linear to the classes."""
     opts: MLPOptions = build_options(MLPOptions, spec.options, "model 'mlp'")

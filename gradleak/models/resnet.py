@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..options import build_options, check
-from .base import ModelSpec, make_activation
+from .base import ModelSpec, make_activation, size_checked
 from .building import act_name, image_shape
 
 
@@ -104,6 +104,7 @@ def _stem(channels: int, out: int, act: str, imagenet: bool) -> nn.Sequential:
                          nn.BatchNorm2d(out), make_activation(act))
 
 
+@size_checked
 def build_resnet18(spec: ModelSpec) -> nn.Module:
     """ResNet-18; CIFAR stem below 128 px, ImageNet stem from 128 px."""
     opts: ResNetOptions = build_options(ResNetOptions, spec.options, "model 'resnet18'")
@@ -115,6 +116,7 @@ def build_resnet18(spec: ModelSpec) -> nn.Module:
     return ResNet(stem, base, stages, spec.num_classes, act, shortcut="conv")
 
 
+@size_checked
 def build_resnet20(spec: ModelSpec) -> nn.Module:
     """CIFAR ResNet-20: 3 stages × 3 blocks, 16/32/64 channels, option-A shortcuts."""
     opts: ResNetOptions = build_options(ResNetOptions, spec.options, "model 'resnet20'")

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..options import build_options, check
-from .base import ModelSpec, make_activation
+from .base import ModelSpec, make_activation, size_checked
 from .building import act_name, flat_dim
 
 
@@ -26,6 +26,7 @@ class TwoLayerOptions:
         check(self.width >= 1, "model 'twolayer' option 'width' must be at least 1")
 
 
+@size_checked
 def build_twolayer(spec: ModelSpec) -> nn.Module:
     """Flatten → Linear(d, m, no bias) → σ → Linear(m, classes, no bias)."""
     opts: TwoLayerOptions = build_options(TwoLayerOptions, spec.options, "model 'twolayer'")

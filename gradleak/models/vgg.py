@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..options import build_options, check
-from .base import ModelSpec, make_activation
+from .base import ModelSpec, make_activation, size_checked
 from .building import act_name, conv_out, image_shape
 
 CFG16: list[int | str] = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M",
@@ -46,6 +46,7 @@ class VGG(nn.Module):
         return self.classifier(self.flatten(self.features(x)))
 
 
+@size_checked
 def build_vgg16(spec: ModelSpec) -> nn.Module:
     """VGG-16 sized to the input; see the module docstring for the head rule."""
     opts: VGGOptions = build_options(VGGOptions, spec.options, "model 'vgg16'")

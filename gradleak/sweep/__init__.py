@@ -32,8 +32,15 @@ from __future__ import annotations
 
 from .cells import execute_cell, utility_spec_type
 from .labels import attack_labels, dataset_label, defense_label, strength_label
-from .run import (cell_title, default_workers, estimated_cost, run_sweep, store_failure, store_result,
-                  store_result_record)
+from .run import (
+                  cell_title,
+                  default_workers,
+                  estimated_cost,
+                  run_sweep,
+                  store_failure,
+                  store_result,
+                  store_result_record,
+)
 from .spec import CELL_VERSION, Cell, Sweep, cell_key, load_sweep, parse_sweep
 
 __all__ = ["CELL_VERSION", "Cell", "Sweep", "attack_labels", "cell_key", "cell_title", "dataset_label",

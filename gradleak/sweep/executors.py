@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -55,6 +56,9 @@ _progress_queue = None
 
 def _init_worker(queue) -> None:
     global _progress_queue
+    # Ctrl-C reaches the whole process group; the driver alone decides what happens
+    # (it terminates the workers), so workers print nothing of their own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     single_thread()
     _progress_queue = queue
@@ -88,6 +92,7 @@ class ProcessExecutor:
         by_key = {c.key: c for c in cells}
         pool = ProcessPoolExecutor(max_workers=min(self.workers, len(cells)), mp_context=ctx,
                                    initializer=_init_worker, initargs=(queue,))
+        completed = False
         try:
             pending = {pool.submit(_worker_cell, c.key, c.kind, c.spec): c for c in cells}
             while pending:
@@ -100,8 +105,11 @@ class ProcessExecutor:
                     except Exception as exc:
                         result = CellFailure.of(exc)
                     yield cell, result
+            completed = True
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            if not completed:  # interrupted (Ctrl-C, SIGTERM) or abandoned: stop the running cells now
+                _terminate_workers(pool)
+            pool.shutdown(wait=completed, cancel_futures=True)
             queue.close()
 
     @staticmethod
@@ -115,3 +123,13 @@ class ProcessExecutor:
                 return
             if key in by_key:
                 bars.attack(by_key[key], iteration, total, distance)
+
+
+def _terminate_workers(pool: ProcessPoolExecutor) -> None:
+    """Stop a pool's worker processes without waiting for their cells to finish."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(timeout=5)

@@ -12,10 +12,9 @@ from ..errors import GradleakError
 from ..experiment import AttackRunSpec
 from ..options import parse_spec
 from .cells import utility_spec_type
-from .labels import is_dataset_path, attack_labels, dataset_label, defense_label, strength_label
+from .labels import attack_labels, dataset_label, defense_label, is_dataset_path, strength_label
 
-
-CELL_VERSION = 2  # bump when a cell's result would change for the same spec
+CELL_VERSION = 3  # bump when a cell's result would change for the same spec
 
 _GRID_AXES = {"datasets": "dataset", "models": "model", "batch_sizes": "batch_size",
               "local_steps": "local_steps", "seeds": "seed"}
@@ -257,7 +256,8 @@ class _SweepParser:
         valid = {f.name for f in dataclasses.fields(spec_type)}
         for key in options:
             if key not in valid:
-                self.fail(f"utility.options.{key}", f"not a {spec_type.__name__} field; valid: {', '.join(sorted(valid))}")
+                self.fail(f"utility.options.{key}",
+                          f"not a {spec_type.__name__} field; valid: {', '.join(sorted(valid))}")
         seeds = self.listing(doc.get("seeds", [0]), "utility.seeds")
         for i, s in enumerate(seeds):
             self.axis_value("seed", s, f"utility.seeds[{i}]")

@@ -83,7 +83,8 @@ def sweep_cells(quick: bool) -> list[Cell]:
         cells += [Cell("d", d, 8000, 2, "none", noise, s) for d in ds]
         cells += [Cell("B", 16, 4000, B, "none", noise, s) for B in ((1, 2, 4) if quick else (1, 2, 3, 4))]
         cells += [Cell("noise", 8, 4000, 2, f"noise:sigma={v}", noise, s) for v in (1.0, 10.0, 30.0)]
-        cells += [Cell("dropout", 8, 4000, 2, f"dropout:p={p},place=model,seed={s}", noise, s) for p in (0.5, 0.75, 0.9)]
+        cells += [Cell("dropout", 8, 4000, 2, f"dropout:p={p},place=model,seed={s}", noise, s)
+                  for p in (0.5, 0.75, 0.9)]
         cells += [Cell("prune", 8, 4000, 2, f"prune:ratio={p},scope=global", noise, s) for p in (0.5, 0.85, 0.95, 0.99)]
         if not quick:
             cells += [Cell("clip", 8, 4000, 2, f"clip:bound={c}", noise, s) for c in (100.0, 10.0)]

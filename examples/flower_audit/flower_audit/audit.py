@@ -3,9 +3,8 @@ training examples come from (for scoring only; never sent to the server), and
 which run-config keys tell the server how clients train."""
 from __future__ import annotations
 
-from gradleak.flower import FlowerAudit
-
 from flower_audit.task import Net, client_data
+from gradleak.flower import FlowerAudit
 
 
 def _ground_truth(context, message):
