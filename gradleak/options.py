@@ -346,25 +346,22 @@ def check_output_path(text: str, option: str, folder: bool) -> Any:
     return path
 
 
-def output_dir(option: str = "--out"):
-    """argparse `type=` for an output folder (see `check_output_path`)."""
+def _output_path_type(option: str, folder: bool):
     def parse(text: str) -> str:
         try:
-            return str(check_output_path(text, option, folder=True))
+            return str(check_output_path(text, option, folder=folder))
         except GradleakError as exc:
             raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{option} ").removeprefix(f"{option}: ")) \
                 from None
-    parse.__name__ = "folder"
+    parse.__name__ = "folder" if folder else "file"
     return parse
+
+
+def output_dir(option: str = "--out"):
+    """argparse `type=` for an output folder (see `check_output_path`)."""
+    return _output_path_type(option, folder=True)
 
 
 def output_file(option: str = "--out"):
     """argparse `type=` for an output file (see `check_output_path`)."""
-    def parse(text: str) -> str:
-        try:
-            return str(check_output_path(text, option, folder=False))
-        except GradleakError as exc:
-            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{option} ").removeprefix(f"{option}: ")) \
-                from None
-    parse.__name__ = "file"
-    return parse
+    return _output_path_type(option, folder=False)
