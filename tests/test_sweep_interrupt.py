@@ -88,7 +88,7 @@ def test_interrupt_does_not_wait_for_running_cells(tmp_path):
     # Two cells of many minutes each: the driver must stop its workers, not wait them out.
     (tmp_path / "sweep.yaml").write_text(SWEEP.replace("seeds: [0, 1, 2]", "seeds: [0]")
                                          .replace("ig:iterations=400, dlg:iterations=40",
-                                                  "ig:iterations=200000, cpl:iterations=200000"))
+                                                  "ig:iterations=100000, cpl:iterations=100000"))
     proc = subprocess.Popen([sys.executable, "-m", "gradleak", "sweep", str(tmp_path / "sweep.yaml"),
                              "--store", str(tmp_path / "r.db"), "--workers", "2", "--json"],
                             env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
