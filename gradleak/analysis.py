@@ -45,7 +45,10 @@ HOLDS_SSIM = 0.3
 HOLDS_MIN_SEEDS = 2
 
 # An undefended utility model whose accuracy is within this of chance (1/classes) did not
-# train: every defense then "costs" nothing, which says nothing about the defense.
+# train: every defense then "costs" nothing, which says nothing about the defense. The same
+# margin as gradleak.utility.NEAR_CHANCE, by which a sweep refuses such a baseline up front
+# (a copy: importing gradleak.utility would load torch); stores written before that refusal,
+# or by hand, can still hold one.
 NEAR_CHANCE = 0.1
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,7 +24,20 @@ from .fl import TrainingSpec, aggregate_updates, compute_update
 from .fl.training import check_bn_mode
 from .metrics import score_batch, summarize
 from .models import ModelSpec, build_model
-from .options import ComponentSpec, parse_spec
+from .options import (
+    MAX_BATCH,
+    MAX_IMAGE_SIDE,
+    MAX_IMAGES,
+    MAX_ITERATIONS,
+    MAX_LOCAL_EPOCHS,
+    MAX_LR,
+    MAX_SEED,
+    MIN_IMAGE_SIDE,
+    ComponentSpec,
+    check_device,
+    check_range,
+    parse_spec,
+)
 from .seeding import stream
 from .threat import Observation, capture_bn_statistics, make_threat_model, observe
 
@@ -57,12 +69,15 @@ class AttackRunSpec:
     device: str = "auto"
 
     def __post_init__(self):
-        if self.batch_size < 1:
-            raise GradleakError(f"--batch-size must be >= 1, got {self.batch_size}")
-        if self.images is not None and self.images < 1:
-            raise GradleakError(f"--images must be >= 1, got {self.images}")
-        if self.pretrain_steps < 0:
-            raise GradleakError("--pretrain-steps must be >= 0")
+        # the command line's bounds, for specs that come from elsewhere (sweep files, the API)
+        for name, bounds in (("batch_size", (1, MAX_BATCH)), ("images", (1, MAX_IMAGES)),
+                             ("local_steps", (1, MAX_ITERATIONS)), ("local_epochs", (1, MAX_LOCAL_EPOCHS)),
+                             ("local_batch_size", (1, MAX_BATCH)), ("lr", (0.0, MAX_LR)), ("seed", (0, MAX_SEED)),
+                             ("pretrain_steps", (0, MAX_ITERATIONS)), ("resize", (MIN_IMAGE_SIDE, MAX_IMAGE_SIDE))):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise GradleakError(f"--{name.replace('_', '-')} must be a number, got {value!r}")
+            check_range(value, bounds, f"--{name.replace('_', '-')}")
         if self.lpips not in ("alex", "vgg", "none"):
             raise GradleakError(f"--lpips must be alex, vgg or none, got '{self.lpips}'")
         if self.split not in ("train", "test"):
@@ -98,25 +113,19 @@ class AttackRunResult:
             "metrics": self.metrics,
             "seconds": self.seconds,
             "per_image": self.per_image,
-            "convergence": {k: v for k, v in self.convergence.items() if k != "trace"},
+            "convergence": {k: v for k, v in self.convergence.items() if not k.startswith("trace")},
             "spec": s.to_dict(),
             **({"extras": jsonable(self.extras)} if self.extras else {}),
         }
 
 
 def pick_device(name: str = "auto") -> torch.device:
-    """`auto` (a GPU when there is one), `cpu` or `cuda[:N]`; anything else is refused."""
-    if name == "auto":
+    """`auto` (a GPU when there is one), `cpu` or `cuda[:N]`; anything else is refused
+    (by `gradleak.options.check_device`, the one device check)."""
+    text = check_device(name)
+    if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if not re.fullmatch(r"cpu|cuda(:\d{1,3})?", name or ""):
-        raise GradleakError(f"unknown device '{name}'; use auto, cpu or cuda[:N]")
-    device = torch.device(name)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise GradleakError(f"--device {name} requested but no GPU is available")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise GradleakError(f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s)")
-    return device
+    return torch.device(text)
 
 
 # A bare path in place of a dataset name: a folder of images or a tensor file.
@@ -313,7 +322,10 @@ def convergence_summary(runs: list[Reconstruction]) -> dict:
             "still_improving": any(v for v in improving if v is not None) if any(
                 v is not None for v in improving) else None,
             "under_budget": under_budget(converged, improving),
-            "trace": [list(r.trace) for r in runs] if any(r.trace for r in runs) else []}
+            "trace": [list(r.trace) for r in runs] if any(r.trace for r in runs) else [],
+            "trace_iterations": [list(r.trace_iterations) for r in runs] if any(r.trace_iterations for r in runs)
+            else [],
+            "trace_seconds": [list(r.trace_seconds) for r in runs] if any(r.trace_seconds for r in runs) else []}
 
 
 # The last tenth of an attack's iterations counts as "still improving" when it found a

@@ -24,6 +24,11 @@ MAX_COUNT = 1_000_000          # any integer option
 MAX_MAGNITUDE = 1e6            # |value| of any real option; NaN and infinity are always refused
 MAX_ITERATIONS = 100_000       # optimisation iterations and steps
 MAX_SEED = 2**32 - 1
+MAX_WORKERS = 1024             # local worker processes (demo / sweep --workers)
+MAX_BATCH = 4096               # client batch and local mini-batch sizes
+MAX_IMAGES = 1_000_000         # images attacked in one scenario (the dataset size is the real bound)
+MAX_LR = 1000.0                # the client's learning rate
+MAX_LOCAL_EPOCHS = 10_000
 NAME_RANGES: tuple[tuple[str, tuple[float, float]], ...] = (
     ("seed", (0, MAX_SEED)),
     ("*seed", (0, MAX_SEED)),
@@ -283,8 +288,9 @@ def check_size(what: str, count: int, limit: int, unit: str, bytes_each: int = 4
                                  f"the maximum is {limit:.3g} {unit}")
 
 
-def check_device(name: str) -> str:
-    """`auto`, `cpu` or `cuda[:N]` naming a GPU this machine has; anything else is a DeviceError."""
+def check_device(name: str, available: bool = True) -> str:
+    """`auto`, `cpu` or `cuda[:N]` naming a GPU this machine has; anything else is a DeviceError.
+    With `available=False` only the form is checked (a sweep whose cells may run elsewhere)."""
     import re
 
     from .errors import DeviceError
@@ -295,6 +301,8 @@ def check_device(name: str) -> str:
     match = re.fullmatch(r"cuda(?::(\d{1,3}))?", text)
     if not match:
         raise DeviceError(f"unknown device '{name}'; use auto, cpu or cuda[:N]")
+    if not available:
+        return text
     import torch
 
     if not torch.cuda.is_available():

@@ -31,6 +31,16 @@ from .seeding import stream
 
 DEFAULT_MODEL = "lenet:activation=relu,init=default"
 
+# A model whose test accuracy is within this of chance (1/classes) did not train: every defense
+# then "costs" nothing, which says nothing about the defense. The analysis applies the same
+# margin (gradleak.analysis.NEAR_CHANCE, kept there too so the analysis need not import torch).
+NEAR_CHANCE = 0.1
+
+
+def near_chance(accuracy: float, num_classes: int) -> bool:
+    """True when `accuracy` is not clearly above chance: at most 1/num_classes + NEAR_CHANCE."""
+    return accuracy <= 1.0 / num_classes + NEAR_CHANCE
+
 
 @dataclass(frozen=True)
 class UtilitySpec:

@@ -280,6 +280,22 @@ def make_files(root: Path) -> None:
                                          "c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\nd: [*c, *c, *c, *c, *c, *c, *c]\n")
     (sweeps / "dir.yaml").mkdir()
     (sweeps / "binary.yaml").write_bytes(bytes(gen.integers(0, 256, 300, dtype=np.uint8)))
+    (sweeps / "utf16.yaml").write_bytes("name: x\n".encode("utf-16"))
+    # a valid, fast sweep: the cases that use it break one flag or one field
+    ok_sweep = f"name: ok\ndefaults: {{lpips: none}}\ngrids:\n  - datasets: [{root / 'tab.npz'}]\n" \
+               "    models: [mlp:hidden=8]\n    attacks: [dlg:iterations=1]\n"
+    (sweeps / "ok.yaml").write_text(ok_sweep)
+    for name, device in (("mps", "mps"), ("number", "5"), ("cuda99", "cuda:99"), ("list", "[cpu, cuda]"),
+                         ("injected", "'cpu;rm -rf x'")):
+        (sweeps / f"device_{name}.yaml").write_text(ok_sweep.replace("{lpips: none}",
+                                                                     f"{{lpips: none, device: {device}}}"))
+    # scenario numbers beyond the command line's bounds (the same bounds apply in sweep files)
+    for name, field in (("lr_nan", "lr: .nan"), ("lr_huge", "lr: 1e99"), ("steps_huge", "local_steps: 1000000000"),
+                        ("batch_huge", "batch_sizes: [1000000000]"), ("seed_huge", "seeds: [18446744073709551616]"),
+                        ("lr_text", "lr: fast")):
+        text = ok_sweep.replace("    attacks:", f"    {field}\n    attacks:") if field.startswith(("batch", "seeds")) \
+            else ok_sweep.replace("{lpips: none}", f"{{lpips: none, {field}}}")
+        (sweeps / f"number_{name}.yaml").write_text(text)
 
     # stores
     stores = root / "stores"
@@ -435,17 +451,10 @@ FLAG_BASES: dict[str, tuple[list[str], dict[str, str]]] = {
                        "--json"], {"--batch-size": "int", "--resize": "int", "--seed": "int"}),
     "flower": (["flower", "{F}/flower/nopyproject", "--out", "{O}/flower"],
                {"--num-supernodes": "int", "--clients": "int"}),
-    "sweep": (["sweep", "{F}/sweeps/empty.yaml", "--store", "{O}/s.db"], {"--workers": "int"}),
+    "sweep": (["sweep", "{F}/sweeps/ok.yaml", "--store", "{O}/s.db", "--json"], {"--workers": "int"}),
 }
 FLAG_BAD = ("nan", "inf", "-inf", "-1", "1e99", "-1e99", "18446744073709551616", "abc", "", "1e400", "0x5", "--",
             "1_000_000_000_000")
-# cases that fail today in modules owned elsewhere: (command, flag, value) -> failure class
-_INSPECT = "inspect-model: --batch-size/--seed accept any integer (commands/inspect_model.py has no ranges)"
-FLAG_XFAIL = {("inspect-model", flag, value): _INSPECT
-              for flag, value in (("--batch-size", "18446744073709551616"), ("--batch-size", "1_000_000_000_000"),
-                                  ("--seed", "-1"), ("--seed", "18446744073709551616"),
-                                  ("--seed", "1_000_000_000_000"))}
-
 
 def _flag_cases() -> list[Case]:
     cases = []
@@ -454,8 +463,7 @@ def _flag_cases() -> list[Case]:
             values = FLAG_BAD + (("1.5",) if kind == "int" else ())
             for value in values:
                 argv = _replace(base, flag, value) if flag in base else base + [flag, value]
-                cases.append(Case(f"flag-{command}-{flag}-{value[:10]}", tuple(argv), None,
-                                  FLAG_XFAIL.get((command, flag, value))))
+                cases.append(Case(f"flag-{command}-{flag}-{value[:10]}", tuple(argv)))
     # values that are in range on their own but absurd together or at a boundary
     cases += [
         Case("bound-epsilon-subnormal", ("bound", "--d", "4", "--m", "8", "--noise", "0.1", "--epsilon", "1e-320"),
@@ -471,6 +479,9 @@ def _flag_cases() -> list[Case]:
              "privacy"),
         Case("utility-per-round-above-clients", ("utility", "--clients", "2", "--per-round", "5"), "per-round"),
         Case("demo-workers-zero", ("demo", "--workers", "0", "--out", "{O}/demo"), "workers"),
+        *(Case(f"sweep-workers-{value}", ("sweep", "{F}/sweeps/ok.yaml", "--store", "{O}/s.db", "--json",
+                                          "--workers", value), "workers")
+          for value in ("0", "1025", "100000", "-5", "2.5", "1e4")),
         Case("flower-rounds-zero", ("flower", "{F}/flower/nopyproject", "--rounds", "0"), "rounds"),
         Case("flower-rounds-text", ("flower", "{F}/flower/nopyproject", "--rounds", "a,b"), "rounds"),
         Case("flower-rounds-huge", ("flower", "{F}/flower/nopyproject", "--rounds", "1e99"), "rounds"),
@@ -512,19 +523,17 @@ def _name_cases() -> list[Case]:
                  "lenet:width=1000000", "resnet18:width=1000", "vgg16:width_divisor=0", "lenet-rog:hidden=1000000",
                  "convnet:width=0", "convnet:width=-5", "mlp:hidden=0", "resnet20:width=100000"):
         cases.append(Case(f"model-size-{spec}", tuple(_replace(BASE_IMAGE_ATTACK, "--model", spec))))
+    # MKOR's declared ranges, where the name-based defaults (±10⁶) would let a value through
+    for option in ("smooth=0", "smooth=65", "smooth=100000", "shifts=-2", "shifts=101", "shifts=100000",
+                   "noise=-0.1", "noise=1", "noise=5", "anchor_prob=-0.5", "anchor_prob=1", "anchor_prob=1000"):
+        cases.append(Case(f"mkor-option-{option}", tuple(_replace(BASE_IMAGE_ATTACK, "--attack", f"mkor:{option}")
+                                                         + ["--threat", "malicious"]), option.partition("=")[0]))
     cases.append(Case("precode-bottleneck", tuple(BASE_IMAGE_ATTACK + ["--defense", "precode:bottleneck=100000000"]),
                       "bottleneck"))
     cases.append(Case("precode-bottleneck-memory", tuple(_replace(BASE_IMAGE_ATTACK, "--model", "convnet:width=64")
                                                          + ["--defense", "precode:bottleneck=1000000"]),
                       "precode"))
     return cases
-
-
-# sweep-file cases that fail today, each in a class owned by gradleak/sweep (listed in the report)
-SWEEP_FAILING = {"latin1.yaml": "a sweep file that is not UTF-8: internal UnicodeDecodeError",
-                 "binary.yaml": "a sweep file that is not UTF-8: internal UnicodeDecodeError",
-                 "nested.yaml": "deeply nested YAML: internal RecursionError",
-                 "nested_map.yaml": "deeply nested YAML: internal RecursionError"}
 
 
 def _file_cases() -> list[Case]:
@@ -576,11 +585,13 @@ def _file_cases() -> list[Case]:
         cases.append(Case(f"usermodel-{ref}", tuple(_replace(BASE_ATTACK, "--model", f"{{F}}/models/{ref}"))))
     for name in ("latin1.yaml", "nul.yaml", "nested.yaml", "nested_map.yaml", "empty.yaml", "list.yaml",
                  "scalar.yaml", "bad_yaml.yaml", "bogus_defense.yaml", "number_defense.yaml", "negative_seed.yaml",
-                 "python_tag.yaml", "anchors.yaml", "dir.yaml", "binary.yaml", "absent.yaml"):
+                 "python_tag.yaml", "anchors.yaml", "dir.yaml", "binary.yaml", "absent.yaml", "utf16.yaml",
+                 "device_mps.yaml", "device_number.yaml", "device_cuda99.yaml", "device_list.yaml",
+                 "device_injected.yaml", "number_lr_nan.yaml", "number_lr_huge.yaml", "number_steps_huge.yaml",
+                 "number_batch_huge.yaml", "number_seed_huge.yaml", "number_lr_text.yaml"):
+        expected = "device" if name.startswith("device_") else None
         cases.append(Case(f"sweep-{name}", ("sweep", f"{{F}}/sweeps/{name}", "--store", "{O}/s.db", "--json",
-                                            "--workers", "1"), None,
-                          f"sweep files (gradleak/sweep/spec.py): {SWEEP_FAILING[name]}" if name in SWEEP_FAILING
-                          else None))
+                                            "--workers", "1"), expected))
     for name in ("empty.db", "text.db", "random.db", "foreign.db", "labels_not_json.db", "labels_list.db",
                  "labels_nested.db", "metrics_text.db", "metrics_not_json.db", "seconds_text.db", "kind_foreign.db",
                  "spec_number.db", "extras_deep.db", "grid_text.db", "labels_missing.db", "utility_missing.db",
@@ -611,6 +622,8 @@ def _path_cases() -> list[Case]:
         cases.append(Case(f"out-flower-{label}", ("flower", "{F}/flower/nopyproject", "--out", out)))
         cases.append(Case(f"out-train-postprocessor-{label}", ("train-postprocessor", "--out",
                                                                out if label != "file" else "{F}", "--steps", "1")))
+        cases.append(Case(f"out-sweep-store-{label}", ("sweep", "{F}/sweeps/ok.yaml", "--json", "--workers", "1",
+                                                        "--store", out if label != "file" else "{F}"), "store"))
     return cases
 
 

@@ -100,16 +100,15 @@ def test_needs_the_malicious_threat_model():
 
 
 def test_beats_inverting_gradients_at_equal_iterations():
-    # measured (ResNet-20, cifar10, B = 4, 50 iterations): LPIPS 0.566 vs 0.631,
-    # PSNR of the mean MSE 11.3 vs 7.9 dB (seeds 0-2: gain +3.4 to +3.6 dB). Benchmark
-    # (B = 16, 500 iterations): LPIPS 0.537 vs 0.602.
+    # ResNet-20, cifar10, B = 4, 50 iterations, seeds 0-3: PSNR of the mean MSE 10.3-11.1 vs
+    # 7.3-7.9 dB (gain +2.75 to +3.72 dB), MSE ratio 0.42-0.53. LPIPS is not yet separated at
+    # 50 iterations (0.59-0.71 vs 0.60-0.67); the benchmark (B = 16, 500 iterations) shows it.
     def run(attack, threat):
         return run_attack(AttackRunSpec(dataset="cifar10", model="resnet20", batch_size=4, threat=threat,
                                         attack=f"{attack}:iterations=50", knows=("labels", "bn_statistics"),
                                         )).metrics
 
     fp, ig = run("feature-prior", "malicious"), run("ig", "honest")
-    assert fp["lpips"] < ig["lpips"] - 0.03
-    assert fp["psnr"] > ig["psnr"] + 1.5
-    assert fp["mse"] < 0.7 * ig["mse"]
+    assert fp["psnr"] > ig["psnr"] + 2.0
+    assert fp["mse"] < 0.65 * ig["mse"]
     assert fp["label_acc"] == 1.0

@@ -36,7 +36,7 @@ grids:
       - {name: noise, options: {sigma: [0.001, 0.01, 0.1]}}
     attacks: [ig:iterations=80]
 utility:
-  options: {clients: 10, per_round: 2, rounds: 1, local_steps: 2}
+  options: {model: mlp, clients: 10, per_round: 2, rounds: 5, local_steps: 10}
 """
 
 
@@ -247,14 +247,13 @@ def test_report_renders_in_headless_chromium(workdir, reference_store):
         assert (out / name).stat().st_size > 0
     exported = json.loads((out / "results.json").read_text())
     assert len(exported["cells"]) == 12 and len(exported["strongest"]) == 8
-    # one FedAvg round of two local steps leaves the sigmoid LeNet at chance: no utility loss is
-    # claimed, the rows say why
+    # the utility model (an MLP, five FedAvg rounds) trains well above chance, so every row
+    # carries a utility loss (a sweep whose baseline stays at chance is refused before its cells)
     baseline = [c for c in exported["cells"] if c["kind"] == "utility" and c["labels"]["defense"] == "none"]
     assert baseline[0]["metrics"]["num_classes"] == 10
-    untrained = baseline[0]["metrics"]["test_accuracy"] <= 0.2
+    assert baseline[0]["metrics"]["test_accuracy"] > 0.3
     for e in exported["strongest"]:
-        assert (e["utility_loss"] is None) == untrained
-        assert (e["utility_note"] or "").startswith("utility model did not train") == untrained
+        assert e["utility_loss"] is not None and not e["utility_note"]
 
     profile = tempfile.mkdtemp(prefix="chromium-")
     try:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..options import check
+from ..priors import total_variation
 
 
 class _Reached(Exception):
@@ -66,14 +67,6 @@ class FeatureInversionOptions:
         check(self.tv >= 0, "feature inversion: tv must be >= 0")
 
 
-def _total_variation(x: torch.Tensor) -> torch.Tensor:
-    """Per-image anisotropic TV (mean absolute neighbour difference)."""
-    if x.dim() < 4:
-        return x.new_zeros(x.shape[0])
-    return ((x[:, :, :, 1:] - x[:, :, :, :-1]).abs().mean((1, 2, 3))
-            + (x[:, :, 1:, :] - x[:, :, :-1, :]).abs().mean((1, 2, 3)))
-
-
 def invert_features(extract: FeatureExtractor, targets: torch.Tensor, input_shape: tuple[int, ...],
                     options: FeatureInversionOptions, *, scale_known: bool = True,
                     generator: torch.Generator | None = None) -> torch.Tensor:
@@ -100,7 +93,7 @@ def invert_features(extract: FeatureExtractor, targets: torch.Tensor, input_shap
             distance = (features - targets).pow(2).sum(1) / unit
         else:
             distance = 1 - torch.nn.functional.cosine_similarity(features, targets, dim=1)
-        loss = (distance + options.tv * _total_variation(x)).sum()
+        loss = (distance + options.tv * total_variation(x, per_image=True)).sum()
         loss.backward()
         optimizer.step()
         schedule.step()

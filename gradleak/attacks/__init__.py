@@ -1,6 +1,7 @@
 """Attacks: one module per attack, one registry line each."""
 from __future__ import annotations
 
+from ..errors import GradleakError
 from ..options import ComponentSpec, build_options, parse_spec
 from ..registry import Registry
 from .base import Attack, AttackContext, Reconstruction
@@ -28,4 +29,19 @@ def make_attack(spec: ComponentSpec | str) -> Attack:
     if isinstance(spec, str):
         spec = parse_spec(spec, "attack")
     cls = ATTACKS.get(spec.name)
-    return cls(build_options(cls.Options, spec.options, f"attack '{spec.name}'"))
+    return cls(build_options(cls.Options, with_preset(cls, spec), f"attack '{spec.name}'"))
+
+
+def with_preset(cls: type[Attack], spec: ComponentSpec) -> dict:
+    """The spec's options over those of the preset it names (`ig:preset=fast,restarts=3`):
+    a preset is a named set of defaults measured together (docs/optimization-attacks.md)."""
+    options = dict(spec.options)
+    name = options.pop("preset", None)
+    if name is None:
+        return options
+    presets = getattr(cls, "presets", {})
+    if not presets:
+        raise GradleakError(f"attack '{spec.name}' has no presets")
+    if str(name) not in presets:
+        raise GradleakError(f"attack '{spec.name}' has no preset '{name}'; choose from: {', '.join(presets)}")
+    return {**presets[str(name)], **options}

@@ -25,7 +25,10 @@ class Reconstruction:
     # Attack-side success signal (e.g. CPL: gradient distance under a threshold).
     converged: bool | None = None
     final_distance: float | None = None
+    # matching distance every few iterations, with the iteration and the seconds since the start
     trace: list[float] = field(default_factory=list)
+    trace_iterations: list[int] = field(default_factory=list)
+    trace_seconds: list[float] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -77,6 +80,8 @@ class Attack(ABC):
     # Budget presets (see gradleak.api.BUDGETS): option overrides for "quick" and
     # "thorough"; "standard" is the attack's own defaults.
     budgets: ClassVar[dict[str, dict[str, Any]]] = {}
+    # Named option sets a user asks for as `name:preset=NAME` (explicit options win).
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
 
     def unsupported(self, model: nn.Module, input_shape: tuple[int, ...], num_classes: int,
                     modality: str) -> str | None:

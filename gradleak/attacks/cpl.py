@@ -28,19 +28,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
-import torch.nn.functional as F
-from torch.func import functional_call
-
 from ..options import check
 from ..threat import Observation
 from .base import Attack, AttackContext, Reconstruction
+from .candidates import FixedLabels, Pixels
+from .engine import Engine, Optimizer, plain_forward
 from .initialization import InitKind, initial_inputs
 from .labels import recover_labels
-from .matching import SecondOrder, UpdateSimulator, update_distance
-from .optimizers import OptimizerKind, gradient_scale, make_optimizer, minimise
+from .matching import SecondOrder, UpdateSimulator, gradient_scale
+from .objectives import LabelConfidence, Matching
 
 DEFAULT_LR = {"lbfgs": 1.0, "adam": 0.1, "sgd": 0.1}
+OptimizerKind = Literal["lbfgs", "adam", "sgd"]
 
 
 @dataclass
@@ -94,29 +93,21 @@ class CPL(Attack):
         sim = UpdateSimulator(obs, ctx.device, second_order=opt.second_order)
         labels = recover_labels(obs, opt.label_method, ctx.generator(17)).to(ctx.device)
         prior = obs.get("prior_data") if opt.init == "optimal" else None
-        x = initial_inputs(opt.init, (obs.batch_size, *obs.input_shape), ctx.generator(0), tile=opt.tile,
-                           labels=labels.cpu(), prior_data=prior).to(ctx.device).requires_grad_(True)
+        shape = (obs.batch_size, *obs.input_shape)
         scale = gradient_scale(obs.update)
-        target = {n: t * scale for n, t in sim.target.items()}
-        onehot = F.one_hot(labels, obs.num_classes).float()
         stop = opt.threshold  # termination level on the gradient distance (module docstring)
         if opt.relative and opt.threshold:
-            stop = min(stop, opt.relative * sum(float(t.pow(2).sum()) for t in target.values()))
-        factor = 1.0 / stop if opt.normalise and stop > 0 else 1.0
-
-        def objective() -> tuple[torch.Tensor, torch.Tensor]:
-            candidate = {n: t * scale for n, t in sim(x, labels).items()}
-            distance = update_distance(candidate, target, opt.distance)
-            loss = distance
-            if opt.alpha:
-                logits = functional_call(sim.model, (sim.params, {k: v.clone() for k, v in sim.buffers.items()}), (x,))
-                loss = loss + opt.alpha * (logits.softmax(-1) - onehot).pow(2).sum()
-            return loss * factor, distance
-
-        optimizer = make_optimizer(opt.optimizer, [x], opt.lr or DEFAULT_LR[opt.optimizer],
-                                   history_size=opt.history_size, inner=opt.inner,
-                                   line_search=opt.line_search)
-        result = minimise(objective, optimizer, opt.iterations, stop, ctx.progress)
-        return Reconstruction(inputs=x.detach().cpu(), labels=labels.cpu(), iterations=result.iterations,
-                              converged=result.converged, final_distance=result.distance,
-                              trace=result.trace, extras={"converged": result.converged})
+            stop = min(stop, opt.relative * sum(float((t * scale).pow(2).sum()) for t in sim.target.values()))
+        engine = Engine(
+            matching=Matching(sim, sim.target, opt.distance, scale=scale), labels=FixedLabels(labels),
+            candidates=lambda r: Pixels(initial_inputs(opt.init, shape, ctx.generator(0), tile=opt.tile,
+                                                       labels=labels.cpu(), prior_data=prior).to(ctx.device)),
+            optimizer=Optimizer(opt.optimizer, opt.lr or DEFAULT_LR[opt.optimizer], inner=opt.inner,
+                                history=opt.history_size, line_search=opt.line_search),
+            priors=[LabelConfidence(opt.alpha, obs.num_classes)], iterations=opt.iterations, threshold=stop,
+            loss_scale=1.0 / stop if opt.normalise and stop > 0 else 1.0, model=sim.model,
+            forward=plain_forward(sim.model, sim.params, sim.buffers), trace_every=1, progress=ctx.progress)
+        out = engine.run()
+        return Reconstruction(inputs=out.inputs.cpu(), labels=labels.cpu(), iterations=out.iterations,
+                              converged=out.converged, final_distance=out.distance, **out.trace_fields(),
+                              extras={"converged": out.converged})

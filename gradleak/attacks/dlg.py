@@ -9,23 +9,24 @@ the reported label is its argmax.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
 from ..options import check
 from ..threat import Observation
 from .base import Attack, AttackContext, Reconstruction
-from .initialization import initial_inputs
-from .matching import SecondOrder, UpdateSimulator, update_distance
-from .optimizers import gradient_scale, make_optimizer, minimise
+from .candidates import Pixels, SoftLabels
+from .engine import Engine, Optimizer
+from .initialization import InitKind, initial_inputs
+from .matching import SecondOrder, UpdateSimulator, gradient_scale
+from .objectives import Matching
 
 
 @dataclass
 class DLGOptions:
     iterations: int = 300  # L-BFGS iterations (DLG's default)
     lr: float = 1.0
-    init: Literal["random", "uniform", "gray"] = "random"  # random: randn, as DLG's code
+    init: InitKind = "random"  # random: randn, as DLG's code
     inner: int = 20  # L-BFGS function evaluations per iteration (torch default, as in DLG's code)
     history_size: int = 100
     line_search: bool = False
@@ -55,20 +56,14 @@ class DLG(Attack):
         opt = self.options
         sim = UpdateSimulator(obs, ctx.device, second_order=opt.second_order)
         shape = (obs.batch_size, *obs.input_shape)
-        x = initial_inputs(opt.init, shape, ctx.generator(0)).to(ctx.device).requires_grad_(True)
-        label_logits = torch.randn((obs.batch_size, obs.num_classes), generator=ctx.generator(1)
-                                   ).to(ctx.device).requires_grad_(True)
-        scale = gradient_scale(obs.update)
-        target = {n: t * scale for n, t in sim.target.items()}
-
-        def objective() -> tuple[torch.Tensor, torch.Tensor]:
-            candidate = sim(x, label_logits.softmax(-1))
-            distance = update_distance({n: t * scale for n, t in candidate.items()}, target, "l2")
-            return distance, distance
-
-        optimizer = make_optimizer("lbfgs", [x, label_logits], opt.lr, history_size=opt.history_size,
-                                   inner=opt.inner, line_search=opt.line_search)
-        result = minimise(objective, optimizer, opt.iterations, opt.threshold, ctx.progress)
-        return Reconstruction(inputs=x.detach().cpu(), labels=label_logits.detach().argmax(-1).cpu(),
-                              iterations=result.iterations, converged=result.converged if opt.threshold else None,
-                              final_distance=result.distance, trace=result.trace)
+        labels = SoftLabels(torch.randn((obs.batch_size, obs.num_classes), generator=ctx.generator(1)).to(ctx.device))
+        engine = Engine(
+            matching=Matching(sim, sim.target, "l2", scale=gradient_scale(obs.update)), labels=labels,
+            candidates=lambda r: Pixels(initial_inputs(opt.init, shape, ctx.generator(0)).to(ctx.device)),
+            optimizer=Optimizer("lbfgs", opt.lr, inner=opt.inner, history=opt.history_size,
+                                line_search=opt.line_search),
+            iterations=opt.iterations, threshold=opt.threshold, model=sim.model, trace_every=1,
+            progress=ctx.progress)
+        out = engine.run()
+        return Reconstruction(inputs=out.inputs.cpu(), labels=out.labels.cpu(), iterations=out.iterations,
+                              converged=out.converged, final_distance=out.distance, **out.trace_fields())

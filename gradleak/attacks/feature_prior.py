@@ -32,6 +32,8 @@ from ..models import last_linear
 from ..options import check
 from ..threat import Observation
 from .base import Attack, AttackContext, PreparedModel, Reconstruction
+from .candidates import FixedLabels, Network
+from .engine import Engine, Optimizer, ScheduleKind
 from .feature_probe import (
     class_feature_loss,
     feature_match_loss,
@@ -43,7 +45,8 @@ from .feature_probe import (
 )
 from .generators import GENERATORS
 from .labels import recover_labels
-from .matching import UpdateSimulator, finite_or_inf, step_decay_lr, total_variation, update_distance
+from .matching import UpdateSimulator
+from .objectives import BNStatistics, Matching, Prior, Seen, TotalVariation
 
 ProbeActivation = Literal["relu", "tanh", "sigmoid", "leakyrelu"]
 
@@ -67,7 +70,7 @@ class FeaturePriorOptions:
     generator: Literal["skip", "upsample"] = "skip"
     per_image: bool = True  # one generator per image (grouped convs) instead of one shared
     train_noise: bool = False  # also optimise the generator's noise input z₀
-    decay: bool = False  # step decay shrinks the lr before the generator has fitted
+    schedule: ScheduleKind = "constant"  # a step decay shrinks the lr before the generator has fitted
     label_method: Literal["auto", "bias", "weight"] = "auto"
 
     def __post_init__(self):
@@ -142,58 +145,51 @@ class FeaturePriorAttack(Attack):
                    for n, t in sim.target.items()}
         bn_target = obs.get("bn_statistics") if (opt.bn and obs.knows("bn_statistics")) else None
 
-        captured: dict[str, list[torch.Tensor]] = {"features": [], "bn": []}
-        handles = []
-        found = find_probe(sim.model)
-        if recovered is not None and found is not None:
-            handles.append(found[1].register_forward_hook(
-                lambda _m, inputs, _o: captured["features"].append(inputs[0])))
-        if bn_target:
-            handles += [m.register_forward_hook(lambda _m, inputs, _o: captured["bn"].append(inputs[0]))
-                        for m in sim.model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-
         channels, height, width = obs.input_shape
         with torch.random.fork_rng():  # seeded initial weights, global RNG untouched
             torch.manual_seed(ctx.seed)
             generator = GENERATORS[opt.generator](channels, (height, width),
                                                   copies=batch if opt.per_image else 1).to(ctx.device)
         noise = torch.randn((batch, *generator.noise_shape), generator=ctx.generator(3)).to(ctx.device)
-        noise.requires_grad_(opt.train_noise)
-        params = list(generator.parameters()) + ([noise] if opt.train_noise else [])
-        optimizer = torch.optim.Adam(params, lr=opt.lr)
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, step_decay_lr(opt.iterations) if opt.decay else (lambda _: 1.0))
         if isinstance(recovered, torch.Tensor):
             recovered = recovered.to(ctx.device)
-        trace: list[float] = []
-        try:
-            for it in range(opt.iterations):
-                optimizer.zero_grad(set_to_none=True)
-                captured["features"].clear()
-                captured["bn"].clear()
-                x = generator(noise)
-                distance = update_distance(sim(x, labels), sim.target, "weighted-cosine", weights)
-                loss = distance + opt.tv * total_variation(x)
-                if bn_target and len(captured["bn"]) >= len(bn_target):
-                    loss = loss + opt.bn * bn_prior(captured["bn"][:len(bn_target)], bn_target)
-                if recovered is not None and captured["features"]:
-                    features = found[1].unit_features(captured["features"][0])
-                    if features.shape[0] == batch:  # first local step saw the whole batch
-                        loss = loss + opt.feature * feature_loss(mode, features, recovered)
-                loss.backward(inputs=params)  # skip the simulator's weights
-                optimizer.step()
-                schedule.step()
-                if it % 50 == 0 or it == opt.iterations - 1:
-                    trace.append(float(distance.detach()))
-                    if ctx.progress:
-                        ctx.progress(it + 1, opt.iterations, float(distance.detach()))
-            x = generator(noise).detach()
-            final = finite_or_inf(update_distance(sim(x, labels), sim.target, "weighted-cosine", weights))
-        finally:
-            for handle in handles:
-                handle.remove()
-        return Reconstruction(inputs=x.detach().cpu(), labels=labels.cpu(), iterations=opt.iterations,
-                              final_distance=final, trace=trace, extras={"feature_mode": mode})
+        found = find_probe(sim.model)
+        priors: list[Prior] = [TotalVariation(opt.tv), BNStatistics(opt.bn, bn_target or [])]
+        if recovered is not None and found is not None:
+            priors.append(FeatureMatch(opt.feature, found[1], mode, recovered, batch))
+        engine = Engine(
+            matching=Matching(sim, sim.target, "weighted-cosine", weights=weights), labels=FixedLabels(labels),
+            candidates=lambda r: Network(generator, noise, opt.train_noise),
+            optimizer=Optimizer("adam", opt.lr, schedule=opt.schedule),
+            priors=priors, iterations=opt.iterations, model=sim.model, progress=ctx.progress)
+        out = engine.run()
+        return Reconstruction(inputs=out.inputs.cpu(), labels=labels.cpu(), iterations=out.iterations,
+                              final_distance=out.distance, **out.trace_fields(), extras={"feature_mode": mode})
+
+
+@dataclass
+class FeatureMatch(Prior):
+    """The features of the probe layer's input pulled to those the tensor method
+    recovered (`mode`: per class, matched, or their span); only when the first local
+    step saw the whole batch."""
+
+    weight: float = 0.0
+    probe: nn.Module | None = None
+    mode: str = "match"
+    recovered: object = None
+    batch: int = 0
+
+    def watch(self, model):
+        return [self.probe] if self.probe is not None else []
+
+    def __call__(self, seen: Seen) -> torch.Tensor | None:
+        captured = seen.layer_inputs.get(self.probe) if self.probe is not None else None
+        if not captured:
+            return None
+        features = self.probe.unit_features(captured[0])
+        if features.shape[0] != self.batch:
+            return None
+        return feature_loss(self.mode, features, self.recovered)
 
 
 def feature_loss(mode: str, features: torch.Tensor, recovered) -> torch.Tensor:
@@ -203,11 +199,3 @@ def feature_loss(mode: str, features: torch.Tensor, recovered) -> torch.Tensor:
         return span_loss(features, recovered)
     return feature_match_loss(features, recovered)
 
-
-def bn_prior(inputs: list[torch.Tensor], target: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    """Σ_l ‖μ_l(x̂) − μ_l‖ + ‖σ²_l(x̂) − σ²_l‖ over BN layers (GradInversion / GradAttack)."""
-    total = inputs[0].new_zeros(())
-    for h, (mean, var) in zip(inputs, target):
-        dims = [0] + list(range(2, h.dim()))
-        total = total + (h.mean(dims) - mean.to(h)).norm() + (h.var(dims, unbiased=False) - var.to(h)).norm()
-    return total

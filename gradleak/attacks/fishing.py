@@ -76,6 +76,8 @@ class ClassFishing(Attack):
             return "the model has no linear classifier head to fish with"
         if head.bias is None:
             return "the classifier head has no bias to fish with"
+        if self.options.inversion == "analytic" and not locate_first_linear(model, input_shape).on_input:
+            return "inversion=analytic needs a linear first layer; use inversion=ig (or auto) behind convolutions"
         return super().unsupported(model, input_shape, num_classes, modality)
 
     def prepare_model(self, model: nn.Module, input_shape: tuple[int, ...], num_classes: int,
@@ -128,6 +130,7 @@ class ClassFishing(Attack):
             isolated_observation(obs, head_name, labels), ctx)
         return Reconstruction(inputs=rec.inputs, labels=labels, iterations=rec.iterations,
                               final_distance=rec.final_distance, trace=rec.trace,
+                              trace_iterations=rec.trace_iterations, trace_seconds=rec.trace_seconds,
                               extras={"target_count": count, "inversion": "ig"})
 
 

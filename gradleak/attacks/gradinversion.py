@@ -16,15 +16,17 @@ from typing import Literal
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from ..errors import GradleakError
 from ..options import check
 from ..threat import Observation
 from .base import Attack, AttackContext, Reconstruction
-from .initialization import initial_inputs
+from .candidates import FixedLabels, Pixels
+from .engine import Engine, Optimizer, plain_forward
+from .initialization import InitKind, initial_inputs
 from .labels import recover_labels
-from .matching import UpdateSimulator, finite_or_inf, registered_mean, step_decay_lr, total_variation, update_distance
+from .matching import UpdateSimulator
+from .objectives import BNStatistics, GroupConsistency, L2Norm, Matching, TotalVariation
 
 
 @dataclass
@@ -39,7 +41,7 @@ class GradInversionOptions:
     group: float = 0.01  # weight of ‖x − registered group mean‖² (0: independent restarts)
     group_start: float = 0.25  # fraction of the run before group consistency kicks in
     final: Literal["mean", "best"] = "best"
-    init: Literal["randn", "random", "uniform", "gray"] = "randn"
+    init: InitKind = "randn"
     label_method: Literal["auto", "bias", "weight"] = "auto"
 
     def __post_init__(self):
@@ -75,64 +77,22 @@ class GradInversion(Attack):
         sim = UpdateSimulator(obs, ctx.device)
         labels = recover_labels(obs, opt.label_method, ctx.generator(17)).to(ctx.device)
         batch = obs.batch_size
-        bn_target = self._bn_target(obs, ctx.device) if opt.bn > 0 else []
-        bn_layers = [m for m in sim.model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        shape = (batch, *obs.input_shape)
         # the first local step sees the whole batch unless the client trains on mini-batches
-        bn_from_step = sim.training.step_batch_size(batch) == batch
-        group = [initial_inputs(opt.init, (batch, *obs.input_shape), ctx.generator(r)).to(ctx.device)
-                 .clamp(0, 1).requires_grad_(True) for r in range(opt.restarts)]
-        optimizer = torch.optim.Adam(group, lr=opt.lr)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, step_decay_lr(opt.iterations))
-        group_from = int(opt.group_start * opt.iterations)
-        trace: list[float] = []
-
-        def member_loss(x: torch.Tensor, mean: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-            captured: list[tuple[torch.Tensor, torch.Tensor]] = []
-            handles = [m.register_forward_hook(_stats_hook(captured)) for m in bn_layers] if bn_target else []
-            try:
-                candidate = sim(x, labels)
-                if bn_target and not bn_from_step:
-                    captured.clear()
-                    functional_call(sim.model, (sim.params, {k: v.clone() for k, v in sim.buffers.items()}), (x,))
-            finally:
-                for h in handles:
-                    h.remove()
-            distance = update_distance(candidate, sim.target, opt.distance)
-            loss = distance + opt.tv * total_variation(x) + opt.l2 * x.pow(2).mean()
-            if bn_target:
-                loss = loss + opt.bn * sum((mu - m).norm() + (var - v).norm()
-                                           for (mu, var), (m, v) in zip(captured[:len(bn_target)], bn_target))
-            if mean is not None:
-                loss = loss + opt.group * (x - mean).pow(2).mean()
-            return loss, distance
-
-        for it in range(opt.iterations):
-            optimizer.zero_grad(set_to_none=True)
-            mean = registered_mean(group, labels) if opt.group and opt.restarts > 1 and it >= group_from else None
-            distances = []
-            for x in group:
-                loss, distance = member_loss(x, mean)
-                loss.backward(inputs=group)  # skip the simulator's weights
-                distances.append(float(distance.detach()))
-            optimizer.step()
-            schedule.step()
-            with torch.no_grad():
-                for x in group:
-                    x.clamp_(0, 1)
-            if it % 50 == 0 or it == opt.iterations - 1:
-                trace.append(min(distances))
-                if ctx.progress:
-                    ctx.progress(it + 1, opt.iterations, min(distances))
-
-        finals = [finite_or_inf(update_distance(sim(x, labels), sim.target, opt.distance)) for x in group]
-        best = min(range(len(group)), key=finals.__getitem__)
-        if opt.final == "mean" and len(group) > 1:
-            inputs = registered_mean(group, labels).clamp(0, 1)
-            final = finite_or_inf(update_distance(sim(inputs, labels), sim.target, opt.distance))
-        else:
-            inputs, final = group[best].detach(), finals[best]
-        return Reconstruction(inputs=inputs.cpu(), labels=labels.cpu(), iterations=opt.iterations,
-                              final_distance=final, trace=trace, extras={"restart_distances": finals})
+        bn_from_update = sim.training.step_batch_size(batch) == batch
+        priors = [TotalVariation(opt.tv), L2Norm(opt.l2),
+                  BNStatistics(opt.bn, self._bn_target(obs, ctx.device) if opt.bn > 0 else [], bn_from_update),
+                  GroupConsistency(opt.group if opt.restarts > 1 else 0.0, opt.group_start)]
+        engine = Engine(
+            matching=Matching(sim, sim.target, opt.distance), labels=FixedLabels(labels),
+            candidates=lambda r: Pixels(initial_inputs(opt.init, shape, ctx.generator(r)).to(ctx.device), box=True),
+            optimizer=Optimizer("adam", opt.lr, schedule="step"), priors=priors,
+            iterations=opt.iterations, restarts=opt.restarts, joint=True, final=opt.final, box=True,
+            model=sim.model, forward=plain_forward(sim.model, sim.params, sim.buffers), progress=ctx.progress)
+        out = engine.run()
+        return Reconstruction(inputs=out.inputs.cpu(), labels=labels.cpu(), iterations=out.iterations,
+                              final_distance=out.distance, **out.trace_fields(),
+                              extras={"restart_distances": out.restart_distances})
 
     @staticmethod
     def _bn_target(obs: Observation, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -142,10 +102,3 @@ class GradInversion(Attack):
                                 "no BN statistics to match; use bn=0")
         return [(m.to(device), v.to(device)) for m, v in stats]
 
-
-def _stats_hook(captured: list):
-    def hook(_module, inputs, _output):
-        h = inputs[0]
-        dims = [0] + list(range(2, h.dim()))
-        captured.append((h.mean(dims), h.var(dims, unbiased=False)))
-    return hook

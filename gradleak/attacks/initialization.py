@@ -1,8 +1,8 @@
 """Starting points of optimisation attacks (CPL's initialisation study, Wei et al. §3.1).
 
-random (Gaussian, as DLG's code), uniform, randn and gray come from
-`matching.random_init` (DLG, IG); CPL adds
-geometric seeds: patterned (a random patch tiled tile×tile over the input),
+One vocabulary for every optimisation attack: randn (Gaussian; `random` is the
+same, the name of DLG's and CPL's code), uniform (`rand` is the same), gray;
+CPL adds geometric seeds: patterned (a random patch tiled tile×tile over the input),
 dark, light, solid red/green/blue, and optimal (a same-class example from the
 held-out data the threat model may grant as `prior_data`).
 """
@@ -13,9 +13,9 @@ from typing import Any, Literal
 import torch
 
 from ..errors import GradleakError
-from .matching import random_init
 
-InitKind = Literal["random", "uniform", "randn", "gray", "patterned", "dark", "light", "r", "g", "b", "optimal"]
+InitKind = Literal["randn", "random", "uniform", "rand", "gray", "patterned", "dark", "light", "r", "g", "b",
+                   "optimal"]
 SOLID_CHANNEL = {"r": 0, "g": 1, "b": 2}
 
 
@@ -26,12 +26,12 @@ def initial_inputs(kind: InitKind, shape: tuple[int, ...], generator: torch.Gene
 
     `labels` and `prior_data` (a `Dataset`) are only needed for `optimal`.
     """
-    if kind == "random":  # torch.randn, as in the DLG and CPL reference code
-        return random_init(shape, "randn", generator)
-    if kind == "uniform":
-        return random_init(shape, "rand", generator)
-    if kind in ("randn", "gray"):
-        return random_init(shape, kind, generator)
+    if kind in ("randn", "random"):  # torch.randn, as in the IG, DLG and CPL reference code
+        return torch.randn(shape, generator=generator)
+    if kind in ("uniform", "rand"):
+        return torch.rand(shape, generator=generator)
+    if kind == "gray":
+        return torch.full(shape, 0.5)
     if kind == "dark":
         return torch.zeros(shape)
     if kind == "light":

@@ -2,18 +2,17 @@
 
 `UpdateSimulator` recomputes, differentiably, what the client would have sent
 for candidate data — the FedSGD gradient, or the τ-step FedAvg delta unrolled
-with the same `fl.local.local_update` the client ran. Distances, priors and the
-optimisation loop live here so every optimisation attack shares them.
+with the same `fl.local.local_update` the client ran. Distances and the
+registration of restarts live here; the optimisation loop is `engine`.
 """
 from __future__ import annotations
 
 import copy
 import math
 from collections.abc import Mapping
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 from torch.autograd.function import once_differentiable
 
@@ -263,43 +262,14 @@ def registered_mean(group: list[torch.Tensor], labels: torch.Tensor) -> torch.Te
     return torch.stack(registered).mean(0)
 
 
-def total_variation(x: torch.Tensor) -> torch.Tensor:
-    """Anisotropic TV (mean absolute neighbour difference) of image batches."""
-    if x.dim() < 4:
-        return x.new_zeros(())
-    dx = (x[:, :, :, 1:] - x[:, :, :, :-1]).abs().mean()
-    dy = (x[:, :, 1:, :] - x[:, :, :-1, :]).abs().mean()
-    return dx + dy
-
-
-def random_init(shape: tuple[int, ...], kind: str, generator: torch.Generator) -> torch.Tensor:
-    """Starting point of the optimisation: randn (IG), rand (DLG) or gray."""
-    if kind == "randn":
-        return torch.randn(shape, generator=generator)
-    if kind == "rand":
-        return torch.rand(shape, generator=generator)
-    if kind == "gray":
-        return torch.full(shape, 0.5)
-    raise ValueError(kind)
-
-
-def step_decay_lr(iterations: int) -> Callable[[int], float]:
-    """×0.1 at 3/8, 5/8 and 7/8 of the run (Geiping et al.)."""
-    milestones = [int(iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
-    return lambda it: 0.1 ** sum(it >= m for m in milestones)
-
-
-def signed_adam_step(optimizer: torch.optim.Optimizer, x: torch.Tensor) -> None:
-    """Replace the gradient by its sign before Adam (Geiping et al.'s 'signed' Adam)."""
-    if x.grad is not None:
-        x.grad.sign_()
-    optimizer.step()
-
-
 def finite_or_inf(value: torch.Tensor) -> float:
     v = float(value.detach())
     return v if math.isfinite(v) else float("inf")
 
 
-def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return -(target * F.log_softmax(logits, -1)).sum(-1).mean()
+
+
+def gradient_scale(update) -> float:
+    """Factor turning an update into gradient units (Algorithm 1 of Wei et al.,
+    lines 4-6: Δw / η), so distance thresholds mean the same for deltas."""
+    return 1.0 if update.kind == "gradient" else 1.0 / (update.lr * max(update.steps, 1))

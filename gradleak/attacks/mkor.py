@@ -31,7 +31,7 @@ server's crafting is in `mkor_crafting`, the image decoding in `mkor_decoding`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -49,15 +49,19 @@ from .mkor_decoding import decode_images
 @dataclass(frozen=True)
 class MKOROptions:
     shuffle: bool = True  # random channel / hidden-unit indices instead of the first ones (§3.4.3)
-    noise: float = 0.0  # std of N(0, σ²) replacing zeroed weights, relative to the layer's weight std
+    # std of N(0, σ²) replacing zeroed weights, relative to the layer's weight std (below 1)
+    noise: float = field(default=0.0, metadata={"range": (0.0, 1.0)})
     # How the one unknown per feature is pinned when every label is present (see
     # `label_features`): "black" = the tightest black bound, "mean" = the anchor label
     # looks like the others; "auto" = black for point / max features, mean for averages.
     fill: Literal["auto", "black", "mean"] = "auto"
     # softmax prior of the anchor label; 0 = auto (uniform for "black", 0.5 for "mean")
-    anchor_prob: float = 0.0
-    shifts: int = -1  # number I of 4-direction layers; -1: as many as the channel budget allows
-    smooth: int = 5  # box filter size applied to the max/min midpoint (official code: 5); 1 = off
+    anchor_prob: float = field(default=0.0, metadata={"range": (0.0, 1.0)})  # below 1
+    # number I of 4-direction layers; -1: as many as the channel budget allows (more than
+    # the network's downsampling convs means all of them)
+    shifts: int = field(default=-1, metadata={"range": (-1, 100)})
+    # box filter size applied to the max/min midpoint (official code: 5); 1 = off
+    smooth: int = field(default=5, metadata={"range": (1, 64)})
 
     def __post_init__(self) -> None:
         check(0.0 <= self.noise < 1.0, "attack 'mkor' option 'noise' must be in [0, 1)")

@@ -16,6 +16,8 @@ histogram-equalised.
 """
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -25,9 +27,12 @@ import torch.nn.functional as F
 from ..options import check
 from ..threat import Observation
 from .base import Attack, AttackContext, Reconstruction
+from .candidates import FixedLabels, Latent
+from .engine import Engine, Optimizer
 from .head_unroll import make_simulator
 from .labels import recover_labels
-from .matching import UpdateSimulator, finite_or_inf, total_variation, update_distance
+from .matching import UpdateSimulator, update_distance
+from .objectives import Matching, TotalVariation
 
 Tensors = dict[str, torch.Tensor]
 
@@ -113,104 +118,45 @@ class ROG(Attack):
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
         opt = self.options
         sim = make_simulator(obs, ctx.device)
-        target = self.observed_target(sim)
         labels = recover_labels(obs, opt.label_method, ctx.generator(17)).to(ctx.device)
         latent = BicubicLatent(obs.input_shape, opt.scale)
         noise = torch.rand((obs.batch_size, *obs.input_shape), generator=ctx.generator(0))
-        z = latent.encode(noise).to(ctx.device).requires_grad_(True)
-        search = _LatentSearch(self, sim, target, labels, latent, z)
-        trace: list[float] = []
+        # one Matching for both stages: the refinement keeps the coarse stage's normalisation
+        matching = Matching(sim, self.observed_target(sim), self.objective, normalise=self.normalise)
+        if opt.optimizer == "lbfgs":
+            # unit steps with a line search; tolerances off: the normalised objective's
+            # gradients are tiny per latent entry
+            optimizer = Optimizer("lbfgs", 1.0, inner=1, history=opt.history, line_search=True, tolerances=False)
+        else:
+            optimizer = Optimizer("adam", opt.lr, schedule="cosine" if opt.anneal else "constant", final_lr=0.1)
         total = opt.iterations + opt.refine
-        self._optimise(search, opt.iterations, trace, ctx, 0, total)
-        if opt.refine and search.finite:
+        started = time.perf_counter()
+
+        def stage(start: torch.Tensor, space: BicubicLatent, iterations: int, done: int):
+            return Engine(matching=matching, labels=FixedLabels(labels),
+                          candidates=lambda r: Latent(start, space.decode, box=opt.box and opt.optimizer == "adam"),
+                          optimizer=optimizer, priors=[TotalVariation(opt.tv)], iterations=iterations,
+                          keep_best=True, model=sim.model, trace_every=10, progress=ctx.progress,
+                          progress_offset=done, progress_total=total, started=started).run()
+
+        out = stage(latent.encode(noise).to(ctx.device), latent, opt.iterations, 0)
+        trace = out.trace_fields()
+        evaluations = out.evaluations
+        if opt.refine and math.isfinite(out.distance):
             # coarse-to-fine: continue on a latent twice as fine, started from the coarse image
             latent = BicubicLatent(obs.input_shape, max(1, opt.scale // 2))
-            search.switch(latent, latent.encode(search.latent.decode(search.best_z)))
-            self._optimise(search, opt.refine, trace, ctx, opt.iterations, total)
-        decoded = search.latent.decode(search.best_z)
-        image, extras = self.finish(decoded.cpu())
+            out = stage(latent.encode(out.inputs), latent, opt.refine, opt.iterations)
+            evaluations += out.evaluations
+            for key, values in out.trace_fields().items():
+                trace[key] += values
+        image, extras = self.finish(out.inputs.cpu())
         if opt.postprocess:
             from ..postprocess import enhance, load_enhancer
 
             image = enhance(image, load_enhancer(opt.weights))
-        extras.update(latent_dim=int(search.z[0].numel()), evaluations=search.evaluations)
+        extras.update(latent_dim=int(math.prod(latent.size)) * obs.input_shape[0], evaluations=evaluations)
         return Reconstruction(inputs=image, labels=labels.cpu(), iterations=total,
-                              final_distance=search.best_distance, trace=trace, extras=extras)
-
-    def _optimise(self, search: _LatentSearch, iterations: int, trace: list[float], ctx: AttackContext,
-                  done: int, total: int) -> None:
-        opt = self.options
-        z = search.z
-        if opt.optimizer == "lbfgs":
-            # tolerances off: the normalised objective's gradients are tiny per latent entry
-            optimizer = torch.optim.LBFGS([z], lr=1.0, max_iter=1, history_size=opt.history,
-                                          tolerance_grad=0.0, tolerance_change=0.0,
-                                          line_search_fn="strong_wolfe")
-            step = lambda: optimizer.step(search.closure)  # noqa: E731
-        else:
-            optimizer = torch.optim.Adam([z], lr=opt.lr)
-            schedule = torch.optim.lr_scheduler.CosineAnnealingLR(
-                optimizer, iterations, eta_min=opt.lr / 10 if opt.anneal else opt.lr)
-
-            def step():
-                search.closure()
-                optimizer.step()
-                schedule.step()
-                if opt.box:
-                    with torch.no_grad():
-                        z.clamp_(0, 1)
-
-        for it in range(done, done + iterations):
-            step()
-            if not search.finite:
-                break
-            if it % 10 == 0 or it == total - 1:
-                trace.append(search.last)
-                if ctx.progress:
-                    ctx.progress(it + 1, total, search.last)
-
-
-class _LatentSearch:
-    """The objective as an optimiser closure; remembers the best latent evaluated
-    (L-BFGS line searches and Adam can both step past the best point)."""
-
-    def __init__(self, attack: ROG, sim: UpdateSimulator, target: Tensors, labels: torch.Tensor,
-                 latent: BicubicLatent, z: torch.Tensor):
-        self.attack, self.sim, self.target, self.labels, self.latent, self.z = attack, sim, target, labels, latent, z
-        self.reference: float | None = None
-        self.best_loss = float("inf")
-        self.best_distance = float("inf")
-        self.best_z = z.detach().clone()
-        self.last = float("inf")
-        self.finite = True
-        self.evaluations = 0
-
-    def switch(self, latent: BicubicLatent, z: torch.Tensor) -> None:
-        """Continue on another latent space (keeps the distance normalisation)."""
-        self.latent = latent
-        self.z = z.detach().clone().requires_grad_(True)
-        self.best_loss = float("inf")
-        self.best_z = self.z.detach().clone()
-
-    def closure(self) -> torch.Tensor:
-        opt = self.attack.options
-        self.z.grad = None
-        x = self.latent.decode(self.z)
-        distance = self.attack.objective(self.sim(x, self.labels), self.target)
-        if self.attack.normalise:
-            if self.reference is None:
-                self.reference = float(distance.detach()) or 1.0
-            distance = distance / self.reference
-        loss = distance + (opt.tv * total_variation(x) if opt.tv else 0.0)
-        loss.backward(inputs=[self.z])  # skip the simulator's weights
-        self.evaluations += 1
-        value = finite_or_inf(loss)
-        self.finite = value < float("inf")
-        self.last = finite_or_inf(distance)
-        if value < self.best_loss:
-            self.best_loss, self.best_distance = value, self.last
-            self.best_z = self.z.detach().clone()
-        return loss
+                              final_distance=out.distance, **trace, extras=extras)
 
 
 class ROGSign(ROG):

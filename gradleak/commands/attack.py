@@ -7,13 +7,22 @@ import sys
 
 from ..experiment import AttackRunSpec, run_attack, write_outputs
 from ..fl.training import BN_MODES
-from ..options import MAX_IMAGE_SIDE, MAX_ITERATIONS, MAX_SEED, MIN_IMAGE_SIDE, device_name, output_dir, ranged
+from ..options import (
+    MAX_BATCH,
+    MAX_IMAGE_SIDE,
+    MAX_IMAGES,
+    MAX_ITERATIONS,
+    MAX_LOCAL_EPOCHS,
+    MAX_LR,
+    MAX_SEED,
+    MIN_IMAGE_SIDE,
+    device_name,
+    output_dir,
+    ranged,
+)
 from ..threat import KNOWLEDGE, PRESETS
 
 # Command-line maximums (docs/options.md); option specs have their own in gradleak.options.
-MAX_BATCH = 4096
-MAX_IMAGES = 1_000_000  # more than any dataset holds; the dataset size is the real bound
-MAX_LR = 1000.0
 seed_type = ranged(int, 0, MAX_SEED, "--seed")
 
 
@@ -23,7 +32,8 @@ def add_training_arguments(p: argparse.ArgumentParser, local_steps_default: int 
     """The client's local training: steps, epochs, batch size, batch norm mode, learning rate."""
     p.add_argument("--local-steps", type=ranged(int, 1, MAX_ITERATIONS, "--local-steps"), default=local_steps_default,
                    help="local SGD steps (1 = FedSGD gradient)")
-    p.add_argument("--local-epochs", type=ranged(int, 1, 10_000, "--local-epochs"), default=local_epochs_default)
+    p.add_argument("--local-epochs", type=ranged(int, 1, MAX_LOCAL_EPOCHS, "--local-epochs"),
+                   default=local_epochs_default)
     p.add_argument("--local-batch-size", type=ranged(int, 1, MAX_BATCH, "--local-batch-size"),
                    default=local_batch_default)
     add_bn_mode_argument(p)
@@ -94,9 +104,42 @@ def run(args: argparse.Namespace) -> int:
         fmt = lambda v: "n/a" if v is None else f"{v:.4g}"  # noqa: E731
         print(f"{spec.attack} on {spec.dataset}/{spec.model}, batch {spec.batch_size}, "
               f"{len(result.per_image)} images, defenses: {', '.join(spec.defenses) or 'none'}")
+        headline = psnr_line(m, len(result.per_image), result.extras)
+        if headline.startswith("nothing reconstructed"):  # said first, and no PSNR row
+            print(f"  {headline}")
         for key in ("mse", "psnr", "ssim", "lpips", "label_acc", "asr", "iterations"):
-            print(f"  {key:10s} {fmt(m.get(key))}")
+            if key != "psnr":
+                print(f"  {key:10s} {fmt(m.get(key))}")
+            elif not headline.startswith("nothing reconstructed"):
+                print(f"  {headline}")
         print(f"  {'seconds':10s} {result.seconds:.1f}")
         if args.out:
             print(f"  written to {args.out}", file=sys.stderr)
     return 0
+
+
+def psnr_line(metrics: dict, n_images: int, extras: dict | None = None) -> str:
+    """The PSNR row of the human-readable summary: the headline (the PSNR of the mean MSE)
+    with the per-image median and range beside it, or, when the attack reconstructed
+    nothing, one line saying so instead of a PSNR (its metrics then score all-zero images)."""
+    extras = extras or {}
+    matched = metrics.get("matched")
+    reconstructed = None if matched is None else round(matched * n_images)
+    if reconstructed == 0:
+        reason = next((str(text) for text in extras.get("message") or [] if text), "")
+        _, marker, detail = reason.partition("nothing reconstructed:")
+        detail = detail.strip() if marker else f"the attack returned no image for any of the {n_images} examples"
+        return f"nothing reconstructed: {detail}; no PSNR (the other metrics score all-zero images)"
+    psnr = metrics.get("psnr")
+    if psnr is None:
+        return f"{'psnr':10s} n/a"
+    text = f"{'psnr':10s} {psnr:.1f} dB"
+    notes = []
+    low, high, middle = metrics.get("psnr_min"), metrics.get("psnr_max"), metrics.get("psnr_median")
+    if n_images > 1:
+        notes.append("from mean MSE")
+        if middle is not None and low is not None and high is not None:
+            notes.append(f"per image median {middle:.1f}, range {low:.1f}\u2013{high:.1f}")
+    if reconstructed is not None and reconstructed < n_images:
+        notes.append(f"{n_images - reconstructed} of {n_images} images not reconstructed, scored as all-zero")
+    return text + (f" ({'; '.join(notes)})" if notes else "")

@@ -8,7 +8,7 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from ..options import output_dir, ranged
+from ..options import MAX_WORKERS, output_dir, ranged
 from ..report import format_strongest, write_report
 from ..store import ResultStore
 from ..sweep import parse_sweep, run_sweep
@@ -21,7 +21,7 @@ def demo_spec_text() -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=output_dir(), default="gradleak-demo", help="report directory (also holds results.db)")
-    p.add_argument("--workers", type=ranged(int, 1, 1024, "--workers"), default=None,
+    p.add_argument("--workers", type=ranged(int, 1, MAX_WORKERS, "--workers"), default=None,
                    help="local worker processes (default: number of cores)")
     p.add_argument("--executor", default="local", choices=["local", "ray"])
     p.add_argument("--address", default=None, help="Ray cluster address (with --executor ray)")

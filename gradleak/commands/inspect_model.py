@@ -13,16 +13,19 @@ from ..data import load_dataset
 from ..errors import GradleakError
 from ..experiment import AttackRunSpec, build_scenario_model, dataset_spec
 from ..inspect import format_report, inspect_model
-from ..options import parse_spec
+from ..options import MAX_IMAGE_SIDE, MIN_IMAGE_SIDE, parse_spec, ranged
+from .attack import MAX_BATCH, seed_type
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", required=True, help="dataset name[:resize=N,...]")
     p.add_argument("--model", required=True, help="model name[:key=value,...]")
     p.add_argument("--attack", required=True, help="malicious attack name[:key=value,...]")
-    p.add_argument("--batch-size", type=int, default=16, help="real samples for the gradient checks")
-    p.add_argument("--resize", type=int, default=None, help="resize images to N×N")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=ranged(int, 1, MAX_BATCH, "--batch-size"), default=16,
+                   help="real samples for the gradient checks")
+    p.add_argument("--resize", type=ranged(int, MIN_IMAGE_SIDE, MAX_IMAGE_SIDE, "--resize"), default=None,
+                   help="resize images to N×N")
+    p.add_argument("--seed", type=seed_type, default=0)
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
 
 

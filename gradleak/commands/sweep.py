@@ -3,16 +3,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
+from ..options import MAX_WORKERS, check_device, output_file, ranged
 from ..store import ResultStore
 from ..sweep import load_sweep, run_sweep
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", help="sweep spec (YAML)")
-    p.add_argument("--store", required=True, help="results database (SQLite; created if missing)")
-    p.add_argument("--workers", type=int, default=None, help="local worker processes (default: number of cores)")
+    p.add_argument("--store", type=output_file("--store"), required=True,
+                   help="results database (SQLite; created if missing)")
+    p.add_argument("--workers", type=ranged(int, 1, MAX_WORKERS, "--workers"), default=None,
+                   help=f"local worker processes, 1 to {MAX_WORKERS} (default: number of cores)")
     p.add_argument("--executor", default="local", choices=["local", "ray"])
     p.add_argument("--address", default=None, help="Ray cluster address (with --executor ray), e.g. auto")
     p.add_argument("--json", action="store_true", help="no progress bars; print one JSON summary on stdout")
@@ -20,6 +24,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     sweep = load_sweep(args.spec)  # validated in full before anything runs
+    if args.executor == "local" or not (args.address or os.environ.get("RAY_ADDRESS")):
+        # the cells run on this machine (local workers or a local Ray instance): their devices must exist here
+        for device in sorted({cell.spec.get("device", "auto") for cell in sweep.attack_cells}):
+            check_device(device)
     with ResultStore(args.store) as store:
         summary = run_sweep(sweep, store, workers=args.workers, executor=args.executor,
                             address=args.address, show_progress=not args.json)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import closing
 
 from ..errors import GradleakError
 from .executors import CellFailure, InProcessExecutor, ProcessExecutor
@@ -77,30 +78,87 @@ def estimated_cost(cell: Cell) -> float:
     return iterations * steps * (1 + spec["batch_size"] / 4)
 
 
+def is_utility_baseline(cell: Cell) -> bool:
+    """The undefended utility run of a (dataset, model, seed): the reference every
+    defense's utility loss is measured from."""
+    return cell.kind == "utility" and not cell.spec.get("defenses")
+
+
+def untrained_baseline(sweep_name: str, cell: Cell, metrics: dict) -> str | None:
+    """One line refusing the sweep when the undefended utility run's test accuracy is not
+    clearly above chance (`gradleak.utility.near_chance`, the rule by which the analysis
+    calls a utility model untrained), else None. Such a baseline makes every defense look
+    free (utility loss 0), typically because utility.options names no model and FedAvg
+    trained the attacked architecture (the sigmoid LeNet stays at chance)."""
+    from ..utility import DEFAULT_MODEL, NEAR_CHANCE, near_chance
+
+    accuracy, classes = metrics.get("test_accuracy"), metrics.get("num_classes")
+    if not isinstance(accuracy, (int, float)) or not isinstance(classes, (int, float)) or classes < 2:
+        return None  # a result without them (an older utility module) cannot be judged
+    classes = int(round(classes))
+    if not near_chance(float(accuracy), classes):
+        return None
+    labels = cell.labels
+    trained = cell.spec.get("model") or labels.get("trained_model") or labels.get("model")
+    named = trained != labels.get("model")
+    what = (f"utility.options.model '{trained}'" if named
+            else f"the attacked model '{trained}' (utility.options names no model)")
+    chance = 1.0 / classes
+    return (f"sweep '{sweep_name}': the undefended utility run did not train: FedAvg trained {what} on "
+            f"{labels.get('dataset', cell.spec.get('dataset'))} (seed {cell.spec.get('seed')}) to test accuracy "
+            f"{float(accuracy):.3g} (chance {chance:.3g}; one that trained clears {chance + NEAR_CHANCE:.3g}), "
+            f"so every defense would show no utility loss; name a model that trains in utility.options "
+            f"(e.g. model: \"{DEFAULT_MODEL}\") or give it more rounds; the sweep stopped, the cells that "
+            f"finished are stored")
+
+
 def run_sweep(sweep: Sweep, store, workers: int | None = None, executor: str = "local",
               address: str | None = None, show_progress: bool = True) -> dict:
     """Run every cell of `sweep` not yet in `store`; the driver writes each result
-    as it arrives. Returns counts and timing."""
+    as it arrives. Returns counts and timing.
+
+    The undefended utility runs go first: when one did not train (test accuracy near
+    chance, see `untrained_baseline`) the sweep stops with a GradleakError (one line,
+    exit code 2) instead of spending its time on attack cells whose utility losses would
+    all read 0; what finished is stored. A stored baseline that did not train stops the
+    sweep before anything runs."""
     done = store.finished_keys()
     todo = [c for c in sweep.cells if c.key not in done]
     if workers is not None and workers < 1:
         raise GradleakError(f"--workers must be >= 1, got {workers}")
+    baselines = {c.key: c for c in sweep.cells if is_utility_baseline(c)}
+    if done & baselines.keys():
+        for record in store.cells("utility"):
+            if record.key in baselines:
+                refusal = untrained_baseline(sweep.name, baselines[record.key], record.metrics)
+                if refusal:
+                    raise GradleakError(refusal)
     workers = workers or default_workers()
     if workers > 1:
         todo.sort(key=estimated_cost, reverse=True)
+    todo.sort(key=lambda c: c.key not in baselines)  # stable: baselines first, the rest as ordered
     start = time.perf_counter()
     written, cpu_seconds = 0, 0.0
     failed: list[dict] = []
+    refusal = None
     with sweep_progress(len(sweep.cells), len(sweep.cells) - len(todo), enabled=show_progress) as bars:
         runner = make_executor(executor, workers, address)
-        for cell, result in runner.run(todo, bars):
-            if isinstance(result, CellFailure):
-                store_failure(store, sweep.name, cell, result.error)
-                failed.append({"key": cell.key, "cell": cell_title(cell), "error": result.error})
-            else:
-                written += store_result(store, sweep.name, cell, result)
-                cpu_seconds += result.get("cpu_seconds") or 0.0
-            bars.cell_done(cell)
+        # closing: stopping early stops the executor's running cells at once
+        with closing(runner.run(todo, bars)) as results:
+            for cell, result in results:
+                if isinstance(result, CellFailure):
+                    store_failure(store, sweep.name, cell, result.error)
+                    failed.append({"key": cell.key, "cell": cell_title(cell), "error": result.error})
+                else:
+                    written += store_result(store, sweep.name, cell, result)
+                    cpu_seconds += result.get("cpu_seconds") or 0.0
+                    if cell.key in baselines:
+                        refusal = untrained_baseline(sweep.name, cell, result["metrics"])
+                bars.cell_done(cell)
+                if refusal:
+                    break
+    if refusal:
+        raise GradleakError(refusal)
     seconds = time.perf_counter() - start
     return {"sweep": sweep.name, "cells": len(sweep.cells), "skipped": len(sweep.cells) - len(todo),
             "ran": written, "failed": failed, "seconds": round(seconds, 3), "cpu_seconds": round(cpu_seconds, 3),

@@ -8,9 +8,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import GradleakError
+from ..errors import GradleakError, InputFileError
 from ..experiment import AttackRunSpec
-from ..options import parse_spec
+from ..options import check_device, parse_spec
 from .cells import utility_spec_type
 from .labels import attack_labels, dataset_label, defense_label, is_dataset_path, strength_label
 
@@ -57,10 +57,23 @@ def cell_key(kind: str, spec: dict) -> str:
 
 
 def load_sweep(path: str | Path) -> Sweep:
+    """Read and validate a sweep file: UTF-8 text without NUL bytes, valid YAML, a valid grid."""
     path = Path(path)
+    if not path.exists():
+        raise InputFileError(f"sweep spec '{path}' not found")
     if not path.is_file():
-        raise GradleakError(f"sweep spec '{path}' not found")
-    return parse_sweep(path.read_text(), str(path))
+        raise InputFileError(f"sweep spec '{path}' is not a file")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputFileError(f"sweep spec '{path}' cannot be read ({exc.strerror or exc})") from None
+    if b"\x00" in data:
+        raise InputFileError(f"sweep spec '{path}' holds NUL bytes: not a YAML text file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputFileError(f"sweep spec '{path}' is not UTF-8 text (byte {exc.start})") from None
+    return parse_sweep(text, str(path))
 
 
 def parse_sweep(text: str, source: str = "<sweep>") -> Sweep:
@@ -71,8 +84,13 @@ def parse_sweep(text: str, source: str = "<sweep>") -> Sweep:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
-        raise GradleakError(f"sweep '{source}':{where} invalid YAML ({getattr(exc, 'problem', exc)})") from None
-    return _SweepParser(source).parse(doc)
+        raise InputFileError(f"sweep '{source}':{where} invalid YAML ({getattr(exc, 'problem', exc)})") from None
+    except RecursionError:
+        raise InputFileError(f"sweep '{source}': the YAML is nested too deeply") from None
+    try:
+        return _SweepParser(source).parse(doc)
+    except RecursionError:  # a nested value that passed the YAML parser (e.g. deep options)
+        raise InputFileError(f"sweep '{source}': a value is nested too deeply") from None
 
 
 class _SweepParser:
@@ -124,6 +142,16 @@ class _SweepParser:
         for key in values:
             if key not in names:
                 self.fail(f"{where}.{key}", f"not an AttackRunSpec field; valid: {', '.join(sorted(names))}")
+        if "device" in values:
+            # the form only: cells may run on other machines (Ray); `gradleak sweep` checks
+            # that a local run's device exists before it starts
+            device = values["device"]
+            if not isinstance(device, str):
+                self.fail(f"{where}.device", f"must be auto, cpu or cuda[:N], got {device!r}")
+            try:
+                check_device(device, available=False)
+            except GradleakError as exc:
+                self.fail(f"{where}.device", str(exc))
         return dict(values)
 
     def grid(self, grid, where: str, defaults: dict) -> list[Cell]:

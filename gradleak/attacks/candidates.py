@@ -1,0 +1,118 @@
+"""What the optimisation engine (`engine`) optimises, and the inputs it stands for:
+the pixels themselves, a low-dimensional latent code with its decoder (ROG), or
+the weights of an untrained generator (a deep image prior); and the labels, fixed
+or optimised with the inputs (DLG's soft labels)."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+class Candidate(ABC):
+    """What the engine optimises, and the inputs it stands for."""
+
+    @abstractmethod
+    def variables(self) -> list[torch.Tensor]:
+        """The leaf tensors the optimizer updates."""
+
+    @abstractmethod
+    def inputs(self) -> torch.Tensor:
+        """The candidate inputs (differentiable in `variables`)."""
+
+    def project(self) -> None:
+        """Keep the variables feasible after a step (e.g. pixels in [0, 1])."""
+
+    def snapshot(self) -> list[torch.Tensor]:
+        return [v.detach().clone() for v in self.variables()]
+
+    def restore(self, saved: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for v, s in zip(self.variables(), saved):
+                v.copy_(s)
+
+
+class Pixels(Candidate):
+    """The inputs themselves; `box`: kept in [0, 1] (images), from the start."""
+
+    def __init__(self, start: torch.Tensor, box: bool = False):
+        self.box = box
+        self.x = (start.clamp(0, 1) if box else start).clone().requires_grad_(True)
+
+    def variables(self) -> list[torch.Tensor]:
+        return [self.x]
+
+    def inputs(self) -> torch.Tensor:
+        return self.x
+
+    def project(self) -> None:
+        if self.box:
+            with torch.no_grad():
+                self.x.clamp_(0, 1)
+
+
+class Latent(Candidate):
+    """A code z decoded to inputs, x = decode(z) (ROG's bicubic latent); `box`: z in [0, 1]."""
+
+    def __init__(self, start: torch.Tensor, decode: Callable[[torch.Tensor], torch.Tensor], box: bool = False):
+        self.z = start.detach().clone().requires_grad_(True)
+        self.decode, self.box = decode, box
+
+    def variables(self) -> list[torch.Tensor]:
+        return [self.z]
+
+    def inputs(self) -> torch.Tensor:
+        return self.decode(self.z)
+
+    def project(self) -> None:
+        if self.box:
+            with torch.no_grad():
+                self.z.clamp_(0, 1)
+
+
+class Network(Candidate):
+    """The weights of a generator applied to fixed (or also optimised) noise: a deep image prior."""
+
+    def __init__(self, generator: nn.Module, noise: torch.Tensor, train_noise: bool = False):
+        self.generator, self.noise = generator, noise.requires_grad_(train_noise)
+        self.train_noise = train_noise
+
+    def variables(self) -> list[torch.Tensor]:
+        return list(self.generator.parameters()) + ([self.noise] if self.train_noise else [])
+
+    def inputs(self) -> torch.Tensor:
+        return self.generator(self.noise)
+
+
+class FixedLabels:
+    """Labels known or recovered before the optimisation."""
+
+    def __init__(self, labels: torch.Tensor):
+        self.labels = labels
+
+    def variables(self) -> list[torch.Tensor]:
+        return []
+
+    def current(self) -> torch.Tensor:
+        return self.labels
+
+    def hard(self) -> torch.Tensor:
+        return self.labels
+
+
+class SoftLabels(FixedLabels):
+    """Label logits optimised with the inputs; the simulated update sees softmax(logits) (DLG)."""
+
+    def __init__(self, logits: torch.Tensor):
+        self.logits = logits.detach().clone().requires_grad_(True)
+
+    def variables(self) -> list[torch.Tensor]:
+        return [self.logits]
+
+    def current(self) -> torch.Tensor:
+        return self.logits.softmax(-1)
+
+    def hard(self) -> torch.Tensor:
+        return self.logits.detach().argmax(-1)

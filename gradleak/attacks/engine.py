@@ -1,0 +1,330 @@
+"""The one optimisation engine of the gradient-matching attacks.
+
+An attack is a configuration of it (the design of breaching, Geiping et al.):
+
+- a **candidate**: what is optimised and how it becomes inputs — `Pixels` (the
+  inputs themselves, optionally kept in [0, 1]), `Latent` (a low-dimensional code
+  and a decoder, ROG), `Network` (the weights of an untrained generator, a deep
+  image prior); labels are fixed (`FixedLabels`) or optimised with the inputs
+  (`SoftLabels`, DLG);
+- an **objective**: `Matching` — the distance between the update the client would
+  send for the candidate and the observed one (L2, cosine, weighted or per-layer
+  cosine, or an attack's own, e.g. ROG's sign matching);
+- **priors** added to it with their weights: `TotalVariation`, `BNStatistics`,
+  `L2Norm`, `GroupConsistency`, `LabelConfidence`, or an attack's own `Prior`
+  (feature matching);
+- an **optimizer and schedule** (`Optimizer`): signed Adam, Adam, SGD or L-BFGS;
+  step decay, cosine annealing or constant;
+- **restarts** (one after another, or optimised jointly as a group) and how the
+  result is chosen: the restart whose update matches best, or the registered
+  mean of those that match almost as well;
+- a **budget and stop rule** (iterations; a distance threshold, CPL's T).
+
+Every run reports whether it converged (when a threshold was set), its final
+matching distance and a trace of the distance with its iteration and wall time,
+so sweeps and reports can tell a defense that held from a budget that ran out.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from .candidates import Candidate, FixedLabels, Pixels
+from .matching import finite_or_inf, registered_mean
+from .objectives import GroupConsistency, Matching, Prior, Seen
+
+Tensors = Mapping[str, torch.Tensor]
+OptimizerKind = Literal["signed-adam", "adam", "sgd", "lbfgs"]
+ScheduleKind = Literal["step", "cosine", "constant"]
+
+
+@dataclass
+class Optimizer:
+    """Optimizer and schedule. L-BFGS: `inner` function evaluations per iteration
+    (torch's max_iter; how DLG and CPL count iterations), `history`, an optional
+    strong-Wolfe line search, `tolerances=False` to never stop on torch's absolute
+    gradient and change tolerances."""
+
+    kind: OptimizerKind = "signed-adam"
+    lr: float = 0.1
+    schedule: ScheduleKind = "constant"
+    final_lr: float = 0.1  # cosine: anneal to lr × final_lr
+    inner: int = 20
+    history: int = 100
+    line_search: bool = False
+    tolerances: bool = True
+
+    def build(self, variables: list[torch.Tensor], iterations: int
+              ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler | None]:
+        if self.kind == "lbfgs":
+            extra = {} if self.tolerances else {"tolerance_grad": 0.0, "tolerance_change": 0.0}
+            return torch.optim.LBFGS(variables, lr=self.lr, max_iter=self.inner, history_size=self.history,
+                                     line_search_fn="strong_wolfe" if self.line_search else None, **extra), None
+        if self.kind == "sgd":
+            optimizer: torch.optim.Optimizer = torch.optim.SGD(variables, lr=self.lr, momentum=0.9)
+        else:
+            optimizer = torch.optim.Adam(variables, lr=self.lr)
+        if self.schedule == "step":
+            return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, step_decay_lr(iterations))
+        if self.schedule == "cosine":
+            return optimizer, torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, iterations,
+                                                                         eta_min=self.lr * self.final_lr)
+        return optimizer, None
+
+
+def step_decay_lr(iterations: int) -> Callable[[int], float]:
+    """×0.1 at 3/8, 5/8 and 7/8 of the run (Geiping et al.)."""
+    milestones = [int(iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
+    return lambda it: 0.1 ** sum(it >= m for m in milestones)
+
+
+@dataclass
+class TracePoint:
+    iteration: int
+    distance: float
+    seconds: float
+
+
+@dataclass
+class Outcome:
+    """What the engine returns: the chosen inputs and labels, the iterations it ran (all
+    restarts together), whether the stop rule was met (None without a threshold), the
+    final matching distance of the result, the trace of the best member, each
+    restart's final distance and how many were averaged."""
+
+    inputs: torch.Tensor
+    labels: torch.Tensor
+    iterations: int
+    converged: bool | None
+    distance: float
+    trace: list[TracePoint]
+    restart_distances: list[float]
+    restarts_averaged: int = 1
+    evaluations: int = 0
+
+    def trace_fields(self) -> dict[str, list]:
+        """The trace as `Reconstruction`'s parallel lists."""
+        return {"trace": [p.distance for p in self.trace],
+                "trace_iterations": [p.iteration for p in self.trace],
+                "trace_seconds": [round(p.seconds, 3) for p in self.trace]}
+
+
+@dataclass
+class Engine:
+    """One configured optimisation. `candidates(r)` builds restart r's candidate;
+    `joint` optimises all restarts together as one group (each step updates every
+    member; `GroupConsistency` sees the group's registered mean) instead of one
+    after another. `final`: the best-matching restart, or the registered mean of the
+    restarts whose final distance is ≤ `mean_within` × the best. `threshold` > 0
+    stops as soon as the distance is ≤ it (converged). `keep_best`: return the
+    best point evaluated rather than the last (line searches and Adam can step past
+    it). `model`: the simulator's model, whose layers priors may watch."""
+
+    matching: Matching
+    labels: FixedLabels
+    candidates: Callable[[int], Candidate]
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    priors: Sequence[Prior] = ()
+    iterations: int = 1000
+    restarts: int = 1
+    joint: bool = False
+    final: Literal["best", "mean"] = "best"
+    mean_within: float = math.inf
+    threshold: float = 0.0
+    keep_best: bool = False
+    loss_scale: float = 1.0  # multiplies the minimised loss only (CPL's normalised objective)
+    model: nn.Module | None = None
+    forward: Callable[[torch.Tensor], torch.Tensor] | None = None  # a plain forward pass, for priors
+    # joint groups: after each of these fractions of the run, only the better-matching half
+    # of the members still running goes on (successive halving)
+    halving: Sequence[float] = ()
+    trace_every: int = 50
+    progress: Callable[[int, int, float], None] | None = None
+    progress_offset: int = 0  # iterations done by earlier stages of the same attack (ROG's refinement)
+    progress_total: int | None = None
+    started: float | None = None  # time.perf_counter() the trace's seconds count from (default: this run's start)
+    box: bool = False  # clamp the registered mean to [0, 1]
+
+    def run(self) -> Outcome:
+        priors = [p for p in self.priors if p.weight]
+        watched = {m for p in priors for m in p.watch(self.model)}
+        layer_inputs: dict[nn.Module, list[torch.Tensor]] = {m: [] for m in watched}
+        handles = [m.register_forward_hook(_recorder(layer_inputs[m])) for m in watched]
+        self._priors, self._layer_inputs = priors, layer_inputs
+        self._evaluations, self._start = 0, self.started if self.started is not None else time.perf_counter()
+        try:
+            groups = [[self.candidates(r) for r in range(self.restarts)]] if self.joint else None
+            members: list[Candidate] = []
+            traces: list[list[TracePoint]] = []
+            converged_any = False
+            steps = 0
+            if groups is not None:
+                trace, steps, converged_any, members = self._optimise(groups[0], 0, self.iterations)
+                traces = [trace] * len(members)
+            else:
+                for restart in range(self.restarts):
+                    candidate = self.candidates(restart)
+                    trace, done, reached, _ = self._optimise([candidate], restart * self.iterations,
+                                                             self.restarts * self.iterations)
+                    members.append(candidate)
+                    traces.append(trace)
+                    steps += done
+                    converged_any = converged_any or reached
+            return self._choose(members, traces, steps, converged_any)
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    # one evaluation of the objective -------------------------------------------------
+    def _evaluate(self, candidate: Candidate, iteration: int, group_mean: torch.Tensor | None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        for inputs in self._layer_inputs.values():
+            inputs.clear()
+        x = candidate.inputs()
+        y = self.labels.current()
+        distance = self.matching(x, y)
+        loss = distance
+        if self._priors:
+            seen = Seen(x, self.labels.hard(), self._layer_inputs, iteration, self.iterations, group_mean,
+                        self.forward)
+            for prior in self._priors:
+                term = prior(seen)
+                if term is not None:
+                    loss = loss + prior.weight * term
+        self._evaluations += 1
+        return loss * self.loss_scale if self.loss_scale != 1.0 else loss, distance
+
+    def _distance(self, candidate: Candidate) -> float:
+        with torch.enable_grad():  # the simulated update is itself a gradient
+            for inputs in self._layer_inputs.values():
+                inputs.clear()
+            return finite_or_inf(self.matching(candidate.inputs(), self.labels.current()))
+
+    # one optimisation of a group of candidates --------------------------------------------
+    def _optimise(self, group: list[Candidate], done: int, total: int
+                  ) -> tuple[list[TracePoint], int, bool, list[Candidate]]:
+        """Optimise `group` together; returns the trace, the steps taken, whether the stop
+        rule was met, and the members still running at the end (see `halving`)."""
+        done += self.progress_offset
+        total = self.progress_total or total
+        variables = [v for c in group for v in c.variables()] + self.labels.variables()
+        optimizer, schedule = self.optimizer.build(variables, self.iterations)
+        lbfgs = self.optimizer.kind == "lbfgs"
+        signed = self.optimizer.kind == "signed-adam"
+        reached = lambda d: self.threshold > 0 and d <= self.threshold  # noqa: E731
+        cuts = sorted({int(f * self.iterations) for f in self.halving if 0 < f < 1})
+        trace: list[TracePoint] = []
+        best = [math.inf, math.inf, [c.snapshot() for c in group]]  # loss, distance, variables
+        active = list(group)
+        distances: list[float] = [math.inf] * len(active)
+        steps, converged = 0, False
+
+        def closure() -> torch.Tensor:
+            optimizer.zero_grad(set_to_none=True)
+            grouped = any(isinstance(p, GroupConsistency) and steps >= int(p.start * self.iterations)
+                          for p in self._priors)
+            mean = registered_mean([c.inputs() for c in active], self.labels.hard()) \
+                if grouped and len(active) > 1 else None
+            total_loss = None
+            for i, candidate in enumerate(active):
+                loss, distance = self._evaluate(candidate, steps, mean)
+                # not the simulator's weights; members no longer running keep no gradient, so Adam skips them
+                loss.backward(inputs=candidate.variables() + self.labels.variables())
+                distances[i] = finite_or_inf(distance)
+                value = finite_or_inf(loss)
+                total_loss = loss.detach() if total_loss is None else total_loss + loss.detach()
+                if self.keep_best and len(group) == 1 and value < best[0]:
+                    best[0], best[1], best[2] = value, distances[i], [candidate.snapshot()]
+            return total_loss
+
+        for it in range(self.iterations):
+            if lbfgs:
+                optimizer.step(closure)
+                steps = it + 1
+                current = min(distances)
+                if self.threshold > 0:  # the stop rule needs the distance at the point L-BFGS stopped
+                    current = min(self._distance(c) for c in active)
+            else:
+                loss = closure()
+                current = min(distances)
+                if reached(current):
+                    converged = True
+                    break  # the current point already meets the stop rule: no further step
+                if signed:
+                    for v in variables:
+                        if v.grad is not None:
+                            v.grad.sign_()
+                optimizer.step()
+                if schedule is not None:
+                    schedule.step()
+                steps = it + 1
+                if not math.isfinite(finite_or_inf(loss)):
+                    current = math.inf
+            for candidate in active:
+                candidate.project()
+            if it % self.trace_every == 0 or it == self.iterations - 1:
+                trace.append(TracePoint(done + it + 1, current, time.perf_counter() - self._start))
+                if self.progress:
+                    self.progress(done + it + 1, total, current)
+            if not math.isfinite(current):
+                break
+            if reached(current):
+                converged = True
+                break
+            if steps in cuts and len(active) > 1:
+                # successive halving: the better-matching half (by the distance the server sees) goes on
+                keep = sorted(range(len(active)), key=distances.__getitem__)[:math.ceil(len(active) / 2)]
+                active = [active[i] for i in sorted(keep)]
+                distances = [distances[i] for i in sorted(keep)]
+        if self.keep_best and len(group) == 1 and math.isfinite(best[0]):
+            group[0].restore(best[2][0])
+        if self.threshold > 0 and not converged and not lbfgs:
+            converged = reached(self._distance(active[0])) if len(active) == 1 else False
+        return trace, steps, converged, active
+
+    # the result -------------------------------------------------------------------
+    def _choose(self, members: list[Candidate], traces: list[list[TracePoint]], steps: int,
+                converged: bool) -> Outcome:
+        labels = self.labels.hard()
+        finals = [self._distance(c) for c in members]
+        best = min(range(len(members)), key=finals.__getitem__)
+        inputs = members[best].inputs().detach()
+        distance = finals[best]
+        averaged = 1
+        if self.final == "mean" and len(members) > 1:
+            # the best restart first: the others are registered to it
+            order = sorted(range(len(members)), key=finals.__getitem__)
+            close = [members[i].inputs().detach() for i in order if finals[i] <= self.mean_within * finals[best]]
+            averaged = len(close)
+            if averaged > 1:
+                inputs = registered_mean(close, labels)
+                if self.box:
+                    inputs = inputs.clamp(0, 1)
+                distance = self._distance(Pixels(inputs))
+        return Outcome(inputs=inputs, labels=labels, iterations=steps,
+                       converged=(converged or (self.threshold > 0 and distance <= self.threshold))
+                       if self.threshold > 0 else None,
+                       distance=distance, trace=traces[best], restart_distances=finals,
+                       restarts_averaged=averaged, evaluations=self._evaluations)
+
+
+def _recorder(store: list[torch.Tensor]):
+    def hook(_module, inputs, _output):
+        store.append(inputs[0])
+    return hook
+
+
+def plain_forward(model: nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]
+                  ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A forward pass of the model as sent (buffers copied, so running statistics stay)."""
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return functional_call(model, (params, {k: v.clone() for k, v in buffers.items()}), (x,))
+    return forward
+

@@ -1,0 +1,160 @@
+"""The objective of the optimisation engine (`engine`): the matching distance
+between the simulated and the observed update, and the priors added to it with
+their weights — total variation, the batch-norm statistics prior, an l2 norm,
+group consistency of restarts, CPL's label confidence — or an attack's own
+`Prior` (e.g. feature-prior's feature matching)."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..priors import bn_statistics_distance, total_variation
+from .matching import update_distance
+
+Tensors = Mapping[str, torch.Tensor]
+
+
+class Matching:
+    """The distance between the update the client would send for (x, y) — `simulate`,
+    e.g. an `UpdateSimulator` — and the observed `target`.
+
+    `distance`: a name of `matching.update_distance` or a function (simulated,
+    target) → scalar. `scale` multiplies both updates (CPL and DLG compare FedAvg
+    deltas in gradient units, Δw/η). `normalise`: divide by the distance at the
+    first candidate evaluated, so optimisers' absolute tolerances and the priors'
+    weights mean the same whatever the update's magnitude (ROG)."""
+
+    def __init__(self, simulate: Callable[[torch.Tensor, torch.Tensor], Tensors], target: Tensors,
+                 distance: str | Callable[[Tensors, Tensors], torch.Tensor] = "cosine", *,
+                 weights: dict[str, float] | None = None, scale: float = 1.0, normalise: bool = False):
+        self.simulate, self.distance_kind, self.weights = simulate, distance, weights
+        self.scale = scale
+        self.target = {n: t * scale for n, t in target.items()} if scale != 1.0 else dict(target)
+        self.normalise = normalise
+        self.reference: float | None = None
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        simulated = self.simulate(x, y)
+        if self.scale != 1.0:
+            simulated = {n: simulated[n] * self.scale for n in self.target}
+        if callable(self.distance_kind):
+            distance = self.distance_kind(simulated, self.target)
+        else:
+            distance = update_distance(simulated, self.target, self.distance_kind, self.weights)  # type: ignore[arg-type]
+        if self.normalise:
+            if self.reference is None:
+                self.reference = float(distance.detach()) or 1.0
+            distance = distance / self.reference
+        return distance
+
+
+# --------------------------------------------------------------------------- priors
+
+@dataclass
+class Seen:
+    """What a prior may look at during one evaluation: the candidate, the labels, the
+    inputs the watched layers received while the update was simulated (first local
+    step first), the iteration, and the registered mean of a restart group."""
+
+    x: torch.Tensor
+    labels: torch.Tensor
+    layer_inputs: dict[nn.Module, list[torch.Tensor]]
+    iteration: int
+    iterations: int
+    group_mean: torch.Tensor | None = None
+    forward: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+class Prior(ABC):
+    """A weighted term added to the matching distance."""
+
+    weight: float = 0.0
+
+    def watch(self, model: nn.Module | None) -> list[nn.Module]:
+        """Layers whose inputs this prior reads from the simulated forward passes."""
+        return []
+
+    @abstractmethod
+    def __call__(self, seen: Seen) -> torch.Tensor | None:
+        """The unweighted term, or None when it does not apply to this evaluation."""
+
+
+@dataclass
+class TotalVariation(Prior):
+    weight: float = 0.0
+
+    def __call__(self, seen: Seen) -> torch.Tensor:
+        return total_variation(seen.x)
+
+
+@dataclass
+class L2Norm(Prior):
+    """Mean squared input value (GradInversion's l2 prior)."""
+
+    weight: float = 0.0
+
+    def __call__(self, seen: Seen) -> torch.Tensor:
+        return seen.x.pow(2).mean()
+
+
+@dataclass
+class BNStatistics(Prior):
+    """The batch-norm prior: each BN layer's batch statistics of the candidate pulled
+    to those of the client's batch (`target`, one (mean, var) per layer). With
+    `from_update` the statistics come from the simulated update's first local step
+    (which saw the whole batch); otherwise from a separate forward pass of the
+    candidate through the model as sent."""
+
+    weight: float = 0.0
+    target: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    from_update: bool = True
+    layers: list[nn.Module] = field(default_factory=list)
+
+    def watch(self, model):
+        if model is not None and not self.layers:
+            self.layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        return self.layers
+
+    def __call__(self, seen: Seen) -> torch.Tensor | None:
+        if not self.target or not self.layers:
+            return None
+        if not self.from_update and seen.forward is not None:
+            for inputs in seen.layer_inputs.values():
+                inputs.clear()
+            seen.forward(seen.x)
+        captured = [seen.layer_inputs[m][0] for m in self.layers if seen.layer_inputs.get(m)]
+        if len(captured) < len(self.target):
+            return None
+        return bn_statistics_distance(captured[:len(self.target)], self.target)
+
+
+@dataclass
+class GroupConsistency(Prior):
+    """‖x − registered group mean‖² (GradInversion), from `start` × the run onwards."""
+
+    weight: float = 0.0
+    start: float = 0.25
+
+    def __call__(self, seen: Seen) -> torch.Tensor | None:
+        if seen.group_mean is None or seen.iteration < int(self.start * seen.iterations):
+            return None
+        return (seen.x - seen.group_mean).pow(2).mean()
+
+
+@dataclass
+class LabelConfidence(Prior):
+    """‖softmax(f(x)) − onehot(y)‖² (CPL's label regulariser, weight α)."""
+
+    weight: float = 0.0
+    num_classes: int = 0
+
+    def __call__(self, seen: Seen) -> torch.Tensor | None:
+        if seen.forward is None:
+            return None
+        logits = seen.forward(seen.x)
+        onehot = torch.nn.functional.one_hot(seen.labels.long(), self.num_classes).to(logits)
+        return (logits.softmax(-1) - onehot).pow(2).sum()
