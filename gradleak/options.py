@@ -25,6 +25,7 @@ MAX_MAGNITUDE = 1e6            # |value| of any real option; NaN and infinity ar
 MAX_ITERATIONS = 100_000       # optimisation iterations and steps
 MAX_SEED = 2**32 - 1
 MAX_WORKERS = 1024             # local worker processes (demo / sweep --workers)
+MAX_SWEEP_CELLS = 100_000      # cells of one sweep file (each is at least one attack run)
 MAX_BATCH = 4096               # client batch and local mini-batch sizes
 MAX_IMAGES = 1_000_000         # images attacked in one scenario (the dataset size is the real bound)
 MAX_LR = 1000.0                # the client's learning rate

@@ -296,6 +296,10 @@ def make_files(root: Path) -> None:
         text = ok_sweep.replace("    attacks:", f"    {field}\n    attacks:") if field.startswith(("batch", "seeds")) \
             else ok_sweep.replace("{lpips: none}", f"{{lpips: none, {field}}}")
         (sweeps / f"number_{name}.yaml").write_text(text)
+    # a grid of 10^6 cells is refused before any cell is built
+    (sweeps / "grid_huge.yaml").write_text(ok_sweep.replace(
+        "    attacks:", f"    seeds: {list(range(1000))}\n    batch_sizes: {list(range(1, 101))}\n"
+                       f"    local_steps: {list(range(1, 11))}\n    attacks:"))
 
     # stores
     stores = root / "stores"
@@ -588,7 +592,7 @@ def _file_cases() -> list[Case]:
                  "python_tag.yaml", "anchors.yaml", "dir.yaml", "binary.yaml", "absent.yaml", "utf16.yaml",
                  "device_mps.yaml", "device_number.yaml", "device_cuda99.yaml", "device_list.yaml",
                  "device_injected.yaml", "number_lr_nan.yaml", "number_lr_huge.yaml", "number_steps_huge.yaml",
-                 "number_batch_huge.yaml", "number_seed_huge.yaml", "number_lr_text.yaml"):
+                 "number_batch_huge.yaml", "number_seed_huge.yaml", "number_lr_text.yaml", "grid_huge.yaml"):
         expected = "device" if name.startswith("device_") else None
         cases.append(Case(f"sweep-{name}", ("sweep", f"{{F}}/sweeps/{name}", "--store", "{O}/s.db", "--json",
                                             "--workers", "1"), expected))

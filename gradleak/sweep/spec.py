@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import GradleakError, InputFileError
 from ..experiment import AttackRunSpec
-from ..options import check_device, parse_spec
+from ..options import MAX_SWEEP_CELLS, check_device, parse_spec
 from .cells import utility_spec_type
 from .labels import attack_labels, dataset_label, defense_label, is_dataset_path, strength_label
 
@@ -96,6 +96,7 @@ def parse_sweep(text: str, source: str = "<sweep>") -> Sweep:
 class _SweepParser:
     def __init__(self, source: str):
         self.source = source
+        self.planned = 0  # attack cells of the grids read so far, before duplicates merge
 
     def fail(self, where: str, message: str):
         raise GradleakError(f"sweep '{self.source}': {where}: {message}")
@@ -173,6 +174,13 @@ class _SweepParser:
             self.fail(f"{where}.attacks", "missing")
         attacks = self.attacks(grid["attacks"], f"{where}.attacks")
         defenses = self.defense_chains(grid.get("defenses", ["none"]), f"{where}.defenses")
+        size = len(defenses) * len(attacks)
+        for values in axes.values():
+            size *= len(values)
+        self.planned += size
+        if self.planned > MAX_SWEEP_CELLS:  # counted before any spec is built
+            self.fail(where, f"the grids so far hold {self.planned:,} cells, more than the "
+                             f"{MAX_SWEEP_CELLS:,} one sweep may run; split it into several sweeps")
         cells = []
         names = list(axes)
         for combo in itertools.product(*(axes[n] for n in names)):
