@@ -25,14 +25,7 @@ from .fl.training import check_bn_mode
 from .metrics import score_batch, summarize
 from .models import ModelSpec, build_model
 from .options import (
-    MAX_BATCH,
-    MAX_IMAGE_SIDE,
-    MAX_IMAGES,
-    MAX_ITERATIONS,
-    MAX_LOCAL_EPOCHS,
-    MAX_LR,
-    MAX_SEED,
-    MIN_IMAGE_SIDE,
+    RUN_SPEC_BOUNDS,
     ComponentSpec,
     check_device,
     check_range,
@@ -70,10 +63,7 @@ class AttackRunSpec:
 
     def __post_init__(self):
         # the command line's bounds, for specs that come from elsewhere (sweep files, the API)
-        for name, bounds in (("batch_size", (1, MAX_BATCH)), ("images", (1, MAX_IMAGES)),
-                             ("local_steps", (1, MAX_ITERATIONS)), ("local_epochs", (1, MAX_LOCAL_EPOCHS)),
-                             ("local_batch_size", (1, MAX_BATCH)), ("lr", (0.0, MAX_LR)), ("seed", (0, MAX_SEED)),
-                             ("pretrain_steps", (0, MAX_ITERATIONS)), ("resize", (MIN_IMAGE_SIDE, MAX_IMAGE_SIDE))):
+        for name, bounds in RUN_SPEC_BOUNDS.items():
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise GradleakError(f"--{name.replace('_', '-')} must be a number, got {value!r}")

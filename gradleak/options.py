@@ -269,6 +269,13 @@ MAX_PARAMETERS = 250_000_000           # trainable parameters of a model (1 GB o
 MAX_ACTIVATIONS = 100_000_000          # activations of one example through a model (400 MB)
 MAX_DATA_BYTES = 4 * 2**30             # a dataset's images after crop / resize, as float32
 MIN_IMAGE_SIDE, MAX_IMAGE_SIDE = 8, 1024  # --resize / crop (SSIM needs a few pixels)
+
+# Bounds of the scenario fields (AttackRunSpec), shared by its own check and the command line.
+RUN_SPEC_BOUNDS: dict[str, tuple[float, float]] = {
+    "batch_size": (1, MAX_BATCH), "images": (1, MAX_IMAGES), "local_steps": (1, MAX_ITERATIONS),
+    "local_epochs": (1, MAX_LOCAL_EPOCHS), "local_batch_size": (1, MAX_BATCH), "lr": (0.0, MAX_LR),
+    "seed": (0, MAX_SEED), "pretrain_steps": (0, MAX_ITERATIONS), "resize": (MIN_IMAGE_SIDE, MAX_IMAGE_SIDE),
+}
 MAX_CLASSES = 100_000                  # classes a user's labels may imply
 
 

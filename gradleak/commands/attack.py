@@ -7,37 +7,31 @@ import sys
 
 from ..experiment import AttackRunSpec, run_attack, write_outputs
 from ..fl.training import BN_MODES
-from ..options import (
-    MAX_BATCH,
-    MAX_IMAGE_SIDE,
-    MAX_IMAGES,
-    MAX_ITERATIONS,
-    MAX_LOCAL_EPOCHS,
-    MAX_LR,
-    MAX_SEED,
-    MIN_IMAGE_SIDE,
-    device_name,
-    output_dir,
-    ranged,
-)
+from ..options import RUN_SPEC_BOUNDS, device_name, output_dir, ranged
 from ..threat import KNOWLEDGE, PRESETS
 
-# Command-line maximums (docs/options.md); option specs have their own in gradleak.options.
-seed_type = ranged(int, 0, MAX_SEED, "--seed")
+
+def run_flag(field: str, kind: type = int):
+    """The argparse type of the flag for an AttackRunSpec field, within that field's bounds."""
+    low, high = RUN_SPEC_BOUNDS[field]
+    return ranged(kind, low, high, "--" + field.replace("_", "-"))
+
+
+seed_type = run_flag("seed")
 
 
 def add_training_arguments(p: argparse.ArgumentParser, local_steps_default: int | None = 1,
                            local_epochs_default: int | None = None, local_batch_default: int | None = None,
                            lr_default: float = 0.1) -> None:
     """The client's local training: steps, epochs, batch size, batch norm mode, learning rate."""
-    p.add_argument("--local-steps", type=ranged(int, 1, MAX_ITERATIONS, "--local-steps"), default=local_steps_default,
+    p.add_argument("--local-steps", type=run_flag("local_steps"), default=local_steps_default,
                    help="local SGD steps (1 = FedSGD gradient)")
-    p.add_argument("--local-epochs", type=ranged(int, 1, MAX_LOCAL_EPOCHS, "--local-epochs"),
+    p.add_argument("--local-epochs", type=run_flag("local_epochs"),
                    default=local_epochs_default)
-    p.add_argument("--local-batch-size", type=ranged(int, 1, MAX_BATCH, "--local-batch-size"),
+    p.add_argument("--local-batch-size", type=run_flag("local_batch_size"),
                    default=local_batch_default)
     add_bn_mode_argument(p)
-    p.add_argument("--lr", type=ranged(float, 0.0, MAX_LR, "--lr"), default=lr_default, help="client learning rate")
+    p.add_argument("--lr", type=run_flag("lr", float), default=lr_default, help="client learning rate")
 
 
 def add_bn_mode_argument(p: argparse.ArgumentParser) -> None:
@@ -48,21 +42,21 @@ def add_bn_mode_argument(p: argparse.ArgumentParser) -> None:
 def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", required=True, help="dataset name[:path=DIR,resize=N,crop=N]")
     p.add_argument("--model", required=True, help="model name[:key=value,...]")
-    p.add_argument("--batch-size", type=ranged(int, 1, MAX_BATCH, "--batch-size"), default=1)
+    p.add_argument("--batch-size", type=run_flag("batch_size"), default=1)
     p.add_argument("--defense", action="append", default=[], metavar="NAME[:key=value,...]",
                    help="defense to apply (repeat to chain, in order)")
     add_training_arguments(p)
-    p.add_argument("--images", type=ranged(int, 1, MAX_IMAGES, "--images"), default=None,
+    p.add_argument("--images", type=run_flag("images"), default=None,
                    help="images to attack (default: one batch)")
     p.add_argument("--seed", type=seed_type, default=0)
     p.add_argument("--threat", default="honest", choices=list(PRESETS))
     p.add_argument("--knows", default="", help=f"extra knowledge, comma separated: {', '.join(KNOWLEDGE)}")
     p.add_argument("--activation", default=None, choices=["relu", "sigmoid", "tanh", "leakyrelu"])
-    p.add_argument("--pretrain-steps", type=ranged(int, 0, MAX_ITERATIONS, "--pretrain-steps"), default=0,
+    p.add_argument("--pretrain-steps", type=run_flag("pretrain_steps"), default=0,
                    help="SGD steps on the train split first")
     p.add_argument("--checkpoint", default=None, help="model weights (.safetensors or .pt)")
     p.add_argument("--split", default="test", choices=["train", "test"], help="split the targets come from")
-    p.add_argument("--resize", type=ranged(int, MIN_IMAGE_SIDE, MAX_IMAGE_SIDE, "--resize"), default=None,
+    p.add_argument("--resize", type=run_flag("resize"), default=None,
                    help="resize images to N×N")
     p.add_argument("--lpips", default="alex", choices=["alex", "vgg", "none"])
     p.add_argument("--device", type=device_name, default="auto", help="auto, cpu or cuda[:N]")

@@ -13,8 +13,8 @@ from ..data import load_dataset
 from ..errors import GradleakError
 from ..experiment import AttackRunSpec, build_scenario_model, dataset_spec
 from ..inspect import format_report, inspect_model
-from ..options import MAX_IMAGE_SIDE, MIN_IMAGE_SIDE, parse_spec, ranged
-from .attack import MAX_BATCH, seed_type
+from ..options import MAX_BATCH, MAX_IMAGE_SIDE, MIN_IMAGE_SIDE, parse_spec, ranged
+from .attack import seed_type
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -7,9 +7,9 @@ import math
 import sys
 
 from ..errors import GradleakError
-from ..options import MAX_ITERATIONS, ranged
+from ..options import MAX_BATCH, MAX_ITERATIONS, MAX_LR, ranged
 from ..utility import DEFAULT_MODEL, UtilitySpec, run_utility
-from .attack import MAX_BATCH, MAX_LR, add_bn_mode_argument, seed_type
+from .attack import add_bn_mode_argument, seed_type
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
