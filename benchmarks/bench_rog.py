@@ -23,6 +23,10 @@ first linear layer's delta carries the images through the quantizers.
 
 Every ROG run is done once without the U-Net; the enhanced score applies the
 same `enhance` call the attack would, so one run gives LPIPS before and after.
+
+The `signsgd` rows run `rog-sign` and IG against bare signSGD signs (cifar10,
+sigmoid LeNet, FedSGD, batch 1) and count the gradient signs each candidate
+reproduces per layer (`sign_rows`).
 """
 from __future__ import annotations
 
@@ -30,9 +34,16 @@ import time
 
 import torch
 
+from gradleak.attacks import AttackContext, make_attack
+from gradleak.attacks.matching import UpdateSimulator
+from gradleak.data import DatasetSpec, load_dataset
+from gradleak.defenses import make_chain
 from gradleak.experiment import AttackRunSpec, run_attack
+from gradleak.fl import TrainingSpec, compute_update
 from gradleak.metrics import score_batch, summarize
+from gradleak.models import ModelSpec, build_model
 from gradleak.postprocess import enhance, load_enhancer
+from gradleak.threat import make_threat_model, observe
 
 MODEL = "lenet:init=default"
 COMPRESSORS = {"quantize": "quantize:bits=3", "qsgd": "qsgd:bits=3", "topk": "topk:sparsity=0.95"}
@@ -92,6 +103,54 @@ def _ig_same_wall_clock(seconds: float, batch: int) -> dict:
             "seconds_per_iteration": round(per_iteration, 2)}
 
 
+SIGN_ATTACK = "rog-sign:iterations=300,scale=2"
+
+
+def sign_rows(images: int) -> dict:
+    """`rog-sign` against bare signSGD signs (cifar10, sigmoid LeNet, FedSGD, batch 1):
+    LPIPS per image, and the share of each weight tensor's gradient signs that the
+    optimised candidate (before max-abs normalisation), a flat gray image and uniform
+    noise reproduce (the true image reproduces all of them)."""
+    data = load_dataset(DatasetSpec("cifar10", split="test"))
+    model = build_model(ModelSpec("lenet", data.input_shape, data.num_classes, seed=0))
+    training = TrainingSpec(lr=0.1)
+    rows = []
+    for i in range(images):
+        x, y = data.inputs[i:i + 1], data.labels[i:i + 1]
+        update = compute_update(model, x, y, training, make_chain(["sign:scale=none"]))
+        obs = observe(update, model, make_threat_model("honest"), input_shape=data.input_shape,
+                      num_classes=data.num_classes, training=training, batch_size=1, labels=y, defenses=[])
+        attack = make_attack(SIGN_ATTACK)
+        optimised: list[torch.Tensor] = []
+        finish = attack.finish
+
+        def keep_optimised(candidate: torch.Tensor, finish=finish, optimised=optimised):
+            optimised.append(candidate.clone())  # the candidate before normalisation and equalisation
+            return finish(candidate)
+
+        attack.finish = keep_optimised  # type: ignore[method-assign]
+        rec = attack.reconstruct(obs, AttackContext(seed=0))
+        sim = UpdateSimulator(obs)
+        signs = {n: t.sign() for n, t in sim.target.items() if n.endswith("weight")}
+
+        def agreement(candidate: torch.Tensor) -> dict:
+            simulated = sim(candidate, y)
+            return {n: round(float((simulated[n].sign() == s).float().mean()), 3) for n, s in signs.items()}
+
+        scores, _ = score_batch(x, y, rec.inputs, rec.labels, "image", "alex")
+        ig = make_attack("ig:iterations=300").reconstruct(obs, AttackContext(seed=0))
+        ig_scores, _ = score_batch(x, y, ig.inputs, ig.labels, "image", "alex")
+        rows.append({"image": i, "rog_sign": _metrics(summarize(scores)), "ig": _metrics(summarize(ig_scores)),
+                     "sign_agreement": {"optimised": agreement(optimised[0]),
+                                        "gray": agreement(torch.full_like(x, 0.5)),
+                                        "uniform_noise": agreement(torch.rand(x.shape, generator=torch.Generator()
+                                                                              .manual_seed(i)))}})
+    return {"setting": {"dataset": "cifar10", "model": "lenet", "defense": "sign:scale=none", "batch_size": 1,
+                        "attack": SIGN_ATTACK}, "images": rows,
+            "rog_sign_lpips_mean": round(sum(r["rog_sign"]["lpips"] for r in rows) / len(rows), 4),
+            "ig_lpips_mean": round(sum(r["ig"]["lpips"] for r in rows) / len(rows), 4)}
+
+
 def run(quick: bool) -> dict:
     batch, coarse, fine = (4, 15, 15) if quick else (16, 40, 40)
     rog = f"rog:iterations={coarse},refine={fine}"
@@ -107,7 +166,9 @@ def run(quick: bool) -> dict:
         rows["rog_paper_lenet"] = _rog(adam, batch, model=PAPER_MODEL)
         rows["rog_dlg_init"] = _rog(rog, batch, model="lenet")
     main = rows["rog"]
+    sign = sign_rows(2 if quick else 8)
     return {
+        "signsgd": sign,
         "setting": {"dataset": "imagenet-samples", "resize": 128, "model": MODEL, "batch_size": batch,
                     "local_steps": 5, "lr": 5e-3, "attack": rog, "quick": quick},
         "runs": rows,

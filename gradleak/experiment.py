@@ -9,6 +9,7 @@ import copy
 import json
 import math
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -233,6 +234,8 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
         raise GradleakError(f"dataset '{data.name}' has {len(data)} examples, the scenario needs {needed}")
 
     model = chain.transform_model(copy.deepcopy(model))
+    if output_ignores_input(model, data.inputs[:BLIND_CHECK_EXAMPLES]):
+        warnings.warn(BLIND_MODEL_MESSAGE, stacklevel=2)
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(spec.seed))
     targets = order[:n_images]
     pool = order[n_images:]
@@ -284,6 +287,30 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
     metrics["iterations"] = float(sum(iterations) / len(iterations))
     return AttackRunResult(spec, metrics, [s.to_dict() for s in scores], time.perf_counter() - start,
                            torch.cat(originals), torch.cat(recons), extras, convergence_summary(runs))
+
+
+BLIND_CHECK_EXAMPLES = 8
+BLIND_MODEL_MESSAGE = ("the model gives the same output for every input (a collapsed or dead model, e.g. from "
+                       "pre-training that diverged): its update says nothing about the data, so every attack "
+                       "fails here whatever the defense; audit a model that classifies its inputs")
+
+
+def output_ignores_input(model: nn.Module, inputs: torch.Tensor, tolerance: float = 1e-4) -> bool:
+    """True when `model` maps every one of several different inputs to the same output
+    (up to `tolerance` of the output's scale): nothing downstream can depend on the data."""
+    if inputs.shape[0] < 2 or bool((inputs == inputs[:1]).all()):
+        return False
+    device = next(model.parameters(), inputs).device
+    modes = [m.training for m in model.modules()]
+    model.eval()  # batch norm must not mix the examples, nor update its running statistics
+    try:
+        with torch.no_grad():
+            out = model(inputs.to(device)).flatten(1).double()
+    finally:
+        for module, mode in zip(model.modules(), modes):
+            module.training = mode
+    spread = float((out - out[:1]).abs().max())
+    return spread <= tolerance * max(float(out.abs().max()), 1e-12)
 
 
 def batch_attack_seed(seed: int, batch: int) -> int:

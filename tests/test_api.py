@@ -153,6 +153,18 @@ def test_audit_update_equals_simulated_client(mnist_test):
     assert not skipped.runs and "modified model" in skipped.skipped[0].reason
 
 
+def test_audit_update_warns_when_the_model_output_ignores_its_input(mnist_test):
+    model = build_model(ModelSpec("lenet", (1, 28, 28), 10, seed=1))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    x, y = mnist_test.inputs[:4], mnist_test.labels[:4]
+    training = TrainingSpec(lr=0.1)
+    update = compute_update(model, x, y, training)
+    with pytest.warns(UserWarning, match="same output for every input"):
+        gradleak.audit_update(model, update, x, y, training=training, attacks=["cpl:iterations=2"], lpips="none")
+
+
 def test_audit_refuses_bad_input(mnist_test):
     from gradleak.errors import GradleakError
 

@@ -239,3 +239,32 @@ def test_bn_mode_bad_value_is_one_line(tmp_path):
                   lambda: UtilitySpec(bn_mode="frozen")):
         with pytest.raises(GradleakError, match="--bn-mode must be 'train' or 'eval', got 'frozen'"):
             build()
+
+
+def test_a_model_whose_output_ignores_its_input_is_named(mnist_test):
+    # A sigmoid LeNet driven into saturation gives every digit the same output: its update
+    # carries nothing about the data, and a low attack score would wrongly read as safety.
+    from gradleak.experiment import output_ignores_input
+
+    model = build_model(ModelSpec("lenet", (1, 28, 28), 10, seed=0))
+    inputs = mnist_test.inputs[:8]
+    assert not output_ignores_input(model, inputs)
+    with torch.no_grad():
+        model[0].weight.mul_(1e4)  # every first-layer sigmoid saturates to 0 or 1
+        model[0].bias.fill_(1e6)
+    assert output_ignores_input(model, inputs)
+    assert not output_ignores_input(model, inputs[:1])  # one example cannot show it
+
+
+def test_cli_warns_when_the_model_output_ignores_its_input(tmp_path):
+    dead = tmp_path / "dead.pt"
+    model = build_model(ModelSpec("lenet", (1, 28, 28), 10, seed=0))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    torch.save(model.state_dict(), dead)
+    out = subprocess.run([sys.executable, "-m", "gradleak", "attack", "--dataset", "mnist", "--model", "lenet",
+                          "--checkpoint", str(dead), "--attack", "cpl:iterations=2", "--lpips", "none",
+                          "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "same output for every input" in out.stderr

@@ -34,7 +34,9 @@ class GradInversionOptions:
     iterations: int = 1000
     lr: float = 0.1
     distance: Literal["cosine", "l2"] = "cosine"
-    bn: float = 0.01  # weight of the BN-statistics prior (0: off, then bn_statistics is not needed)
+    # weight of the BN-statistics prior (0: off, then bn_statistics is not needed); chosen on
+    # imagenet-samples at 32 px (`python -m benchmarks optim` prints it against bn=0 and IG)
+    bn: float = 0.1
     tv: float = 1e-4
     l2: float = 1e-6
     restarts: int = 3  # group size (one seed each)
@@ -42,6 +44,7 @@ class GradInversionOptions:
     group_start: float = 0.25  # fraction of the run before group consistency kicks in
     final: Literal["mean", "best"] = "best"
     init: InitKind = "randn"
+    signed: bool = False  # Adam on the sign of the gradient, as Inverting Gradients
     label_method: Literal["auto", "bias", "weight"] = "auto"
 
     def __post_init__(self):
@@ -86,7 +89,7 @@ class GradInversion(Attack):
         engine = Engine(
             matching=Matching(sim, sim.target, opt.distance), labels=FixedLabels(labels),
             candidates=lambda r: Pixels(initial_inputs(opt.init, shape, ctx.generator(r)).to(ctx.device), box=True),
-            optimizer=Optimizer("adam", opt.lr, schedule="step"), priors=priors,
+            optimizer=Optimizer("signed-adam" if opt.signed else "adam", opt.lr, schedule="step"), priors=priors,
             iterations=opt.iterations, restarts=opt.restarts, joint=True, final=opt.final, box=True,
             model=sim.model, forward=plain_forward(sim.model, sim.params, sim.buffers), progress=ctx.progress)
         out = engine.run()

@@ -30,6 +30,7 @@ from .base import Attack, AttackContext, Reconstruction
 from .candidates import FixedLabels, Latent
 from .engine import Engine, Optimizer
 from .head_unroll import make_simulator
+from .initialization import InitKind, initial_inputs
 from .labels import recover_labels
 from .matching import UpdateSimulator, update_distance
 from .objectives import Matching, TotalVariation
@@ -53,6 +54,7 @@ class ROGOptions:
     label_method: Literal["auto", "bias", "weight"] = "auto"
     history: int = 20  # L-BFGS memory
     refine: int = 0  # extra iterations on a latent twice as fine (scale/2), started from the result
+    init: InitKind = "rand"  # the image the latent is encoded from (Yue et al.: U(0, 1) noise)
 
     def __post_init__(self):
         check(self.iterations >= 1, "attack 'rog': iterations must be >= 1")
@@ -120,7 +122,7 @@ class ROG(Attack):
         sim = make_simulator(obs, ctx.device)
         labels = recover_labels(obs, opt.label_method, ctx.generator(17)).to(ctx.device)
         latent = BicubicLatent(obs.input_shape, opt.scale)
-        noise = torch.rand((obs.batch_size, *obs.input_shape), generator=ctx.generator(0))
+        noise = initial_inputs(opt.init, (obs.batch_size, *obs.input_shape), ctx.generator(0))
         # one Matching for both stages: the refinement keeps the coarse stage's normalisation
         matching = Matching(sim, self.observed_target(sim), self.objective, normalise=self.normalise)
         if opt.optimizer == "lbfgs":
