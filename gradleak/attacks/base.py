@@ -73,9 +73,11 @@ class Attack(ABC):
     def __init__(self, options: Any = None):
         self.options = options if options is not None else (self.Options() if self.Options else None)
 
-    @classmethod
-    def needs(cls) -> frozenset[str]:
-        return cls.requires | (frozenset({"malicious_model"}) if cls.malicious else frozenset())
+    def needs(self) -> frozenset[str]:
+        extra = {"malicious_model"} if self.malicious else set()
+        if getattr(self.options, "init", None) == "optimal":
+            extra.add("prior_data")  # the start is a held-out example of each recovered label
+        return self.requires | frozenset(extra)
 
     # Budget presets (see gradleak.api.BUDGETS): option overrides for "quick" and
     # "thorough"; "standard" is the attack's own defaults.

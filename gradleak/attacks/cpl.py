@@ -33,7 +33,7 @@ from ..threat import Observation
 from .base import Attack, AttackContext, Reconstruction
 from .candidates import FixedLabels, Pixels
 from .engine import Engine, Optimizer, plain_forward
-from .initialization import InitKind, initial_inputs
+from .initialization import InitKind, observed_start
 from .labels import recover_labels
 from .matching import SecondOrder, UpdateSimulator, gradient_scale
 from .objectives import LabelConfidence, Matching
@@ -83,16 +83,10 @@ class CPL(Attack):
     uses = frozenset({"labels", "local_training", "prior_data"})
     modalities = ("image", "tabular")
 
-    def needs(self) -> frozenset[str]:  # type: ignore[override]
-        # CPL-optimal seeds from held-out data: refuse up front if the threat model denies it
-        extra = frozenset({"prior_data"}) if self.options.init == "optimal" else frozenset()
-        return super().needs() | extra
-
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
         opt = self.options
         sim = UpdateSimulator(obs, ctx.device, second_order=opt.second_order)
         labels = recover_labels(obs, opt.label_method, ctx.generator(17)).to(ctx.device)
-        prior = obs.get("prior_data") if opt.init == "optimal" else None
         shape = (obs.batch_size, *obs.input_shape)
         scale = gradient_scale(obs.update)
         stop = opt.threshold  # termination level on the gradient distance (module docstring)
@@ -100,8 +94,8 @@ class CPL(Attack):
             stop = min(stop, opt.relative * sum(float((t * scale).pow(2).sum()) for t in sim.target.values()))
         engine = Engine(
             matching=Matching(sim, sim.target, opt.distance, scale=scale), labels=FixedLabels(labels),
-            candidates=lambda r: Pixels(initial_inputs(opt.init, shape, ctx.generator(0), tile=opt.tile,
-                                                       labels=labels.cpu(), prior_data=prior).to(ctx.device)),
+            candidates=lambda r: Pixels(observed_start(opt.init, shape, ctx.generator(0), obs, labels,
+                                                       tile=opt.tile).to(ctx.device)),
             optimizer=Optimizer(opt.optimizer, opt.lr or DEFAULT_LR[opt.optimizer], inner=opt.inner,
                                 history=opt.history_size, line_search=opt.line_search),
             priors=[LabelConfidence(opt.alpha, obs.num_classes)], iterations=opt.iterations, threshold=stop,

@@ -23,7 +23,7 @@ from ..threat import Observation
 from .base import Attack, AttackContext, Reconstruction
 from .candidates import FixedLabels, Pixels
 from .engine import Engine, Optimizer, plain_forward
-from .initialization import InitKind, initial_inputs
+from .initialization import InitKind, observed_start
 from .labels import recover_labels
 from .matching import UpdateSimulator
 from .objectives import BNStatistics, GroupConsistency, L2Norm, Matching, TotalVariation
@@ -63,7 +63,7 @@ class GradInversion(Attack):
     budgets = {"quick": {"iterations": 500}, "thorough": {"iterations": 2000}}
     Options = GradInversionOptions
     requires = frozenset({"batch_size"})
-    uses = frozenset({"labels", "local_training", "bn_statistics"})
+    uses = frozenset({"labels", "local_training", "bn_statistics", "prior_data"})
     modalities = ("image",)
 
     def unsupported(self, model, input_shape, num_classes, modality):
@@ -71,7 +71,7 @@ class GradInversion(Attack):
             return "needs batch-norm layers for its BN-statistics prior (the model has none); use bn=0"
         return super().unsupported(model, input_shape, num_classes, modality)
 
-    def needs(self) -> frozenset[str]:  # type: ignore[override]
+    def needs(self) -> frozenset[str]:
         extra = frozenset({"bn_statistics"}) if self.options.bn > 0 else frozenset()
         return super().needs() | extra
 
@@ -88,7 +88,8 @@ class GradInversion(Attack):
                   GroupConsistency(opt.group if opt.restarts > 1 else 0.0, opt.group_start)]
         engine = Engine(
             matching=Matching(sim, sim.target, opt.distance), labels=FixedLabels(labels),
-            candidates=lambda r: Pixels(initial_inputs(opt.init, shape, ctx.generator(r)).to(ctx.device), box=True),
+            candidates=lambda r: Pixels(observed_start(opt.init, shape, ctx.generator(r), obs, labels).to(ctx.device),
+                                        box=True),
             optimizer=Optimizer("signed-adam" if opt.signed else "adam", opt.lr, schedule="step"), priors=priors,
             iterations=opt.iterations, restarts=opt.restarts, joint=True, final=opt.final, box=True,
             model=sim.model, forward=plain_forward(sim.model, sim.params, sim.buffers), progress=ctx.progress)

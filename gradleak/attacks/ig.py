@@ -22,7 +22,7 @@ from ..threat import Observation
 from .base import Attack, AttackContext, Reconstruction
 from .candidates import FixedLabels, Pixels
 from .engine import Engine, Optimizer, ScheduleKind
-from .initialization import InitKind, initial_inputs
+from .initialization import InitKind, observed_start
 from .labels import recover_labels
 from .matching import SecondOrder, UpdateSimulator
 from .objectives import Matching, TotalVariation
@@ -78,7 +78,8 @@ class InvertingGradients(Attack):
         image = obs.modality == "image"
         engine = Engine(
             matching=Matching(sim, sim.target, opt.distance), labels=FixedLabels(labels),
-            candidates=lambda r: Pixels(initial_inputs(opt.init, shape, ctx.generator(r)).to(ctx.device), box=image),
+            candidates=lambda r: Pixels(observed_start(opt.init, shape, ctx.generator(r), obs, labels).to(ctx.device),
+                                        box=image),
             optimizer=Optimizer("signed-adam" if opt.signed else "adam", opt.lr,
                                 schedule=opt.schedule),
             priors=[TotalVariation(opt.tv if image else 0.0)], iterations=opt.iterations, restarts=opt.restarts,

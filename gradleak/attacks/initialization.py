@@ -2,7 +2,7 @@
 
 One vocabulary for every optimisation attack: randn (Gaussian; `random` is the
 same, the name of DLG's and CPL's code), uniform (`rand` is the same), gray;
-CPL adds geometric seeds: patterned (a random patch tiled tile×tile over the input),
+and CPL's seeds, which every attack takes too: patterned (a random patch tiled tile×tile over the input),
 dark, light, solid red/green/blue, and optimal (a same-class example from the
 held-out data the threat model may grant as `prior_data`).
 """
@@ -13,6 +13,7 @@ from typing import Any, Literal
 import torch
 
 from ..errors import GradleakError
+from ..threat import Observation
 
 InitKind = Literal["randn", "random", "uniform", "rand", "gray", "patterned", "dark", "light", "r", "g", "b",
                    "optimal"]
@@ -65,8 +66,12 @@ def patterned(shape: tuple[int, ...], tile: int, generator: torch.Generator) -> 
 def same_class_examples(shape: tuple[int, ...], labels: torch.Tensor | None, prior_data: Any,
                         generator: torch.Generator) -> torch.Tensor:
     """CPL-optimal: for every (recovered) label, a random held-out example of that class."""
-    if prior_data is None or labels is None:
-        raise GradleakError("init=optimal needs held-out data (prior_data) and labels")
+    if labels is None:
+        raise GradleakError("init=optimal needs the labels before the optimisation starts; this attack "
+                            "learns them as it goes")
+    if prior_data is None:
+        raise GradleakError("init=optimal needs held-out data (grant prior_data: --threat informed or "
+                            "--knows prior_data)")
     rows = []
     for label in labels.tolist():
         pool = (prior_data.labels == label).nonzero().flatten()
@@ -75,3 +80,12 @@ def same_class_examples(shape: tuple[int, ...], labels: torch.Tensor | None, pri
         pick = pool[torch.randint(len(pool), (1,), generator=generator)]
         rows.append(prior_data.inputs[pick].reshape(1, *shape[1:]).float())
     return torch.cat(rows)
+
+
+def observed_start(kind: InitKind, shape: tuple[int, ...], generator: torch.Generator, obs: Observation,
+                   labels: torch.Tensor | None, *, tile: int = 2) -> torch.Tensor:
+    """`initial_inputs` for an attack on `obs`: `optimal` reads the held-out examples the
+    threat model grants (the attack's `needs` asks for them) and the recovered `labels`."""
+    prior = obs.get("prior_data") if kind == "optimal" else None
+    return initial_inputs(kind, shape, generator, tile=tile,
+                          labels=labels.cpu() if labels is not None else None, prior_data=prior)

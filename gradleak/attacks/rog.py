@@ -30,7 +30,7 @@ from .base import Attack, AttackContext, Reconstruction
 from .candidates import FixedLabels, Latent
 from .engine import Engine, Optimizer
 from .head_unroll import make_simulator
-from .initialization import InitKind, initial_inputs
+from .initialization import InitKind, observed_start
 from .labels import recover_labels
 from .matching import UpdateSimulator, update_distance
 from .objectives import Matching, TotalVariation
@@ -101,7 +101,7 @@ class ROG(Attack):
     budgets = {"thorough": {"iterations": 200, "refine": 100}}
     Options = ROGOptions
     requires = frozenset({"batch_size"})
-    uses = frozenset({"labels", "local_training", "defenses"})
+    uses = frozenset({"labels", "local_training", "defenses", "prior_data"})
     modalities = ("image",)
     # Divide the distance by its value at the starting point: FedAvg deltas of a
     # default-initialised model give L2 distances of ~1e-7, where Adam's eps and
@@ -122,7 +122,7 @@ class ROG(Attack):
         sim = make_simulator(obs, ctx.device)
         labels = recover_labels(obs, opt.label_method, ctx.generator(17)).to(ctx.device)
         latent = BicubicLatent(obs.input_shape, opt.scale)
-        noise = initial_inputs(opt.init, (obs.batch_size, *obs.input_shape), ctx.generator(0))
+        noise = observed_start(opt.init, (obs.batch_size, *obs.input_shape), ctx.generator(0), obs, labels)
         # one Matching for both stages: the refinement keeps the coarse stage's normalisation
         matching = Matching(sim, self.observed_target(sim), self.objective, normalise=self.normalise)
         if opt.optimizer == "lbfgs":
