@@ -18,7 +18,6 @@ import dataclasses
 import hashlib
 import json
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Sequence
@@ -31,8 +30,6 @@ from .data import Dataset
 from .defenses import make_chain
 from .errors import GradleakError
 from .experiment import (
-    BLIND_CHECK_EXAMPLES,
-    BLIND_MODEL_MESSAGE,
     AttackRunResult,
     AttackRunSpec,
     attack_observation,
@@ -40,9 +37,9 @@ from .experiment import (
     build_named_model,
     convergence_summary,
     dataset_spec,
-    output_ignores_input,
     pick_device,
     run_scenario,
+    warn_if_output_ignores_input,
 )
 from .fl import TrainingSpec
 from .fl.update import Update
@@ -229,8 +226,7 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
     data = dataset_from_tensors(inputs, labels, name=data_label, num_classes=num_classes)
     data = _fit_classes(model, data)
     _check_update_fits(model, update)
-    if output_ignores_input(model, data.inputs[:BLIND_CHECK_EXAMPLES]):
-        warnings.warn(BLIND_MODEL_MESSAGE, stacklevel=2)
+    warn_if_output_ignores_input(model, data.inputs)
     selected, skipped = select_attacks(attacks, model, data.input_shape, data.num_classes, data.modality,
                                        threat_model, budget)
     label = model_label or type(model).__name__

@@ -234,8 +234,7 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
         raise GradleakError(f"dataset '{data.name}' has {len(data)} examples, the scenario needs {needed}")
 
     model = chain.transform_model(copy.deepcopy(model))
-    if output_ignores_input(model, data.inputs[:BLIND_CHECK_EXAMPLES]):
-        warnings.warn(BLIND_MODEL_MESSAGE, stacklevel=2)
+    warn_if_output_ignores_input(model, data.inputs)
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(spec.seed))
     targets = order[:n_images]
     pool = order[n_images:]
@@ -293,6 +292,13 @@ BLIND_CHECK_EXAMPLES = 8
 BLIND_MODEL_MESSAGE = ("the model gives the same output for every input (a collapsed or dead model, e.g. from "
                        "pre-training that diverged): its update says nothing about the data, so every attack "
                        "fails here whatever the defense; audit a model that classifies its inputs")
+
+
+def warn_if_output_ignores_input(model: nn.Module, inputs: torch.Tensor) -> None:
+    """Warn (once per message, as warnings do) when `model` gives the same output for the
+    first few of `inputs`: a failed attack on such a model says nothing about a defense."""
+    if output_ignores_input(model, inputs[:BLIND_CHECK_EXAMPLES]):
+        warnings.warn(BLIND_MODEL_MESSAGE, stacklevel=3)
 
 
 def output_ignores_input(model: nn.Module, inputs: torch.Tensor, tolerance: float = 1e-4) -> bool:

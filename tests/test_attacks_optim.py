@@ -143,6 +143,7 @@ def test_gradinversion_needs_bn_statistics():
     ("dlg:iterations=0", "iterations must be >= 1"),
     ("dlg:lr=0", "lr must be > 0"),
     ("dlg:lr=-1", "'lr' = -1 is out of range; allowed: 0 to 1000"),
+    ("dlg:init=optimal", "DLG learns them as it goes"),
     ("gradinversion:restarts=0", "restarts must be >= 1"),
     ("gradinversion:group_start=2", "group_start must be in"),
     ("gradinversion:final=median", "not one of"),

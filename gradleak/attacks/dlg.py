@@ -41,6 +41,8 @@ class DLGOptions:
         check(self.inner >= 1, "attack 'dlg': inner must be >= 1")
         check(self.history_size >= 1, "attack 'dlg': history_size must be >= 1")
         check(self.threshold >= 0, "attack 'dlg': threshold must be >= 0")
+        check(self.init != "optimal", "attack 'dlg': init=optimal needs the labels before the optimisation "
+                                      "starts, and DLG learns them as it goes")
 
 
 class DLG(Attack):

@@ -67,8 +67,7 @@ def same_class_examples(shape: tuple[int, ...], labels: torch.Tensor | None, pri
                         generator: torch.Generator) -> torch.Tensor:
     """CPL-optimal: for every (recovered) label, a random held-out example of that class."""
     if labels is None:
-        raise GradleakError("init=optimal needs the labels before the optimisation starts; this attack "
-                            "learns them as it goes")
+        raise GradleakError("init=optimal needs the labels before the optimisation starts")
     if prior_data is None:
         raise GradleakError("init=optimal needs held-out data (grant prior_data: --threat informed or "
                             "--knows prior_data)")
@@ -83,9 +82,8 @@ def same_class_examples(shape: tuple[int, ...], labels: torch.Tensor | None, pri
 
 
 def observed_start(kind: InitKind, shape: tuple[int, ...], generator: torch.Generator, obs: Observation,
-                   labels: torch.Tensor | None, *, tile: int = 2) -> torch.Tensor:
+                   labels: torch.Tensor, *, tile: int = 2) -> torch.Tensor:
     """`initial_inputs` for an attack on `obs`: `optimal` reads the held-out examples the
     threat model grants (the attack's `needs` asks for them) and the recovered `labels`."""
     prior = obs.get("prior_data") if kind == "optimal" else None
-    return initial_inputs(kind, shape, generator, tile=tile,
-                          labels=labels.cpu() if labels is not None else None, prior_data=prior)
+    return initial_inputs(kind, shape, generator, tile=tile, labels=labels.cpu(), prior_data=prior)
