@@ -7,6 +7,18 @@ with the best reconstruction (lowest MSE/LPIPS, highest PSNR/SSIM/ASR), then
 attach the utility loss measured by the utility runs and mark the
 utility–privacy frontier (no other defense has both less utility loss and a
 larger best-attack error).
+
+Each defense setting then gets a verdict a practitioner can act on:
+
+- **leaks**, graded: `copies` when some attack reconstructed an example exactly (MSE ≤
+  1e-3, ASR's criterion), `identifies` when attacks re-identified more examples among the
+  gallery than chance gives (the lower end of the 95% Clopper–Pearson interval of the
+  pooled rate above the chance level; `gradleak.metrics.reidentify`);
+- **holds**, only when at least two seeds ran, every attack that ran ended its budget
+  ladder saturated (`experiment.climb`: more budget stopped changing the scores) or is
+  analytic, no cell failed, nothing was copied and no more examples were re-identified
+  than chance gives on average (a pooled rate at most the chance level);
+- **not shown**, with the reason, otherwise.
 """
 from __future__ import annotations
 
@@ -31,18 +43,21 @@ def _scenario_label(labels: dict, key: str):
     return labels.get(key, "unrecorded") if key == "threat" else labels.get(key)
 
 
-def cell_under_budget(cell: CellRecord) -> bool | None:
-    """The stored convergence verdict of an attack cell (see experiment.under_budget)."""
-    convergence = cell.extras.get("convergence") if isinstance(cell.extras, dict) else None
-    return convergence.get("under_budget") if isinstance(convergence, dict) else None
+def cell_ladder(cell: CellRecord) -> dict:
+    """The budget ladder an attack cell climbed (see experiment.climb); {} for cells stored
+    without one."""
+    ladder = cell.extras.get("ladder") if isinstance(cell.extras, dict) else None
+    return ladder if isinstance(ladder, dict) else {}
 
 
-# A defense "holds" in a scenario when no attack reconstructed any example exactly (ASR 0 in
-# every seed), the strongest attack was not stopped by its budget, at least HOLDS_MIN_SEEDS
-# seeds ran, and the upper end of the 95% interval of the best SSIM stays below HOLDS_SSIM
-# (reconstructions that share little structure with the originals).
-HOLDS_SSIM = 0.3
+def cell_saturated(cell: CellRecord) -> bool:
+    """Whether more budget would not have changed the cell's result, as the auditor judged it."""
+    return bool(cell_ladder(cell).get("saturated"))
+
+
 HOLDS_MIN_SEEDS = 2
+# Grades of leakage, strongest first.
+GRADES = ("copies", "identifies")
 
 # An undefended utility model whose accuracy is within this of chance (1/classes) did not
 # train: every defense then "costs" nothing, which says nothing about the defense. The same
@@ -71,8 +86,19 @@ def interval95(values) -> tuple[float | None, float | None]:
     return centre, float(t.ppf(0.975, len(values) - 1) * stdev(values) / math.sqrt(len(values)))
 
 
+def _count(cell: CellRecord, rate_key: str) -> tuple[int, int] | None:
+    """(examples with the property, examples) of one cell from its rate metric."""
+    rate, examples = cell.metrics.get(rate_key), cell.metrics.get("examples")
+    if not isinstance(rate, (int, float)) or not isinstance(examples, (int, float)) or examples <= 0:
+        return None
+    return int(round(rate * examples)), int(examples)
+
+
 def attack_rows(cells: list[CellRecord]) -> list[dict]:
-    """One row per (scenario, defense, strength, attack): metrics averaged over seeds."""
+    """One row per (scenario, defense, strength, attack): metrics averaged over seeds, the
+    examples copied and re-identified counted over all seeds, and how its ladders ended."""
+    from .stats import above_chance, binomial_interval
+
     groups: dict[tuple, list[CellRecord]] = defaultdict(list)
     for c in cells:
         if c.kind != "attack":
@@ -83,15 +109,36 @@ def attack_rows(cells: list[CellRecord]) -> list[dict]:
     rows = []
     for key, members in groups.items():
         lab = members[0].labels
-        metric_names = sorted({k for m in members for k in m.metrics})
-        budget_flags = [cell_under_budget(m) for m in members]
+        metric_names = sorted({k for m in members for k, v in m.metrics.items()
+                               if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        ladders = [cell_ladder(m) for m in members]
+        budgets = [int(ld["iterations"]) for ld in ladders if isinstance(ld.get("iterations"), (int, float))
+                   and ld.get("iterations")]
         row = {**{k: _scenario_label(lab, k) for k in SCENARIO_KEYS}, "defense": lab["defense"],
                "strength": lab["strength"], "attack": lab["attack"], "attack_spec": lab["attack_spec"],
                "init": lab.get("init"), "seeds": len(members), "seconds": _avg([m.seconds for m in members]),
-               "under_budget": any(budget_flags) if any(f is not None for f in budget_flags) else None,
+               "saturated": all(cell_saturated(m) for m in members),
+               "undecided": sum(ld.get("decision", "undecided") == "undecided" for ld in ladders),
+               "budget_min": min(budgets) if budgets else None, "budget_max": max(budgets) if budgets else None,
+               "gallery_note": next((ld.get("gallery") for ld in ladders if ld.get("gallery")), None),
                "keys": [m.key for m in members]}
         for name in metric_names:
             row[name], row[f"{name}_ci"] = interval95([m.metrics.get(name) for m in members])
+        copies = [c for c in (_count(m, "asr") for m in members) if c]
+        found = [c for c in (_count(m, "reid") for m in members) if c]
+        row["examples"] = sum(n for _, n in copies) or None
+        row["copies"] = sum(k for k, _ in copies) if copies else None
+        chance = max((m.metrics.get("reid_chance") or 0.0 for m in members), default=0.0)
+        if found and chance:
+            k, n = sum(k for k, _ in found), sum(n for _, n in found)
+            row["identified"], row["identified_of"], row["reid_chance"] = k, n, chance
+            row["reid_low"], row["reid_high"] = binomial_interval(k, n)
+            identifies = above_chance(k, n, chance)
+        else:
+            row["identified"] = row["identified_of"] = row["reid_chance"] = None
+            row["reid_low"] = row["reid_high"] = None
+            identifies = False
+        row["grade"] = "copies" if row["copies"] else ("identifies" if identifies else None)
         rows.append(row)
     rows.sort(key=lambda r: (*[str(r[k]) for k in SCENARIO_KEYS], r["defense"] != "none", r["defense"],
                              r["strength"], r["attack_spec"]))
@@ -123,10 +170,12 @@ def _utility_metric(table: dict) -> tuple[str, bool] | None:
 
 
 def strongest_attacks(cells: list[CellRecord]) -> list[dict]:
-    """Liu et al. Eq. (3) per scenario × defense × strength, with utility loss and frontier flags."""
-    rows = attack_rows(cells)
+    """Liu et al. Eq. (3) per scenario × defense × strength, with the verdict (leak grade,
+    holds or not shown), utility loss and frontier flags."""
+    rows = with_weaker_threats(attack_rows(cells))
     utilities = utility_table(cells)
     metric = _utility_metric(utilities)
+    failures = _failures(cells)
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
         groups[(*[r[k] for k in SCENARIO_KEYS], r["defense"], r["strength"])].append(r)
@@ -135,7 +184,6 @@ def strongest_attacks(cells: list[CellRecord]) -> list[dict]:
         first = members[0]
         entry = {**{k: first[k] for k in SCENARIO_KEYS}, "defense": first["defense"], "strength": first["strength"],
                  "attacks": len(members)}
-        strongest: set[str] = set()
         for name, higher in ATTACK_METRICS.items():
             scored = [m for m in members if m.get(name) is not None]
             if not scored:
@@ -146,31 +194,165 @@ def strongest_attacks(cells: list[CellRecord]) -> list[dict]:
             entry[name], entry[f"{name}_ci"] = best[name], best.get(f"{name}_ci")
             entry[f"best_{name}"] = ("(all tie)" if len(tied) == len(scored) > 1
                                      else ", ".join(m["attack_spec"] for m in tied))
-            strongest.update(m["attack_spec"] for m in tied if m.get("under_budget"))
-        # The verdict is only as good as its strongest attack: one stopped by its budget may
-        # understate the leakage, so a defense that "holds" against it is not shown to hold.
-        entry["under_budget"] = ", ".join(sorted(strongest)) or None
         entry["seeds"] = min(m["seeds"] for m in members)
-        entry["verdict"] = verdict(entry)
+        entry.update(_grade(members))
+        entry["failed"] = failures.get(key, 0)
+        entry["verdict"], entry["verdict_text"] = verdict(entry, members)
         entry.update(_utility_loss(entry, utilities, metric))
         out.append(entry)
     _mark_frontier(out)
     return out
 
 
-def verdict(entry: dict) -> str:
-    """'leaks', 'holds' or 'not shown (why)' for one strongest-attack entry."""
-    if entry.get("asr"):
-        return "leaks"
-    if entry.get("under_budget"):
-        return "not shown (attack under budget)"
-    if entry.get("ssim") is None:
-        return "not shown (no SSIM)"
-    if entry.get("seeds", 1) < HOLDS_MIN_SEEDS or entry.get("ssim_ci") is None:
-        return "not shown (one seed: no interval)"
-    if entry["ssim"] + entry["ssim_ci"] < HOLDS_SSIM:
-        return "holds"
-    return f"not shown (SSIM up to {min(1.0, entry['ssim'] + entry['ssim_ci']):.2f})"
+def with_weaker_threats(rows: list[dict]) -> list[dict]:
+    """Rows plus, for each threat model, the rows of every weaker one in the same scenario: a
+    server that may do more may also run what a weaker server runs (a malicious server can
+    invert gradients as an honest one does), so a defense holds against it only if it holds
+    against those attacks too. Borrowed rows carry `from_threat`."""
+    from .knowledge import granted
+
+    threats = {str(r["threat"]): granted(str(r["threat"])) for r in rows}
+    out = list(rows)
+    for r in rows:
+        mine = threats[str(r["threat"])]
+        if mine is None:
+            continue
+        for other, grants in threats.items():
+            if other != str(r["threat"]) and grants is not None and mine < grants:
+                out.append({**r, "threat": other, "from_threat": r["threat"]})
+    return out
+
+
+def _failures(cells: list[CellRecord]) -> dict[tuple, int]:
+    """Failed attack cells per (scenario, defense, strength)."""
+    counts: dict[tuple, int] = defaultdict(int)
+    for c in cells:
+        if c.kind == "failed" and c.labels.get("cell_kind") == "attack":
+            lab = c.labels
+            counts[(*[_scenario_label(lab, k) for k in SCENARIO_KEYS], lab.get("defense"), lab.get("strength"))] += 1
+    return counts
+
+
+def _grade(members: list[dict]) -> dict:
+    """The strongest leak grade among a setting's attacks and the attack that reached it:
+    the most examples copied, else the most re-identified (by the lower end of the rate's
+    interval); with no grade, the attack whose re-identification rate is highest."""
+    def strength(m: dict):
+        copy_rate = (m.get("copies") or 0) / (m.get("examples") or 1)
+        return (GRADES.index(m["grade"]) * -1 if m.get("grade") else -len(GRADES), copy_rate,
+                m.get("reid_low") or 0.0, (m.get("identified") or 0) / (m.get("identified_of") or 1))
+
+    best = max(members, key=strength)
+    judged = [m for m in members if m.get("identified") is not None]
+    return {"grade": best.get("grade"), "grade_attack": _attack_name(best), "examples": best.get("examples"),
+            "copies": best.get("copies"), "identified": best.get("identified"),
+            "identified_of": best.get("identified_of"), "reid_chance": best.get("reid_chance"),
+            "reid": None if best.get("identified") is None else best["identified"] / best["identified_of"],
+            "reid_low": best.get("reid_low"), "reid_high": best.get("reid_high"),
+            "reid_judged": len(judged) == len(members),
+            "identified_any": max((m.get("identified") or 0) / (m.get("identified_of") or 1) for m in members),
+            "gallery_note": next((m.get("gallery_note") for m in members if m.get("gallery_note")), None),
+            "unsaturated": ", ".join(sorted(_attack_name(m) for m in members if not m.get("saturated"))) or None,
+            "budget_min": min((m["budget_min"] for m in members if m.get("budget_min")), default=None),
+            "budget_max": max((m["budget_max"] for m in members if m.get("budget_max")), default=None),
+            "attack_specs": sorted(_attack_name(m) for m in members)}
+
+
+def _attack_name(row: dict) -> str:
+    return row["attack_spec"] + (f" (as the {row['from_threat']} server)" if row.get("from_threat") else "")
+
+
+def _count_text(k: int, n: int) -> str:
+    return f"{k} of {n} example{'s' if n != 1 else ''}"
+
+
+def _budget_text(entry: dict) -> str:
+    low, high = entry.get("budget_min"), entry.get("budget_max")
+    if not high:
+        return "analytic"
+    return f"{low:,} iterations" if low == high else f"{low:,}–{high:,} iterations"
+
+
+def verdict(entry: dict, members: list[dict] | None = None) -> tuple[str, str]:
+    """('leaks' | 'holds' | 'not shown (why)', the verdict in one sentence) for one setting."""
+    grade, attack = entry.get("grade"), entry.get("grade_attack")
+    if grade == "copies":
+        return "leaks", (f"leaks: {_count_text(entry['copies'], entry['examples'])} copied exactly "
+                         f"(MSE ≤ 1e-3) by {attack}")
+    if grade == "identifies":
+        return "leaks", (f"leaks: {_count_text(entry['identified'], entry['identified_of'])} re-identified "
+                         f"by {attack}; chance {_pct(entry['reid_chance'])}")
+    against = ", ".join(entry.get("attack_specs") or [])
+    if entry.get("failed"):
+        return "not shown (attack failed)", f"not shown: {entry['failed']} attack cell(s) failed"
+    if entry.get("unsaturated"):
+        return ("not shown (attack not saturated)",
+                f"not shown: {entry['unsaturated']} still improving at its cap ({_budget_text(entry)}); "
+                "more budget could change the verdict")
+    if not entry.get("reid_judged"):
+        return "not shown (no re-identification)", "not shown: no gallery to re-identify the reconstructions among"
+    if entry.get("seeds", 1) < HOLDS_MIN_SEEDS:
+        return "not shown (one seed)", f"not shown: one seed (holds needs {HOLDS_MIN_SEEDS})"
+    if entry.get("identified_any", 0) > (entry.get("reid_chance") or 0):
+        return ("not shown (re-identification above chance, not significant)",
+                f"not shown: {_count_text(entry['identified'], entry['identified_of'])} re-identified by "
+                f"{attack}, above chance ({_pct(entry['reid_chance'])}) but within its interval")
+    return "holds", (f"holds against {against} (saturated at {_budget_text(entry)}; "
+                     f"{_count_text(entry['identified'] or 0, entry['identified_of'] or 0)} re-identified, "
+                     f"chance {_pct(entry['reid_chance'])}; with this many examples the rate could still be "
+                     f"up to {_pct(entry['reid_high'])})")
+
+
+def _pct(rate: float | None) -> str:
+    if rate is None:
+        return "–"
+    return f"{100 * rate:.2g}%"
+
+
+def answer(entries: list[dict]) -> list[dict]:
+    """The answer a practitioner came for, per scenario (threat model, dataset, model, batch
+    size, local steps): the cheapest defense setting that holds (least utility loss), or
+    the least leaky one when none holds."""
+    by_scenario: dict[tuple, list[dict]] = defaultdict(list)
+    for e in entries:
+        by_scenario[tuple(e[k] for k in SCENARIO_KEYS)].append(e)
+    out = []
+    for key, members in by_scenario.items():
+        holds = [e for e in members if e["verdict"] == "holds"]
+        scenario = dict(zip(SCENARIO_KEYS, key))
+        if holds:
+            cheapest = min(holds, key=lambda e: (e.get("utility_loss") is None, e.get("utility_loss") or 0.0))
+            out.append({**scenario, "holds": True, "setting": cheapest, "text": (
+                f"cheapest defense that holds: {setting_name(cheapest)}{_loss_text(cheapest)} — "
+                f"{cheapest['verdict_text']}")})
+        else:
+            least = min(members, key=_leakiness)
+            out.append({**scenario, "holds": False, "setting": least, "text": (
+                f"none of the {len(members)} tested settings holds; the least leaky is {setting_name(least)} "
+                f"({least['verdict_text']}){_loss_text(least)}")})
+    return out
+
+
+def _leakiness(entry: dict):
+    """Sort key, least leaky first: no grade, then identifies, then copies; then the rates and PSNR."""
+    severity = {None: 0, "identifies": 1, "copies": 2}[entry.get("grade")]
+    copy_rate = (entry.get("copies") or 0) / (entry.get("examples") or 1)
+    return (severity, copy_rate, entry.get("identified_any") or 0.0,
+            entry.get("psnr") if entry.get("psnr") is not None else 0.0)
+
+
+def setting_name(entry: dict) -> str:
+    return entry["defense"] if not entry.get("strength") else f"{entry['defense']} {entry['strength']}"
+
+
+def _loss_text(entry: dict) -> str:
+    loss = entry.get("utility_loss")
+    if loss is None and entry.get("utility_metric") is None:
+        return ""  # no utility runs in this store
+    if loss is None:
+        return ", utility cost unknown" + (f" ({entry['utility_note']})" if entry.get("utility_note") else "")
+    ci = entry.get("utility_loss_ci")
+    return f", utility loss {loss:.3g}" + (f" ± {ci:.2g}" if ci is not None else "")
 
 
 _CLASSES: dict[str, int | None] = {}

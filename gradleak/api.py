@@ -32,26 +32,33 @@ from .errors import GradleakError
 from .experiment import (
     AttackRunResult,
     AttackRunSpec,
-    attack_observation,
     batch_attack_seed,
     build_named_model,
+    climb,
     convergence_summary,
     dataset_spec,
+    gallery_for,
+    gallery_from,
+    ladder_summary,
     pick_device,
+    result_record,
     run_scenario,
     warn_if_output_ignores_input,
 )
 from .fl import TrainingSpec
 from .fl.update import Update
 from .metrics import summarize
+from .metrics.reidentify import Gallery
 from .options import ComponentSpec, parse_spec
 from .threat import ThreatModel, capture_bn_statistics, make_threat_model, observe
 
 __all__ = ["audit", "audit_update", "AuditResult", "SkippedAttack", "select_attacks", "BUDGETS"]
 
 # Budget presets: "quick" fits a laptop CPU in minutes, "standard" is each
-# attack's own defaults, "thorough" spends more iterations or restarts.
+# attack's own defaults, "thorough" spends more iterations or restarts. Each also sets how
+# many times the auditor may double an attack's budget while its verdict is undecided.
 BUDGETS = ("quick", "standard", "thorough")
+BUDGET_DOUBLINGS = {"quick": 2, "standard": 3, "thorough": 4}
 
 
 @dataclass(frozen=True)
@@ -73,9 +80,54 @@ class AuditResult:
     skipped: list[SkippedAttack]
     setting: dict = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        s = self.setting
+        return (f"AuditResult({len(self.runs)} attack run(s), {len(self.skipped)} skipped; "
+                f"{s.get('model')} on {s.get('dataset')}, batch {s.get('batch_size')}, "
+                f"defenses: {', '.join(s.get('defenses') or []) or 'none'})")
+
     def by_attack(self) -> dict[str, dict]:
         """Attack spec → its summary metrics."""
         return {r.spec.attack: r.metrics for r in self.runs}
+
+    def verdicts(self) -> list[dict]:
+        """The strongest-attack entries of `gradleak.analysis` for this audit's setting(s):
+        verdict, verdict_text, grade, re-identification counts, ..."""
+        from .analysis import strongest_attacks
+
+        return strongest_attacks(self.records())
+
+    def summary(self) -> str:
+        """The verdict in a few lines: the setting, the verdict in words, then one line per
+        attack (PSNR, SSIM, re-identified, budget and how its ladder ended) and what was
+        skipped."""
+        s = self.setting
+        lines = [f"{s.get('model')} on {s.get('dataset')}, batch {s.get('batch_size')}, "
+                 f"{s.get('local_steps')} local step(s), defenses: {', '.join(s.get('defenses') or []) or 'none'}, "
+                 f"threat model {s.get('threat')}, seed(s) {', '.join(map(str, self.seeds())) or '–'}"]
+        for entry in self.verdicts():
+            lines.append(f"verdict: {entry['verdict_text']}")
+        for run in self.runs:
+            lines.append("  " + run.summary())
+        for skip in self.skipped:
+            lines.append(f"  not run: {skip.attack}: {skip.reason}")
+        return "\n".join(lines)
+
+    def seeds(self) -> list[int]:
+        return sorted({r.spec.seed for r in self.runs})
+
+    def records(self) -> list:
+        """The store rows this result is saved as (without images)."""
+        from .store import CellRecord
+        from .sweep import attack_labels, cell_key
+
+        out = []
+        for run in self.runs:
+            spec = {**json.loads(json.dumps(run.spec.to_dict(), default=list)), **self._identity()}
+            record = result_record(run, images=False)
+            out.append(CellRecord(cell_key("attack", spec), "attack", "audit", spec, attack_labels(run.spec),
+                                  record["metrics"], record["extras"], record["seconds"]))
+        return out
 
     def strongest(self, metric: str = "mse") -> AttackRunResult | None:
         """The run with the best reconstruction by `metric` (lowest MSE/LPIPS, highest PSNR/SSIM/ASR)."""
@@ -94,7 +146,6 @@ class AuditResult:
         """Write one store row per attack that ran and one per skipped attack;
         `labels` (e.g. round and client) are added to every row and its key.
         Returns the number of rows written (rows already present are kept)."""
-        from .experiment import result_record
         from .store import CellRecord, ResultStore
         from .sweep import attack_labels, cell_key, store_result_record
 
@@ -142,9 +193,9 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
           training: TrainingSpec | None = None, lr: float = 0.1, local_steps: int = 1,
           local_epochs: int | None = None, local_batch_size: int | None = None,
           bn_mode: Literal["train", "eval"] = "train",
-          batch_size: int = 1, images: int | None = None, seed: int = 0, budget: str = "quick",
+          batch_size: int = 1, images: int | None = None, seed: int | Sequence[int] = 0, budget: str = "quick",
           lpips: str = "alex", device: str = "auto", checkpoint: str | None = None,
-          split: str = "test", resize: int | None = None,
+          split: str = "test", resize: int | None = None, gallery: Any = None,
           out: str | Path | None = None, progress: bool = False) -> AuditResult:
     """Attack a simulated client that trains `model` on `data` and sends its update.
 
@@ -161,38 +212,51 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
     training: the client's local training (FedSGD when one step on the whole
              batch); alternatively `lr`, `local_steps`, `local_epochs`,
              `local_batch_size`, `bn_mode`.
+    seed:    one seed or several (a verdict of `holds` needs two or more).
+    budget:  `quick`, `standard` or `thorough`: each attack's first budget, and how many
+             times (2, 3, 4) the auditor may double it while its verdict is undecided.
+    gallery: more examples of your data's distribution, not among those the client
+             trains on (tensors, a Dataset or DataLoader): reconstructions are
+             re-identified among them and the examples of `data` that were not attacked.
     out:     when given, the store and the HTML report are written there.
     """
     start = time.perf_counter()
     training = training or TrainingSpec(lr=lr, local_steps=local_steps, local_epochs=local_epochs,
                                         local_batch_size=local_batch_size, batchnorm=bn_mode)
     _check_budget(budget)
+    seeds = _seeds(seed)
     threat_model = make_threat_model(threat, tuple(knows))
     dataset, data_label, prior_loader = _resolve_data(data, split, resize)
-    built, model_label = _resolve_model(model, dataset, seed)
-    if checkpoint:
-        from .models.checkpoint import load_checkpoint
-        load_checkpoint(built, checkpoint)
-    dataset = _fit_classes(built, dataset)
+    extra_gallery = _gallery_inputs(gallery, dataset) if gallery is not None else None
     defense_texts = tuple(_component_text(d, "defense") for d in defenses)
-    selected, skipped = select_attacks(attacks, built, dataset.input_shape, dataset.num_classes,
-                                       dataset.modality, threat_model, budget)
-    base = AttackRunSpec(dataset=data_label, model=model_label, attack="ig", batch_size=batch_size,
-                         defenses=defense_texts, images=images, local_steps=training.local_steps,
-                         local_epochs=training.local_epochs, local_batch_size=training.local_batch_size,
-                         bn_mode=training.batchnorm, lr=training.lr, seed=seed, threat=threat,
-                         knows=tuple(knows), lpips=lpips, device=device)
     runs: list[AttackRunResult] = []
-    for text in selected:
-        spec = dataclasses.replace(base, attack=text)
-        try:
-            run = lambda s: _run_with_progress(s, built, dataset, prior_loader, progress)  # noqa: E731
-            runs.append(run_until_stable(spec, run) if budget == "thorough" else run(spec))
-        except GradleakError as exc:
-            skipped.append(SkippedAttack(text, str(exc)))
+    skipped: list[SkippedAttack] = []
+    for run_seed in seeds:
+        built, model_label = _resolve_model(model, dataset, run_seed)
+        if checkpoint:
+            from .models.checkpoint import load_checkpoint
+            load_checkpoint(built, checkpoint)
+        dataset = _fit_classes(built, dataset)
+        selected, not_run = select_attacks(attacks, built, dataset.input_shape, dataset.num_classes,
+                                           dataset.modality, threat_model, budget)
+        if run_seed == seeds[0]:
+            skipped += not_run
+        base = AttackRunSpec(dataset=data_label, model=model_label, attack="ig", batch_size=batch_size,
+                             defenses=defense_texts, images=images, local_steps=training.local_steps,
+                             local_epochs=training.local_epochs, local_batch_size=training.local_batch_size,
+                             bn_mode=training.batchnorm, lr=training.lr, seed=run_seed, threat=threat,
+                             knows=tuple(knows), lpips=lpips, device=device, doublings=BUDGET_DOUBLINGS[budget])
+        judge = _gallery_maker(data, dataset, split, resize, extra_gallery)
+        for text in selected:
+            spec = dataclasses.replace(base, attack=text)
+            try:
+                runs.append(_run_with_progress(spec, built, dataset, prior_loader, judge, progress))
+            except GradleakError as exc:
+                if run_seed == seeds[0]:
+                    skipped.append(SkippedAttack(text, str(exc)))
     setting = {"dataset": data_label, "model": model_label, "batch_size": batch_size,
                "local_steps": training.local_steps, "local_epochs": training.local_epochs,
-               "lr": training.lr, "seed": seed, "threat": threat_model.name, "budget": budget,
+               "lr": training.lr, "seed": seeds[0], "seeds": seeds, "threat": threat_model.name, "budget": budget,
                "defenses": list(defense_texts), **_defense_labels(defense_texts),
                "model_digest": _model_digest(built), "data_digest": _data_digest(dataset),
                "seconds": time.perf_counter() - start}
@@ -202,12 +266,49 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
     return result
 
 
+def _seeds(seed: int | Sequence[int]) -> list[int]:
+    values = [seed] if isinstance(seed, int) and not isinstance(seed, bool) else list(seed) \
+        if isinstance(seed, (list, tuple)) else None
+    if not values or any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
+        raise GradleakError(f"seed must be an integer >= 0 or a list of them, got {seed!r}")
+    return list(dict.fromkeys(values))
+
+
+def _gallery_inputs(gallery: Any, like: Dataset) -> torch.Tensor:
+    """The user's gallery examples as inputs shaped like the audited data's."""
+    from .data.tensors import dataset_from_user
+
+    if isinstance(gallery, torch.Tensor):
+        gallery = (gallery, torch.zeros(len(gallery), dtype=torch.long))
+    extra = dataset_from_user(gallery)
+    if extra.input_shape != like.input_shape:
+        raise GradleakError(f"gallery examples have shape {extra.input_shape}, the audited data "
+                            f"{like.input_shape}")
+    return extra.inputs
+
+
+def _gallery_maker(data: Any, dataset: Dataset, split: str, resize: int | None,
+                   extra: torch.Tensor | None) -> Callable[[torch.Tensor], Gallery]:
+    """The re-identification gallery of an audit, given the attacked examples: a named
+    dataset's other split, or the examples of the user's data not attacked; plus `extra`."""
+    def make(targets: torch.Tensor) -> Gallery:
+        if isinstance(data, str):
+            base = gallery_for(data, split, resize, dataset, targets)
+        else:
+            base = gallery_from(dataset, targets, "other examples of your data")
+        if extra is None:
+            return base
+        return Gallery(torch.cat([base.inputs, extra.to(base.inputs.dtype)]),
+                       f"{base.source} and of the gallery you gave", None)
+    return make
+
+
 def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels: torch.Tensor, *,
                  training: TrainingSpec, attacks: str | Sequence[str | Attack] = "auto",
                  threat: str = "honest", knows: Iterable[str] = (), defenses: Sequence[str] = (),
                  num_classes: int | None = None, seed: int = 0, budget: str = "quick",
                  lpips: str = "alex", device: str = "auto", model_label: str | None = None,
-                 data_label: str = "captured") -> AuditResult:
+                 data_label: str = "captured", gallery: torch.Tensor | None = None) -> AuditResult:
     """Attack one update the server received (e.g. captured from a Flower run).
 
     `model` is the global model the server sent, with the weights before local
@@ -215,7 +316,10 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
     weights); `inputs`/`labels` the batch the client trained on, used only to
     score the reconstruction. `defenses` names what the client applied, as the
     threat model may grant that knowledge. Malicious-server attacks are skipped:
-    the update was computed on the model the server actually sent.
+    the update was computed on the model the server actually sent. `gallery`:
+    other examples of the clients' data distribution (not this batch), among which
+    the auditor re-identifies the reconstructions; without one, only exact copies
+    can show a leak.
     """
     from .data.tensors import dataset_from_tensors
 
@@ -229,6 +333,9 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
     warn_if_output_ignores_input(model, data.inputs)
     selected, skipped = select_attacks(attacks, model, data.input_shape, data.num_classes, data.modality,
                                        threat_model, budget)
+    judge = None
+    if gallery is not None:
+        judge = Gallery(_gallery_inputs(gallery, data), "examples given as the gallery")
     label = model_label or type(model).__name__
     runs: list[AttackRunResult] = []
     for text in selected:
@@ -241,11 +348,9 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
                              defenses=tuple(defenses), local_steps=training.local_steps,
                              local_epochs=training.local_epochs, local_batch_size=training.local_batch_size,
                              bn_mode=training.batchnorm, lr=training.lr, seed=seed, threat=threat,
-                             knows=tuple(knows), lpips=lpips, device=device)
+                             knows=tuple(knows), lpips=lpips, device=device, doublings=BUDGET_DOUBLINGS[budget])
         try:
-            run = lambda s: _attack_captured(s, make_attack(s.attack), model, update, data,  # noqa: E731
-                                             threat_model, training)
-            runs.append(run_until_stable(spec, run) if budget == "thorough" else run(spec))
+            runs.append(_attack_captured(spec, attack, model, update, data, threat_model, training, judge))
         except GradleakError as exc:
             skipped.append(SkippedAttack(text, str(exc)))
     setting = {"dataset": data_label, "model": label, "batch_size": len(data),
@@ -399,55 +504,17 @@ def _check_update_fits(model: nn.Module, update: Update) -> None:
                                 f"the model's parameter {tuple(params[name].shape)}")
 
 
-# The thorough budget doubles an iterative attack's iterations while it runs out of budget
-# and its result still gains this much, at most this many times.
-ESCALATION_GAIN_DB = 0.5
-ESCALATION_DOUBLINGS = 2
-
-
-def run_until_stable(spec: AttackRunSpec, run: Callable[[AttackRunSpec], AttackRunResult]) -> AttackRunResult:
-    """Run an attack, then again with twice its iterations while it ended under budget
-    (did not converge, or was still improving) and the doubling paid: PSNR up by at least
-    ESCALATION_GAIN_DB (image data) or MSE down by a fifth (other data). Returns the best
-    run, with the iteration counts tried in `extras["escalation"]`."""
-    best = run(spec)
-    attack = parse_spec(spec.attack, "attack")
-    iterations = getattr(make_attack(spec.attack).options, "iterations", None)
-    tried = [iterations]
-    for _ in range(ESCALATION_DOUBLINGS):
-        if not isinstance(iterations, int) or not best.convergence.get("under_budget"):
-            break
-        iterations *= 2
-        tried.append(iterations)
-        options = {**attack.options, "iterations": iterations}
-        candidate = run(dataclasses.replace(spec, attack=str(ComponentSpec(attack.name, options))))
-        if not _gained(best.metrics, candidate.metrics):
-            break
-        best = candidate
-    if len(tried) > 1:
-        best.extras["escalation"] = tried
-    return best
-
-
-def _gained(before: dict, after: dict) -> bool:
-    if before.get("psnr") is not None and after.get("psnr") is not None:
-        return after["psnr"] >= before["psnr"] + ESCALATION_GAIN_DB
-    if before.get("mse") is not None and after.get("mse") is not None:
-        return after["mse"] <= 0.8 * before["mse"]
-    return False
-
-
-def _run_with_progress(spec: AttackRunSpec, model, data, prior_loader, progress: bool) -> AttackRunResult:
+def _run_with_progress(spec: AttackRunSpec, model, data, prior_loader, gallery, progress: bool) -> AttackRunResult:
     if not progress:
-        return run_scenario(spec, model, data, None, held_out=prior_loader)
+        return run_scenario(spec, model, data, None, held_out=prior_loader, gallery=gallery)
     from .progress import attack_progress
 
     with attack_progress(spec.attack) as bar:
-        return run_scenario(spec, model, data, bar, held_out=prior_loader)
+        return run_scenario(spec, model, data, bar, held_out=prior_loader, gallery=gallery)
 
 
 def _attack_captured(spec: AttackRunSpec, attack: Attack, model: nn.Module, update: Update, data: Dataset,
-                     threat: ThreatModel, training: TrainingSpec) -> AttackRunResult:
+                     threat: ThreatModel, training: TrainingSpec, gallery: Gallery | None) -> AttackRunResult:
     start = time.perf_counter()
     device = pick_device(spec.device)
     x, y = data.inputs, data.labels
@@ -458,11 +525,12 @@ def _attack_captured(spec: AttackRunSpec, attack: Attack, model: nn.Module, upda
                   defenses=make_chain(spec.defenses).defenses,
                   modality=data.modality, bn_statistics=bn)
     ctx = AttackContext(seed=batch_attack_seed(spec.seed, 0), device=device)
-    rec, scores, aligned = attack_observation(attack, obs, x, y, ctx, spec.lpips)
+    rec, scores, aligned, ladder = climb(attack, obs, x, y, ctx, spec.lpips, gallery, spec.doublings)
     metrics = summarize(scores)
     metrics["iterations"] = float(rec.iterations)
+    extras = {**rec.extras, "ladder": ladder_summary([ladder], gallery)}
     return AttackRunResult(spec, metrics, [s.to_dict() for s in scores], time.perf_counter() - start,
-                           x, aligned, dict(rec.extras), convergence_summary([rec]))
+                           x, aligned, extras, convergence_summary([rec]))
 
 
 def _defense_labels(defenses: tuple[str, ...]) -> dict:

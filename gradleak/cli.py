@@ -34,7 +34,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2 (argparse would print the usage block)
-        raise GradleakError(f"{self.prog}: {message}")
+        # "gradleak: error: " comes with every message: name only the sub-command, if any
+        command = self.prog.partition(" ")[2]
+        raise GradleakError(f"{command}: {message}" if command else message)
 
 
 def build_parser() -> argparse.ArgumentParser:

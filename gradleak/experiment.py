@@ -6,6 +6,7 @@ attack.reconstruct → metrics (Hungarian-matched) → result.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import time
@@ -24,6 +25,7 @@ from .errors import GradleakError
 from .fl import TrainingSpec, aggregate_updates, compute_update
 from .fl.training import check_bn_mode
 from .metrics import score_batch, summarize
+from .metrics.reidentify import Gallery
 from .models import ModelSpec, build_model
 from .options import (
     RUN_SPEC_BOUNDS,
@@ -61,6 +63,9 @@ class AttackRunSpec:
     resize: int | None = None
     lpips: str = "alex"
     device: str = "auto"
+    # how many times the auditor may double an iterative attack's budget while its verdict is
+    # undecided (see `climb`); 0: the attack runs once at its own budget
+    doublings: int = 0
 
     def __post_init__(self):
         # the command line's bounds, for specs that come from elsewhere (sweep files, the API)
@@ -90,6 +95,31 @@ class AttackRunResult:
     extras: dict = field(default_factory=dict)
     # converged / final_distance / trace as the attack reported them (None: not reported)
     convergence: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"AttackRunResult({self.summary()})"
+
+    def summary(self) -> str:
+        """The run in one line: what was attacked, and what the attack reached."""
+        s, m = self.spec, self.metrics
+        parts = [f"{s.attack} on {s.dataset}/{s.model}, batch {s.batch_size}, "
+                 f"defenses {', '.join(s.defenses) or 'none'}, seed {s.seed}:"]
+        scores = []
+        if m.get("psnr") is not None:
+            scores.append(f"PSNR {m['psnr']:.1f} dB, SSIM {m.get('ssim') or 0:.2f}")
+        elif m.get("mse") is not None:
+            scores.append(f"MSE {m['mse']:.3g}")
+        n = int(m.get("examples") or len(self.per_image))
+        if m.get("reid") is not None:
+            scores.append(f"re-identified {round(m['reid'] * n)} of {n} (chance {100 * m['reid_chance']:.2g}%)")
+        if m.get("asr"):
+            scores.append(f"copied {round(m['asr'] * n)} of {n}")
+        ladder = self.extras.get("ladder") or {}
+        if ladder:
+            iterations = int(ladder.get("iterations") or 0)
+            scores.append(f"{iterations:,} iterations, {ladder.get('decision')}" if iterations
+                          else str(ladder.get("decision")))
+        return " ".join(parts) + " " + "; ".join(scores)
 
     def to_json(self) -> dict:
         """The CLI's JSON contract."""
@@ -204,17 +234,22 @@ def run_attack(spec: AttackRunSpec, progress: Callable[[int, int, float], None] 
     if spec.pretrain_steps:
         model = _pretrained(model, spec)
     return run_scenario(spec, model, data, progress,
-                        held_out=lambda targets: prior_data(spec.dataset, spec.split, spec.resize, data, targets))
+                        held_out=lambda targets: prior_data(spec.dataset, spec.split, spec.resize, data, targets),
+                        gallery=lambda targets: gallery_for(spec.dataset, spec.split, spec.resize, data, targets))
 
 
 def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
                  progress: Callable[[int, int, float], None] | None = None,
-                 held_out: Callable[[torch.Tensor], Any] | None = None) -> AttackRunResult:
+                 held_out: Callable[[torch.Tensor], Any] | None = None,
+                 gallery: Callable[[torch.Tensor], Gallery | None] | None = None) -> AttackRunResult:
     """Attack the built `model` on `data` as `spec` describes (its dataset and
     model fields only label the result). The one path behind the CLI, sweeps
     and `gradleak.audit`. `model` is not modified; `held_out(targets)` gives
     held-out examples when the threat model grants them (default: every
-    example of `data` that is not a target)."""
+    example of `data` that is not a target); `gallery(targets)` the examples the
+    auditor re-identifies reconstructions among (default: up to GALLERY_SIZE
+    non-target examples of `data`). An iterative attack climbs its budget ladder
+    (`climb`) up to `spec.doublings` doublings."""
     start = time.perf_counter()
     device = pick_device(spec.device)
     attack_spec: ComponentSpec = parse_spec(spec.attack, "attack")
@@ -242,13 +277,14 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
     if "prior_data" in threat.grants:
         prior = held_out(targets) if held_out is not None else _held_out(data, targets)
     ctx = AttackContext(seed=spec.seed, device=device, progress=progress, prior_data=prior)
+    judge = gallery(targets) if gallery is not None else gallery_from(data, targets, f"examples of {data.name}")
     server_secrets = None
     if attack.malicious:
         prepared = attack.prepare_model(model, data.input_shape, data.num_classes, ctx)
         model, server_secrets = prepared.model, prepared.secrets
     model = model.to("cpu")
 
-    scores, originals, recons, iterations, extras, runs = [], [], [], [], {}, []
+    scores, originals, recons, iterations, extras, runs, ladders = [], [], [], [], {}, [], []
     n_batches = math.ceil(n_images / spec.batch_size)
     for b in range(n_batches):
         idx = targets[b * spec.batch_size:(b + 1) * spec.batch_size]
@@ -271,7 +307,8 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
                       labels=y, defenses=chain.defenses, modality=data.modality,
                       bn_statistics=bn, prior_data=prior, server_secrets=server_secrets)
         batch_ctx = AttackContext(seed=batch_attack_seed(spec.seed, b), device=device, progress=progress)
-        rec, batch_scores, aligned = attack_observation(attack, obs, x, y, batch_ctx, spec.lpips)
+        rec, batch_scores, aligned, ladder = climb(attack, obs, x, y, batch_ctx, spec.lpips, judge, spec.doublings)
+        ladders.append(ladder)
         for s in batch_scores:
             s.index += b * spec.batch_size
         scores += batch_scores
@@ -284,6 +321,7 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
 
     metrics = summarize(scores)
     metrics["iterations"] = float(sum(iterations) / len(iterations))
+    extras["ladder"] = ladder_summary(ladders, judge)
     return AttackRunResult(spec, metrics, [s.to_dict() for s in scores], time.perf_counter() - start,
                            torch.cat(originals), torch.cat(recons), extras, convergence_summary(runs))
 
@@ -324,18 +362,115 @@ def batch_attack_seed(seed: int, batch: int) -> int:
     return seed * 7919 + batch
 
 
-def attack_observation(attack: Attack, obs: Observation, x: torch.Tensor, y: torch.Tensor,
-                       ctx: AttackContext, lpips: str = "alex"):
-    """Reconstruct from one observation and score it against the batch (x, y)
-    the client trained on: (Reconstruction, per-image scores, aligned reconstructions)."""
-    rec = attack.reconstruct(obs, ctx)
-    batch_scores, aligned = score_batch(x, y, rec.inputs, rec.labels, obs.modality, lpips)
-    return rec, batch_scores, aligned
+# --------------------------------------------------------------------------- the budget ladder
+# The auditor holds the ground truth, so it can see whether more budget would change a
+# verdict: an iterative attack is scored at its own budget and after each doubling of it
+# (resuming, not restarting), and stops climbing once its verdict is decided.
+
+# A doubling that raised the batch's PSNR (of its mean MSE; for other data the same dB of
+# MSE) by at most this much, and re-identified no more examples, leaves the attack saturated.
+SATURATION_MARGIN_DB = 0.5
+# The doublings sweeps, `gradleak.audit` and the Flower audit allow an attack by default.
+LADDER_DOUBLINGS = 3
+
+
+@dataclass
+class Rung:
+    """One rung of an attack's budget ladder, scored by the auditor."""
+
+    iterations: int  # the attack's own count (all restarts together)
+    budget: int | None  # iterations per restart this rung allowed
+    seconds: float
+    mse: float
+    psnr: float | None
+    examples: int
+    copies: int  # examples reconstructed exactly (ASR's criterion)
+    identified: int | None  # examples re-identified among the gallery (None: no gallery)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def climb(attack: Attack, obs: Observation, x: torch.Tensor, y: torch.Tensor, ctx: AttackContext,
+          lpips: str, gallery: Gallery | None, doublings: int):
+    """Attack one observation up the budget ladder: score each rung against (x, y) and stop
+    at the first rung whose verdict is decided (`rung_decision`) or after `doublings`
+    doublings. Returns the last rung's (Reconstruction, scores, aligned reconstructions) and
+    the ladder: its rungs and how it ended."""
+    started = time.perf_counter()
+    rungs: list[Rung] = []
+    chance = None
+    decision = None
+    first = attack.budget()
+    for index, rec in enumerate(attack.rungs(obs, ctx)):
+        scores, aligned = score_batch(x, y, rec.inputs, rec.labels, obs.modality, lpips, gallery=gallery)
+        chance = scores[0].reid_chance if scores else None
+        budget = first * 2 ** index if first else None
+        rungs.append(rung_of(rec, scores, budget, time.perf_counter() - started))
+        analytic = not attack.iterative and not rec.trace
+        decision = rung_decision(rungs, analytic, rec.converged, chance, attack.saturation_floor())
+        if decision is not None or index >= doublings:
+            break
+    return rec, scores, aligned, {"rungs": [r.to_dict() for r in rungs], "decision": decision or "undecided",
+                                  "saturated": decision is not None and decision != "leak",
+                                  "reid_chance": chance}
+
+
+def rung_of(rec: Reconstruction, scores: list, budget: int | None, seconds: float) -> Rung:
+    from .metrics.image import psnr_from_mse
+
+    mse = sum(s.mse for s in scores) / len(scores)
+    judged = [s for s in scores if s.gallery_rank is not None]
+    return Rung(iterations=int(rec.iterations), budget=budget, seconds=round(seconds, 3), mse=mse,
+                psnr=psnr_from_mse(mse) if scores and scores[0].psnr is not None else None,
+                examples=len(scores), copies=sum(bool(s.success) for s in scores),
+                identified=sum(bool(s.identified) for s in judged) if judged else None)
+
+
+def rung_decision(rungs: list[Rung], analytic: bool, converged: bool | None, chance: float | None,
+                  floor: int = 1) -> str | None:
+    """How the ladder ends at its last rung, or None while undecided:
+    'leak' — some example copied, or more re-identified than chance gives (its interval);
+    'analytic' — an attack whose result more budget cannot change;
+    'stop rule' — the attack met its own stop rule (CPL's distance threshold);
+    'saturated' — the last doubling raised neither PSNR by more than SATURATION_MARGIN_DB
+    nor the number re-identified, at a budget of at least `floor` iterations (the attack's
+    `saturation_floor`). One rung of an iterative attack is never saturated."""
+    from .stats import above_chance
+
+    last = rungs[-1]
+    if last.copies or (last.identified is not None and chance is not None
+                       and above_chance(last.identified, last.examples, chance)):
+        return "leak"
+    if analytic:
+        return "analytic"
+    if converged:
+        return "stop rule"
+    if len(rungs) < 2 or (last.budget or 0) < floor:
+        return None
+    before = rungs[-2]
+    gain_db = 10 * math.log10(max(before.mse, 1e-12) / max(last.mse, 1e-12))
+    more_identified = (last.identified or 0) > (before.identified or 0)
+    return "saturated" if gain_db <= SATURATION_MARGIN_DB and not more_identified else None
+
+
+def ladder_summary(ladders: list[dict], gallery: Gallery | None) -> dict:
+    """A run's ladders (one per attacked batch) as the store keeps them: saturated when every
+    batch's attack saturated (a leak decides the verdict without it)."""
+    decisions = [ladder["decision"] for ladder in ladders]
+    return {"batches": ladders, "decision": "leak" if "leak" in decisions else
+            ("undecided" if "undecided" in decisions else decisions[0] if decisions else "undecided"),
+            "saturated": bool(ladders) and all(ladder["saturated"] for ladder in ladders),
+            # the budget per restart the ladders ended at (the attack's own count when it has none)
+            "iterations": max((ladder["rungs"][-1]["budget"] or ladder["rungs"][-1]["iterations"]
+                               for ladder in ladders if ladder["rungs"]), default=0),
+            "gallery": gallery.describe() if gallery is not None else None}
 
 
 def convergence_summary(runs: list[Reconstruction]) -> dict:
     """Whether every batch's attack reported convergence, its final matching distance, its
-    trace, and whether it ran out of budget (see `under_budget`)."""
+    trace, and whether its matching distance was still falling at the end (the attacker's
+    own view; the auditor's judgement of saturation is the ladder's, see `climb`)."""
     flags = [r.converged for r in runs if r.converged is not None]
     distances = [r.final_distance for r in runs if r.final_distance is not None]
     improving = [still_improving(r.trace) for r in runs]
@@ -344,7 +479,6 @@ def convergence_summary(runs: list[Reconstruction]) -> dict:
             "final_distance": max(distances) if distances else None,
             "still_improving": any(v for v in improving if v is not None) if any(
                 v is not None for v in improving) else None,
-            "under_budget": under_budget(converged, improving),
             "trace": [list(r.trace) for r in runs] if any(r.trace for r in runs) else [],
             "trace_iterations": [list(r.trace_iterations) for r in runs] if any(r.trace_iterations for r in runs)
             else [],
@@ -369,15 +503,43 @@ def still_improving(trace: list[float], tail: float = IMPROVING_TAIL, gain: floa
     return last < before * (1 - gain) if before > 0 else False
 
 
-def under_budget(converged: bool | None, improving: list[bool | None]) -> bool | None:
-    """An attack result whose failure may be the budget's, not the defense's: it reported
-    that it did not converge, or some batch was still improving at the end. None when the
-    attack reports neither (analytic attacks)."""
-    if converged is False or any(v for v in improving if v is not None):
-        return True
-    if converged is None and all(v is None for v in improving):
-        return None
-    return False
+# Re-identification compares each reconstruction with this many other examples when the
+# data has them (Gallery, gradleak.metrics.reidentify).
+GALLERY_SIZE = 1000
+
+
+def gallery_from(data: Dataset, exclude: torch.Tensor | None, source: str, note: str | None = None,
+                 size: int = GALLERY_SIZE) -> Gallery:
+    """Up to `size` examples of `data` other than `exclude`, the same ones for every seed (a
+    fixed draw), described as `source`."""
+    keep = torch.ones(len(data), dtype=torch.bool)
+    if exclude is not None:
+        keep[exclude] = False
+    pool = keep.nonzero().flatten()
+    order = torch.randperm(len(pool), generator=stream(0, "gallery"))
+    chosen = pool[order[:size]].sort().values
+    if len(chosen) < size and note is None:
+        note = f"all the dataset has{' besides the attacked examples' if exclude is not None else ''}"
+    return Gallery(data.inputs[chosen], source, note)
+
+
+def gallery_for(dataset: str, split: str, resize: int | None, data: Dataset, targets: torch.Tensor) -> Gallery:
+    """The re-identification gallery of a scenario: GALLERY_SIZE examples of the named
+    dataset's other split (the same for every seed, attack and defense of a study), or
+    the examples of a sample set or user file that were not attacked."""
+    from .data import TAKES_PATH
+
+    if data.samples_only or dataset_path_form(dataset) is not None or \
+            parse_spec(dataset, "dataset").name in TAKES_PATH:  # a file's examples: its other split may be itself
+        return gallery_from(data, targets, f"other examples of {data.name}")
+    return _split_gallery(dataset, "train" if split == "test" else "test", resize)
+
+
+@functools.lru_cache(maxsize=4)
+def _split_gallery(dataset: str, split: str, resize: int | None) -> Gallery:
+    # one per process and study: its perceptual features are computed once, then reused
+    other = load_dataset(dataset_spec(dataset, split, resize))
+    return gallery_from(other, None, f"{split}-split examples of {other.name}")
 
 
 def _held_out(data: Dataset, targets: torch.Tensor) -> Dataset:
@@ -406,10 +568,10 @@ def prior_data(dataset: str, split: str, resize: int | None, data: Dataset, targ
     return load_dataset(dataset_spec(dataset, other, resize))
 
 
-def result_record(result: AttackRunResult) -> dict:
+def result_record(result: AttackRunResult, images: bool = True) -> dict:
     """A picklable, JSON-shaped record of one result for the results store:
-    metrics, extras (with the attack's convergence report), the comparison grid
-    and every image pair as PNG bytes."""
+    metrics, extras (with the attack's convergence report and the auditor's ladder),
+    the comparison grid and every image pair as PNG bytes (`images=False`: none)."""
     import io
 
     from .viz import image_grid
@@ -419,8 +581,9 @@ def result_record(result: AttackRunResult) -> dict:
         image.save(buf, format="PNG")
         return buf.getvalue()
 
+    pictures = images
     images, grid = [], None
-    if result.originals.dim() == 4:
+    if result.originals.dim() == 4 and pictures:
         grid = png(image_grid([result.originals, result.reconstructions]))
         for i, score in enumerate(result.per_image):
             images.append({"idx": i, "metrics": score,

@@ -271,10 +271,12 @@ MAX_DATA_BYTES = 4 * 2**30             # a dataset's images after crop / resize,
 MIN_IMAGE_SIDE, MAX_IMAGE_SIDE = 8, 1024  # --resize / crop (SSIM needs a few pixels)
 
 # Bounds of the scenario fields (AttackRunSpec), shared by its own check and the command line.
+MAX_DOUBLINGS = 10                     # budget-ladder doublings of an attack (2^10 × its first budget)
 RUN_SPEC_BOUNDS: dict[str, tuple[float, float]] = {
     "batch_size": (1, MAX_BATCH), "images": (1, MAX_IMAGES), "local_steps": (1, MAX_ITERATIONS),
     "local_epochs": (1, MAX_LOCAL_EPOCHS), "local_batch_size": (1, MAX_BATCH), "lr": (0.0, MAX_LR),
     "seed": (0, MAX_SEED), "pretrain_steps": (0, MAX_ITERATIONS), "resize": (MIN_IMAGE_SIDE, MAX_IMAGE_SIDE),
+    "doublings": (0, MAX_DOUBLINGS),
 }
 MAX_CLASSES = 100_000                  # classes a user's labels may imply
 

@@ -12,12 +12,13 @@ from pathlib import Path
 
 from .analysis import (
     HOLDS_MIN_SEEDS,
-    HOLDS_SSIM,
     SCENARIO_KEYS,
+    answer,
     attack_rows,
     best_reconstructions,
-    cell_under_budget,
+    cell_ladder,
     leakage_by_round,
+    setting_name,
     strongest_attacks,
     study_tables,
 )
@@ -80,14 +81,14 @@ def _table(rows: list[dict], columns: list[tuple[str, str]], row_class=None) -> 
 
 STRONGEST_COLUMNS = [("dataset", "dataset"), ("model", "model"), ("batch_size", "batch"),
                      ("local_steps", "local steps"), ("defense", "defense"), ("strength", "strength"),
-                     ("verdict", "verdict"), ("seeds", "seeds"),
+                     ("verdict", "verdict"), ("verdict_text", "in words"), ("seeds", "seeds"),
                      ("utility", "utility"), ("utility_loss", "utility loss"), ("utility_loss_ci", "±"),
                      ("utility_model", "utility trained on"),
+                     ("reid_text", "re-identified"), ("budget_text", "budget"),
                      ("mse", "best MSE"), ("best_mse", "by"), ("psnr", "best PSNR"), ("psnr_ci", "±"),
                      ("best_psnr", "by"), ("ssim", "best SSIM"), ("ssim_ci", "±"), ("best_ssim", "by"),
                      ("lpips", "best LPIPS"), ("best_lpips", "by"), ("asr", "best ASR"), ("best_asr", "by"),
-                     ("frontier", "frontier"), ("budget_note", "caveat")]
-UNDER_BUDGET_NOTE = "attack under budget — leakage may be understated"
+                     ("frontier", "frontier"), ("utility_note", "caveat")]
 THREAT_TITLES = {"honest": "Honest-but-curious server", "informed": "Informed server (labels, BN statistics, "
                  "data distribution)", "malicious": "Malicious server (may modify the model it sends)"}
 
@@ -107,36 +108,31 @@ def _by_threat(entries: list[dict]) -> dict[str, list[dict]]:
                                                        if kv[0].split("+")[0] in order else len(order), kv[0])))
 
 
-def verdict_in_words(entries: list[dict]) -> list[tuple[str, list[str]]]:
-    """Per threat model, a few sentences: which defense settings hold (with their utility
-    cost), which leak, and how many verdicts are not shown and why."""
-    def setting(e: dict) -> str:
-        name = e["defense"] if not e.get("strength") else f"{e['defense']} {e['strength']}"
-        return f"{name} (batch {e.get('batch_size')}, {e.get('local_steps')} local step(s))"
+def _scenario_words(e: dict) -> str:
+    return (f"{e.get('dataset')}/{e.get('model')}, batch {e.get('batch_size')}, "
+            f"{e.get('local_steps')} local step(s)")
 
+
+def verdict_in_words(entries: list[dict]) -> list[tuple[str, list[str]]]:
+    """Per threat model: first the answer (the cheapest setting that holds, or the least
+    leaky) per scenario, then one sentence per defense setting, then what stays undecided."""
     out = []
+    answers = answer(entries)
     for threat, members in _by_threat(entries).items():
-        holds = [e for e in members if e.get("verdict") == "holds"]
-        leaks = [e for e in members if e.get("verdict") == "leaks"]
+        lines = [f"{_scenario_words(a)}: {a['text']}." for a in answers if str(a["threat"]) == threat]
+        for e in members:
+            lines.append(f"{setting_name(e)} ({_scenario_words(e)}): {e['verdict_text']}.")
         hidden = [e for e in members if str(e.get("verdict", "")).startswith("not shown")]
-        lines = []
-        if holds:
-            lines.append("Holds: " + "; ".join(setting(e) + _cost(e) for e in holds) + ".")
-        else:
-            lines.append("No defense setting is shown to hold.")
-        if leaks:
-            lines.append(f"Leaks ({len(leaks)}): " + "; ".join(setting(e) for e in leaks) + ".")
         if hidden:
-            budget = sum("under budget" in e["verdict"] for e in hidden)
-            seeds = sum("one seed" in e["verdict"] for e in hidden)
-            lines.append(f"Not shown ({len(hidden)}): {budget} with the strongest attack under budget, {seeds} "
-                         f"with one seed only, {len(hidden) - budget - seeds} whose SSIM interval reaches "
-                         f"{HOLDS_SSIM} or more.")
+            lines.append(f"Undecided: {len(hidden)} of {len(members)} settings (reasons above).")
         notes = sorted({f"{e.get('dataset')}/{e.get('model')}: {e['utility_note']}" for e in members
                         if e.get("utility_note")})
         if notes:
             lines.append("Utility cost unknown — " + "; ".join(notes) + ": no defense's cost is measured, "
                          "so none is shown to be free.")
+        galleries = sorted({str(e["gallery_note"]) for e in members if e.get("gallery_note")})
+        if galleries:
+            lines.append("Re-identified among: " + "; ".join(galleries) + ".")
         out.append((_threat_title(threat), lines))
     return out
 
@@ -147,28 +143,31 @@ def _cost(entry: dict) -> str:
     return ", utility cost unknown (utility model did not train)" if entry.get("utility_note") else ""
 
 
-def _with_budget_note(entry: dict) -> dict:
-    notes = [f"{UNDER_BUDGET_NOTE} ({entry['under_budget']})" if entry.get("under_budget") else None,
-             entry.get("utility_note")]
-    return {**entry, "budget_note": "; ".join(n for n in notes if n) or None}
+def _with_words(entry: dict) -> dict:
+    reid = None
+    if entry.get("identified") is not None:
+        reid = (f"{entry['identified']} of {entry['identified_of']} (chance "
+                f"{100 * (entry.get('reid_chance') or 0):.2g}%)")
+    low, high = entry.get("budget_min"), entry.get("budget_max")
+    budget = None if not high else (f"{low:,}" if low == high else f"{low:,}–{high:,}")
+    return {**entry, "reid_text": reid, "budget_text": budget}
 
 
 def format_strongest(entries: list[dict]) -> str:
-    """The strongest-attack tables as plain text (for the terminal), one per threat model;
-    '*' marks a verdict whose strongest attack ran out of budget."""
+    """The verdicts for the terminal: per threat model the answer, then a table of the
+    strongest attack per setting with its verdict in words."""
     cols = [("batch_size", "B"), ("local_steps", "T"), ("defense", "defense"), ("strength", "strength"),
-            ("utility_loss", "util.loss"), ("mse", "best MSE"), ("psnr", "best PSNR"), ("best_psnr", "by"),
-            ("asr", "best ASR"), ("best_asr", "by"), ("verdict", "verdict"), ("budget", "")]
+            ("utility_loss", "util.loss"), ("psnr", "best PSNR"), ("best_psnr", "by"), ("reid_text", "re-identified"),
+            ("budget_text", "budget"), ("verdict_text", "verdict")]
     blocks = []
+    answers = answer(entries)
     for threat, members in _by_threat(entries).items():
-        rows = [[_fmt(e.get(k), 3) if k != "budget" else ("*" if e.get("under_budget") else "") for k, _ in cols]
-                for e in members]
+        head = [_threat_title(threat)] + [f"  {_scenario_words(a)}: {a['text']}" for a in answers
+                                          if str(a["threat"]) == threat]
+        rows = [[_fmt(e.get(k), 3) for k, _ in cols] for e in map(_with_words, members)]
         widths = [max(len(t), *(len(r[i]) for r in rows)) for i, (_, t) in enumerate(cols)]
         line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
-        blocks.append("\n".join([_threat_title(threat), line([t for _, t in cols])] + [line(r) for r in rows]))
-    if any(e.get("under_budget") for e in entries):
-        blocks.append(f"* {UNDER_BUDGET_NOTE}: the strongest attack did not converge or was still improving "
-                      "when its budget ran out")
+        blocks.append("\n".join(head + [line([t for _, t in cols])] + [line(r) for r in rows]))
     for note in sorted({f"{e.get('dataset')}/{e.get('model')}: {e['utility_note']}" for e in entries
                         if e.get("utility_note")}):
         blocks.append(f"util.loss – : {note}; no utility cost is shown")
@@ -324,8 +323,13 @@ def _matrix_cell(slot: dict | None, images: _Images) -> str:
     lines = [html.escape(score)]
     if slot["seeds"] > 1:
         lines.append(html.escape(f"best of {slot['seeds']} seeds (seed {lab.get('seed')})"))
-    if cell_under_budget(best):
-        lines.append("<span class='warn'>attack under budget</span>")
+    ladder = cell_ladder(best)
+    if ladder.get("decision") == "undecided":
+        lines.append(f"<span class='warn'>not saturated at {int(ladder.get('iterations') or 0):,} iterations"
+                     "</span>")
+    scores = [m.get("reid"), m.get("examples")]
+    if all(isinstance(v, (int, float)) for v in scores):
+        lines.append(html.escape(f"re-identified {round(scores[0] * scores[1])} of {int(scores[1])}"))
     if slot["failed"]:
         lines.append(f"<span class='warn'>{len(slot['failed'])} run(s) failed</span>")
     name = images.thumb(best)
@@ -344,6 +348,9 @@ def _matrix_html(matrices: list[dict], images: _Images) -> list[str]:
         if len(settings) == 1:
             parts.append(f"<p class='note'>batch {html.escape(_fmt(settings[0][0]))}, "
                          f"{html.escape(_fmt(settings[0][1]))} local step(s)</p>")
+        if len(m["columns"]) > len(m["rows"]):
+            parts.append(_matrix_by_attack(m, images, multiple=len(settings) > 1))
+            continue
         head = ("<tr><th class='l'>defense \\ attack</th>"
                 + "".join(f"<th>{html.escape(c)}</th>" for c in m["columns"]) + "</tr>")
         body, previous = [], None
@@ -352,11 +359,26 @@ def _matrix_html(matrices: list[dict], images: _Images) -> list[str]:
                 body.append(f"<tr class='group'><th colspan='{len(m['columns']) + 1}'>batch "
                             f"{html.escape(_fmt(row[0]))}, {html.escape(_fmt(row[1]))} local step(s)</th></tr>")
                 previous = row[:2]
-            label = row[2] if not row[3] else f"{row[2]} {row[3]}"
-            body.append(f"<tr><th class='l'>{html.escape(str(label))}</th>"
+            body.append(f"<tr><th class='l'>{html.escape(_row_label(row))}</th>"
                         + "".join(_matrix_cell(m["cells"].get((row, c)), images) for c in m["columns"]) + "</tr>")
         parts.append(f"<table class='matrix'>{head}{''.join(body)}</table>")
     return parts
+
+
+def _row_label(row: tuple, with_setting: bool = False) -> str:
+    label = str(row[2] if not row[3] else f"{row[2]} {row[3]}")
+    return f"{label} (batch {_fmt(row[0])}, {_fmt(row[1])} step(s))" if with_setting else label
+
+
+def _matrix_by_attack(m: dict, images: "_Images", multiple: bool) -> str:
+    """More attacks than defense settings (an audit runs a dozen on one setting): attacks as
+    rows, so the matrix grows down the page instead of off its side."""
+    head = ("<tr><th class='l'>attack \\ defense</th>"
+            + "".join(f"<th>{html.escape(_row_label(r, multiple))}</th>" for r in m["rows"]) + "</tr>")
+    body = [f"<tr><th class='l'>{html.escape(c)}</th>"
+            + "".join(_matrix_cell(m["cells"].get((r, c)), images) for r in m["rows"]) + "</tr>"
+            for c in m["columns"]]
+    return f"<table class='matrix'>{head}{''.join(body)}</table>"
 
 
 def write_report(store_path: str | Path, out: str | Path) -> dict:
@@ -399,15 +421,17 @@ def write_report(store_path: str | Path, out: str | Path) -> dict:
         parts.append("<h2>Strongest attack per defense (Liu et al., Eq. 3)</h2><p class='note'>For each defense "
                      "and strength, the best value over all attacks of each metric, and the attack that "
                      "reached it, one table per threat model; ± is the half-width of the 95% interval over seeds. "
-                     "A defense <em>leaks</em> when some attack reconstructed an example exactly (ASR &gt; 0) and "
-                     f"<em>holds</em> only when {HOLDS_MIN_SEEDS}+ seeds put the best SSIM's 95% upper bound below "
-                     f"{HOLDS_SSIM} with no attack under budget. Green rows lie on the utility–privacy frontier. "
-                     f"'{UNDER_BUDGET_NOTE}' marks a row whose strongest attack did not converge or was still "
-                     "improving when its budget ran out: there, a low score is the budget's, not the "
-                     "defense's.</p>")
+                     "A setting <em>leaks</em> when some attack copied an example exactly (MSE ≤ 1e-3) or "
+                     "re-identified more examples among the gallery than chance gives (the 95% interval of the "
+                     "rate, pooled over seeds, lies above chance). It <em>holds</em> only when "
+                     f"{HOLDS_MIN_SEEDS}+ seeds ran, every attack saturated on its budget ladder (the last "
+                     "doubling of its iterations changed neither PSNR by more than 0.5 dB nor the examples "
+                     "re-identified) or is analytic, and no more examples were re-identified than chance. "
+                     "'budget' is the iterations the ladders ended at. Green rows lie on the utility–privacy "
+                     "frontier.</p>")
         for threat, members in _by_threat(entries).items():
             parts.append(f"<h3>{html.escape(_threat_title(threat))}</h3>")
-            parts.append(_table([_with_budget_note(e) for e in members], STRONGEST_COLUMNS,
+            parts.append(_table([_with_words(e) for e in members], STRONGEST_COLUMNS,
                                 lambda e: "frontier" if e.get("frontier") else ""))
 
         parts.append("<h2>Utility–privacy trade-off</h2><p class='note'>Per defense and strength: utility "

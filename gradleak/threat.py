@@ -16,27 +16,7 @@ from torch import nn
 from .errors import GradleakError
 from .fl.training import TrainingSpec
 from .fl.update import Update
-
-# Every piece of knowledge a threat model can grant, with what it means.
-KNOWLEDGE: dict[str, str] = {
-    "batch_size": "how many examples the client trained on",
-    "local_training": "the client's learning rate, local steps/epochs and local batch size",
-    "defenses": "which defenses (with parameters) the client applies",
-    "labels": "the ground-truth labels of the client's batch",
-    "bn_statistics": "the batch-norm mean/variance of the client's batch at every BN layer",
-    "prior_data": "held-out examples from the client's data distribution",
-    "malicious_model": "the server may modify the model it sends before the client trains",
-}
-
-# Presets. "honest" is the honest-but-curious server of the gradient-inversion
-# literature: it chose the training protocol, so it knows batch size, local
-# hyper-parameters and the defenses, but nothing about the data.
-PRESETS: dict[str, frozenset[str]] = {
-    "honest": frozenset({"batch_size", "local_training", "defenses"}),
-    "informed": frozenset({"batch_size", "local_training", "defenses", "labels", "bn_statistics",
-                           "prior_data"}),
-    "malicious": frozenset({"batch_size", "local_training", "defenses", "malicious_model"}),
-}
+from .knowledge import KNOWLEDGE, PRESETS  # noqa: F401  (re-exported: the threat model's vocabulary)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gradleak"
 # equal or lower rank, and equal ranks only within one package.
 RANKS: dict[str, int] = {
     "errors": 0,
-    "options": 1, "registry": 1, "seeding": 1, "progress": 1, "viz": 1, "priors": 1,
+    "options": 1, "registry": 1, "seeding": 1, "progress": 1, "viz": 1, "priors": 1, "stats": 1, "knowledge": 1,
     "data": 2, "analytic": 2, "postprocess": 2,
     "models": 3,
     "fl": 4,

@@ -270,26 +270,39 @@ def test_report_renders_in_headless_chromium(workdir, reference_store):
     assert "matrix=8/8" in title.group(1)  # every matrix thumbnail decoded
 
 
-def test_threat_models_get_separate_verdicts_and_under_budget_attacks_are_flagged():
+def _attack_cell(seed=0, *, threat="honest", attack="ig", defense="noise", strength="sigma=0.1", psnr=8.0,
+                 examples=4, identified=0, copies=0, saturated=True, decision=None, batch_size=4, iterations=400):
+    """A stored attack cell as `experiment.run_scenario` writes it: scores over `examples`
+    examples, of which `identified` re-identified among a gallery of 1,000 and `copies` copied,
+    and the ladder the attack climbed."""
+    labels = {"threat": threat, "dataset": "mnist", "model": "lenet", "batch_size": batch_size, "local_steps": 1,
+              "seed": seed, "defense": defense, "strength": strength, "defenses": [], "attack": attack,
+              "attack_spec": attack, "init": None}
+    metrics = {"mse": 10 ** (-psnr / 10), "psnr": psnr, "ssim": 0.1, "asr": copies / examples, "examples": examples,
+               "reid": identified / examples, "reid_chance": 2 / 1001, "gallery": 1000}
+    decision = decision or ("saturated" if saturated else "undecided")
+    ladder = {"decision": decision, "saturated": saturated and decision != "leak", "iterations": iterations,
+              "gallery": "1,000 train-split examples of mnist", "batches": []}
+    return CellRecord(f"{threat}{attack}{defense}{strength}{seed}{batch_size}", "attack", "t", {}, labels, metrics,
+                      {"ladder": ladder}, 1.0)
+
+
+def test_threat_models_get_separate_verdicts_and_weaker_servers_attacks_count_for_stronger_ones():
     from gradleak.analysis import strongest_attacks
     from gradleak.report import format_strongest
 
-    def attack(threat, name, psnr, under_budget):
-        labels = {"threat": threat, "dataset": "mnist", "model": "lenet", "batch_size": 4, "local_steps": 1,
-                  "seed": 0, "defense": "noise", "strength": "sigma=0.1", "defenses": [], "attack": name,
-                  "attack_spec": name, "init": None}
-        return CellRecord(f"{threat}{name}", "attack", "t", {}, labels, {"mse": 10 ** (-psnr / 10), "psnr": psnr},
-                          {"convergence": {"under_budget": under_budget}}, 1.0)
-
-    cells = [attack("honest", "ig", 9.0, True), attack("honest", "cpl", 6.0, False),
-             attack("malicious", "rtf", 90.0, None)]
+    cells = [_attack_cell(s, attack="ig", psnr=9.0, identified=2) for s in (0, 1)]
+    cells += [_attack_cell(s, threat="malicious", attack="rtf", psnr=9.5, decision="analytic") for s in (0, 1)]
     by_threat = {e["threat"]: e for e in strongest_attacks(cells)}
-    # the malicious server's 90 dB never stands for what an honest server gets
-    assert by_threat["honest"]["psnr"] == 9.0 and by_threat["malicious"]["psnr"] == 90.0
-    assert by_threat["honest"]["under_budget"] == "ig" and by_threat["malicious"]["under_budget"] is None
+    # what the malicious server gets never stands for what an honest one gets ...
+    assert by_threat["honest"]["psnr"] == 9.0 and by_threat["honest"]["attacks"] == 1
+    # ... but a malicious server may run the honest server's attacks too: rtf alone finds
+    # nothing, ig re-identifies 4 of 8, so the defense leaks against the malicious server
+    assert by_threat["malicious"]["attacks"] == 2 and by_threat["malicious"]["verdict"] == "leaks"
+    assert "ig (as the honest server)" in by_threat["malicious"]["verdict_text"]
     text = format_strongest(list(by_threat.values()))
     assert text.index("Honest-but-curious") < text.index("Malicious server")
-    assert "attack under budget" in text
+    assert "4 of 8 examples re-identified by ig" in text
 
 
 @pytest.mark.parametrize("trace,expected", [
@@ -303,51 +316,74 @@ def test_still_improving(trace, expected):
     assert still_improving(trace) is expected
 
 
-def test_verdict_needs_seeds_and_an_interval_and_utility_names_the_trained_model():
+def test_holds_needs_two_seeds_saturated_attacks_and_no_reidentification():
     from gradleak.analysis import strongest_attacks
 
-    def attack(seed, ssim, asr=0.0):
-        labels = {"threat": "honest", "dataset": "mnist", "model": "lenet", "batch_size": 4, "local_steps": 1,
-                  "seed": seed, "defense": "noise", "strength": "sigma=0.1", "defenses": [], "attack": "ig",
-                  "attack_spec": "ig", "init": None}
-        return CellRecord(f"a{seed}{ssim}", "attack", "t", {}, labels, {"ssim": ssim, "asr": asr, "mse": 0.1},
-                          {"convergence": {"under_budget": False}}, 1.0)
+    def verdict(cells):
+        (entry,) = strongest_attacks(cells)
+        return entry["verdict"], entry["verdict_text"]
+
+    quiet = [_attack_cell(0), _attack_cell(1)]
+    assert verdict(quiet)[0] == "holds"
+    assert "holds against ig (saturated at 400 iterations; 0 of 8 examples re-identified" in verdict(quiet)[1]
+    assert verdict(quiet[:1])[0] == "not shown (one seed)"
+    # an attack still gaining at its cap never lets a defense hold, whatever it scored
+    word, text = verdict([_attack_cell(0), _attack_cell(1, saturated=False)])
+    assert word == "not shown (attack not saturated)" and "ig still improving at its cap" in text
+    # one example of eight re-identified among 1,000 is far above chance (0.2%): a leak, graded
+    word, text = verdict([_attack_cell(0, identified=1), _attack_cell(1)])
+    assert word == "leaks" and text.startswith("leaks: 1 of 8 examples re-identified by ig")
+    # an exact copy is the strongest grade, named first
+    word, text = verdict([_attack_cell(0, identified=1), _attack_cell(1, attack="cpl", copies=1, identified=1)])
+    assert text.startswith("leaks: 1 of 4 examples copied exactly")
+    # with a gallery of 4 (chance 2/5), 1 of 8 re-identified is neither a leak nor at chance...
+    small = [_attack_cell(s, identified=i) for s, i in ((0, 1), (1, 0))]
+    for cell in small:
+        cell.metrics["reid_chance"] = 0.4
+    assert verdict(small)[0] == "holds"  # 1/8 = 12.5% ≤ chance 40%
+    for cell in small:
+        cell.metrics["reid_chance"] = 0.1
+    assert verdict(small)[0].startswith("not shown (re-identification above chance")
+    # a failed cell of the same setting blocks holds
+    failed = CellRecord("f", "failed", "t", {}, {**quiet[0].labels, "cell_kind": "attack"}, {}, {"error": "x"}, 0.0)
+    assert verdict(quiet + [failed])[0] == "not shown (attack failed)"
+    # a store written without ladders or galleries cannot show that a defense holds
+    for cell in quiet:
+        cell.extras, cell.metrics = {}, {k: v for k, v in cell.metrics.items() if not k.startswith("reid")}
+    assert verdict(quiet)[0].startswith("not shown")
+
+
+def test_the_answer_names_the_cheapest_setting_that_holds_or_the_least_leaky():
+    from gradleak.analysis import answer, strongest_attacks
 
     def utility(defense, strength, seed, acc):
         labels = {"dataset": "mnist", "model": "lenet", "trained_model": "lenet:activation=relu",
                   "defense": defense, "strength": strength, "seed": seed}
-        return CellRecord(f"u{defense}{seed}", "utility", "t", {}, labels, {"test_accuracy": acc}, {}, 1.0)
+        return CellRecord(f"u{defense}{strength}{seed}", "utility", "t", {}, labels, {"test_accuracy": acc}, {}, 1.0)
 
-    one_seed = strongest_attacks([attack(0, 0.05)])[0]
-    assert one_seed["verdict"].startswith("not shown (one seed")
-    tight = strongest_attacks([attack(0, 0.05), attack(1, 0.06), attack(2, 0.07)])[0]
-    assert tight["verdict"] == "holds" and tight["ssim_ci"] == pytest.approx(4.303 * 0.01 / 3 ** 0.5, rel=1e-3)
-    wide = strongest_attacks([attack(0, 0.05), attack(1, 0.45)])[0]
-    assert wide["verdict"].startswith("not shown (SSIM up to")
-    leaked = strongest_attacks([attack(0, 0.05), attack(1, 0.06, asr=0.25)])[0]
-    assert leaked["verdict"] == "leaks"
-    cells = [attack(0, 0.05), attack(1, 0.06), utility("none", "", 0, 0.90), utility("none", "", 1, 0.92),
-             utility("noise", "sigma=0.1", 0, 0.80), utility("noise", "sigma=0.1", 1, 0.84)]
-    entry = strongest_attacks(cells)[0]
-    assert entry["utility_loss"] == pytest.approx(0.09)
-    assert entry["utility_loss_ci"] == pytest.approx(12.706 * (0.01 ** 2 + 0.02 ** 2) ** 0.5, rel=1e-3)
-    assert entry["utility_model"] == "lenet:activation=relu"
+    cells = [utility("none", "", s, 0.9) for s in (0, 1)]
+    for strength, acc, identified in (("sigma=0.01", 0.88, 3), ("sigma=0.1", 0.80, 0), ("sigma=1", 0.5, 0)):
+        cells += [_attack_cell(s, strength=strength, identified=identified) for s in (0, 1)]
+        cells += [utility("noise", strength, s, acc + 0.01 * s) for s in (0, 1)]
+    entries = strongest_attacks(cells)
+    (best,) = answer(entries)
+    assert best["holds"] and best["setting"]["strength"] == "sigma=0.1"
+    assert best["text"].startswith("cheapest defense that holds: noise sigma=0.1, utility loss 0.095")
+    assert best["setting"]["utility_loss_ci"] == pytest.approx(12.706 * (0.005 * 2 ** 0.5) / 2 ** 0.5, rel=1e-3)
+    leaky = [e for e in entries if e["strength"] == "sigma=0.01"]
+    (none_holds,) = answer(leaky)
+    assert not none_holds["holds"]
+    assert none_holds["text"].startswith("none of the 1 tested settings holds; the least leaky is noise sigma=0.01 "
+                                         "(leaks: 6 of 8 examples re-identified by ig")
 
 
 def _untrained_store_cells(baseline_accuracy: float, num_classes: int | None):
-    def attack(seed, ssim):
-        labels = {"threat": "honest", "dataset": "mnist", "model": "lenet", "batch_size": 4, "local_steps": 1,
-                  "seed": seed, "defense": "noise", "strength": "sigma=0.1", "defenses": [], "attack": "ig",
-                  "attack_spec": "ig", "init": None}
-        return CellRecord(f"a{seed}", "attack", "t", {}, labels, {"ssim": ssim, "asr": 0.0, "mse": 0.1},
-                          {"convergence": {"under_budget": False}}, 1.0)
-
     def utility(defense, strength, seed, acc):
         labels = {"dataset": "mnist", "model": "lenet", "defense": defense, "strength": strength, "seed": seed}
         metrics = {"test_accuracy": acc, **({"num_classes": num_classes} if num_classes else {})}
         return CellRecord(f"u{defense}{seed}", "utility", "t", {"dataset": "mnist"}, labels, metrics, {}, 1.0)
 
-    return [attack(0, 0.05), attack(1, 0.06), utility("none", "", 0, baseline_accuracy),
+    return [_attack_cell(0), _attack_cell(1), utility("none", "", 0, baseline_accuracy),
             utility("none", "", 1, baseline_accuracy), utility("noise", "sigma=0.1", 0, baseline_accuracy),
             utility("noise", "sigma=0.1", 1, baseline_accuracy)]
 

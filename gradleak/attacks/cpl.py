@@ -25,12 +25,13 @@ without line search diverges.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
 from ..options import check
 from ..threat import Observation
-from .base import Attack, AttackContext, Reconstruction
+from .base import AttackContext, Reconstruction, ResumableAttack
 from .candidates import FixedLabels, Pixels
 from .engine import Engine, Optimizer, plain_forward
 from .initialization import InitKind, observed_start
@@ -73,7 +74,7 @@ class CPLOptions:
         check(self.history_size >= 1, "attack 'cpl': history_size must be >= 1")
 
 
-class CPL(Attack):
+class CPL(ResumableAttack):
     """Client privacy leakage (Wei et al.): configurable init, optimizer, distance, termination."""
 
     name = "cpl"
@@ -83,7 +84,7 @@ class CPL(Attack):
     uses = frozenset({"labels", "local_training", "prior_data"})
     modalities = ("image", "tabular")
 
-    def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
+    def rungs(self, obs: Observation, ctx: AttackContext) -> Iterator[Reconstruction]:
         opt = self.options
         sim = UpdateSimulator(obs, ctx.device, second_order=opt.second_order)
         labels = recover_labels(obs, opt.label_method, ctx.generator(17)).to(ctx.device)
@@ -101,7 +102,7 @@ class CPL(Attack):
             priors=[LabelConfidence(opt.alpha, obs.num_classes)], iterations=opt.iterations, threshold=stop,
             loss_scale=1.0 / stop if opt.normalise and stop > 0 else 1.0, model=sim.model,
             forward=plain_forward(sim.model, sim.params, sim.buffers), trace_every=1, progress=ctx.progress)
-        out = engine.run()
-        return Reconstruction(inputs=out.inputs.cpu(), labels=labels.cpu(), iterations=out.iterations,
-                              converged=out.converged, final_distance=out.distance, **out.trace_fields(),
-                              extras={"converged": out.converged})
+        for out in engine.start().doublings(opt.iterations):
+            yield Reconstruction(inputs=out.inputs.cpu(), labels=labels.cpu(), iterations=out.iterations,
+                                 converged=out.converged, final_distance=out.distance, **out.trace_fields(),
+                                 extras={"converged": out.converged})

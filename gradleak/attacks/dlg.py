@@ -8,13 +8,14 @@ the reported label is its argmax.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from ..options import check
 from ..threat import Observation
-from .base import Attack, AttackContext, Reconstruction
+from .base import AttackContext, Reconstruction, ResumableAttack
 from .candidates import Pixels, SoftLabels
 from .engine import Engine, Optimizer
 from .initialization import InitKind, initial_inputs
@@ -45,7 +46,7 @@ class DLGOptions:
                                       "starts, and DLG learns them as it goes")
 
 
-class DLG(Attack):
+class DLG(ResumableAttack):
     """DLG: joint L-BFGS over dummy data and soft labels, L2 update matching."""
 
     name = "dlg"
@@ -54,7 +55,7 @@ class DLG(Attack):
     requires = frozenset({"batch_size"})
     uses = frozenset({"local_training"})
 
-    def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
+    def rungs(self, obs: Observation, ctx: AttackContext) -> Iterator[Reconstruction]:
         opt = self.options
         sim = UpdateSimulator(obs, ctx.device, second_order=opt.second_order)
         shape = (obs.batch_size, *obs.input_shape)
@@ -66,6 +67,6 @@ class DLG(Attack):
                                 line_search=opt.line_search),
             iterations=opt.iterations, threshold=opt.threshold, model=sim.model, trace_every=1,
             progress=ctx.progress)
-        out = engine.run()
-        return Reconstruction(inputs=out.inputs.cpu(), labels=out.labels.cpu(), iterations=out.iterations,
-                              converged=out.converged, final_distance=out.distance, **out.trace_fields())
+        for out in engine.start().doublings(opt.iterations):
+            yield Reconstruction(inputs=out.inputs.cpu(), labels=out.labels.cpu(), iterations=out.iterations,
+                                 converged=out.converged, final_distance=out.distance, **out.trace_fields())

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -61,22 +61,35 @@ class Optimizer:
     line_search: bool = False
     tolerances: bool = True
 
-    def build(self, variables: list[torch.Tensor], iterations: int
-              ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler | None]:
+    def build(self, variables: list[torch.Tensor]) -> torch.optim.Optimizer:
         if self.kind == "lbfgs":
             extra = {} if self.tolerances else {"tolerance_grad": 0.0, "tolerance_change": 0.0}
             return torch.optim.LBFGS(variables, lr=self.lr, max_iter=self.inner, history_size=self.history,
-                                     line_search_fn="strong_wolfe" if self.line_search else None, **extra), None
+                                     line_search_fn="strong_wolfe" if self.line_search else None, **extra)
         if self.kind == "sgd":
-            optimizer: torch.optim.Optimizer = torch.optim.SGD(variables, lr=self.lr, momentum=0.9)
-        else:
-            optimizer = torch.optim.Adam(variables, lr=self.lr)
+            return torch.optim.SGD(variables, lr=self.lr, momentum=0.9)
+        return torch.optim.Adam(variables, lr=self.lr)
+
+    def schedule_for(self, optimizer: torch.optim.Optimizer, iterations: int, done: int = 0
+                     ) -> torch.optim.lr_scheduler.LRScheduler | None:
+        """This schedule over `iterations` steps of `optimizer`, from its initial lr; with
+        `done` > 0, the rest of the schedule of a run of `done + iterations` steps from step
+        `done` on (a resumed run continues as if its longer budget had been planned)."""
+        if done:
+            total = done + iterations
+            if self.schedule == "step":
+                factor = step_decay_lr(total)
+            elif self.schedule == "cosine":
+                factor = lambda it: self.final_lr + (1 - self.final_lr) * (1 + math.cos(math.pi * it / total)) / 2  # noqa: E731
+            else:
+                return None
+            return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: factor(done + it))
         if self.schedule == "step":
-            return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, step_decay_lr(iterations))
+            return torch.optim.lr_scheduler.LambdaLR(optimizer, step_decay_lr(iterations))
         if self.schedule == "cosine":
-            return optimizer, torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, iterations,
-                                                                         eta_min=self.lr * self.final_lr)
-        return optimizer, None
+            return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, iterations,
+                                                              eta_min=self.lr * self.final_lr)
+        return None
 
 
 def step_decay_lr(iterations: int) -> Callable[[int], float]:
@@ -153,34 +166,14 @@ class Engine:
     box: bool = False  # clamp the registered mean to [0, 1]
 
     def run(self) -> Outcome:
-        priors = [p for p in self.priors if p.weight]
-        watched = {m for p in priors for m in p.watch(self.model)}
-        layer_inputs: dict[nn.Module, list[torch.Tensor]] = {m: [] for m in watched}
-        handles = [m.register_forward_hook(_recorder(layer_inputs[m])) for m in watched]
-        self._priors, self._layer_inputs = priors, layer_inputs
-        self._evaluations, self._start = 0, self.started if self.started is not None else time.perf_counter()
-        try:
-            groups = [[self.candidates(r) for r in range(self.restarts)]] if self.joint else None
-            members: list[Candidate] = []
-            traces: list[list[TracePoint]] = []
-            converged_any = False
-            steps = 0
-            if groups is not None:
-                trace, steps, converged_any, members = self._optimise(groups[0], 0, self.iterations)
-                traces = [trace] * len(members)
-            else:
-                for restart in range(self.restarts):
-                    candidate = self.candidates(restart)
-                    trace, done, reached, _ = self._optimise([candidate], restart * self.iterations,
-                                                             self.restarts * self.iterations)
-                    members.append(candidate)
-                    traces.append(trace)
-                    steps += done
-                    converged_any = converged_any or reached
-            return self._choose(members, traces, steps, converged_any)
-        finally:
-            for handle in handles:
-                handle.remove()
+        """The configured run: `iterations` per restart."""
+        return self.start().advance(self.iterations)
+
+    def start(self) -> "EngineRun":
+        """A run that can be advanced step by step and resumed: `advance(n)` optimises every
+        restart `n` more iterations from where the last call left it (the auditor's budget
+        ladder doubles the budget this way without starting over)."""
+        return EngineRun(self)
 
     # one evaluation of the objective -------------------------------------------------
     def _evaluate(self, candidate: Candidate, iteration: int, group_mean: torch.Tensor | None
@@ -207,44 +200,52 @@ class Engine:
                 inputs.clear()
             return finite_or_inf(self.matching(candidate.inputs(), self.labels.current()))
 
-    # one optimisation of a group of candidates --------------------------------------------
-    def _optimise(self, group: list[Candidate], done: int, total: int
-                  ) -> tuple[list[TracePoint], int, bool, list[Candidate]]:
-        """Optimise `group` together; returns the trace, the steps taken, whether the stop
-        rule was met, and the members still running at the end (see `halving`)."""
-        done += self.progress_offset
+    # one segment of the optimisation of a group of candidates ------------------------------
+    def _optimise(self, group: "_Group", iterations: int, total: int) -> int:
+        """Optimise `group` `iterations` more steps (its schedule spans this segment; the
+        optimizer's state carries over from the last segment); returns the steps taken.
+        Updates the group's trace, members still running (see `halving`, first segment only)
+        and whether the stop rule was met."""
+        done = group.first_iteration + self.progress_offset
         total = self.progress_total or total
-        variables = [v for c in group for v in c.variables()] + self.labels.variables()
-        optimizer, schedule = self.optimizer.build(variables, self.iterations)
         lbfgs = self.optimizer.kind == "lbfgs"
         signed = self.optimizer.kind == "signed-adam"
+        first = group.steps == 0
+        if group.optimizer is None:
+            variables = [v for c in group.active for v in c.variables()] + self.labels.variables()
+            group.optimizer, group.variables = self.optimizer.build(variables), variables
+        optimizer, variables = group.optimizer, group.variables
+        for param_group in optimizer.param_groups:  # schedules scale the initial lr
+            param_group["lr"] = param_group.setdefault("initial_lr", self.optimizer.lr)
+        schedule = self.optimizer.schedule_for(optimizer, iterations, group.steps) if not lbfgs else None
         reached = lambda d: self.threshold > 0 and d <= self.threshold  # noqa: E731
-        cuts = sorted({int(f * self.iterations) for f in self.halving if 0 < f < 1})
-        trace: list[TracePoint] = []
-        best = [math.inf, math.inf, [c.snapshot() for c in group]]  # loss, distance, variables
-        active = list(group)
+        cuts = sorted({int(f * iterations) for f in self.halving if 0 < f < 1}) if first else []
+        best = [math.inf, math.inf, [c.snapshot() for c in group.active]]  # loss, distance, variables
+        active = group.active
         distances: list[float] = [math.inf] * len(active)
-        steps, converged = 0, False
+        steps = 0
+        offset = group.steps
+        track_best = self.keep_best and len(group.members) == 1
 
         def closure() -> torch.Tensor:
             optimizer.zero_grad(set_to_none=True)
-            grouped = any(isinstance(p, GroupConsistency) and steps >= int(p.start * self.iterations)
+            grouped = any(isinstance(p, GroupConsistency) and offset + steps >= int(p.start * self.iterations)
                           for p in self._priors)
             mean = registered_mean([c.inputs() for c in active], self.labels.hard()) \
                 if grouped and len(active) > 1 else None
             total_loss = None
             for i, candidate in enumerate(active):
-                loss, distance = self._evaluate(candidate, steps, mean)
+                loss, distance = self._evaluate(candidate, offset + steps, mean)
                 # not the simulator's weights; members no longer running keep no gradient, so Adam skips them
                 loss.backward(inputs=candidate.variables() + self.labels.variables())
                 distances[i] = finite_or_inf(distance)
                 value = finite_or_inf(loss)
                 total_loss = loss.detach() if total_loss is None else total_loss + loss.detach()
-                if self.keep_best and len(group) == 1 and value < best[0]:
+                if track_best and value < best[0]:
                     best[0], best[1], best[2] = value, distances[i], [candidate.snapshot()]
             return total_loss
 
-        for it in range(self.iterations):
+        for it in range(iterations):
             if lbfgs:
                 optimizer.step(closure)
                 steps = it + 1
@@ -255,7 +256,7 @@ class Engine:
                 loss = closure()
                 current = min(distances)
                 if reached(current):
-                    converged = True
+                    group.converged = True
                     break  # the current point already meets the stop rule: no further step
                 if signed:
                     for v in variables:
@@ -269,25 +270,29 @@ class Engine:
                     current = math.inf
             for candidate in active:
                 candidate.project()
-            if it % self.trace_every == 0 or it == self.iterations - 1:
-                trace.append(TracePoint(done + it + 1, current, time.perf_counter() - self._start))
+            if it % self.trace_every == 0 or it == iterations - 1:
+                group.trace.append(TracePoint(done + offset + it + 1, current, time.perf_counter() - self._start))
                 if self.progress:
-                    self.progress(done + it + 1, total, current)
+                    self.progress(done + offset + it + 1, total, current)
             if not math.isfinite(current):
+                group.diverged = True
                 break
             if reached(current):
-                converged = True
+                group.converged = True
                 break
             if steps in cuts and len(active) > 1:
                 # successive halving: the better-matching half (by the distance the server sees) goes on
                 keep = sorted(range(len(active)), key=distances.__getitem__)[:math.ceil(len(active) / 2)]
-                active = [active[i] for i in sorted(keep)]
+                active[:] = [active[i] for i in sorted(keep)]
                 distances = [distances[i] for i in sorted(keep)]
-        if self.keep_best and len(group) == 1 and math.isfinite(best[0]):
-            group[0].restore(best[2][0])
-        if self.threshold > 0 and not converged and not lbfgs:
-            converged = reached(self._distance(active[0])) if len(active) == 1 else False
-        return trace, steps, converged, active
+        if track_best and math.isfinite(best[0]):
+            group.members[0].restore(best[2][0])
+            # the optimizer's memory describes the point it left, not the one restored
+            group.optimizer = None
+        if self.threshold > 0 and not group.converged and not lbfgs:
+            group.converged = reached(self._distance(active[0])) if len(active) == 1 else False
+        group.steps += steps
+        return steps
 
     # the result -------------------------------------------------------------------
     def _choose(self, members: list[Candidate], traces: list[list[TracePoint]], steps: int,
@@ -295,7 +300,7 @@ class Engine:
         labels = self.labels.hard()
         finals = [self._distance(c) for c in members]
         best = min(range(len(members)), key=finals.__getitem__)
-        inputs = members[best].inputs().detach()
+        inputs = members[best].inputs().detach().clone()  # the run may go on and move the candidate
         distance = finals[best]
         averaged = 1
         if self.final == "mean" and len(members) > 1:
@@ -311,8 +316,87 @@ class Engine:
         return Outcome(inputs=inputs, labels=labels, iterations=steps,
                        converged=(converged or (self.threshold > 0 and distance <= self.threshold))
                        if self.threshold > 0 else None,
-                       distance=distance, trace=traces[best], restart_distances=finals,
+                       distance=distance, trace=list(traces[best]), restart_distances=finals,
                        restarts_averaged=averaged, evaluations=self._evaluations)
+
+
+@dataclass
+class _Group:
+    """Candidates optimised together by one optimizer (one restart, or a joint group), and
+    what carries over from one segment of the run to the next."""
+
+    members: list[Candidate]
+    active: list[Candidate]
+    optimizer: torch.optim.Optimizer | None = None
+    variables: list[torch.Tensor] = field(default_factory=list)
+    trace: list[TracePoint] = field(default_factory=list)
+    steps: int = 0
+    converged: bool = False
+    diverged: bool = False
+    first_iteration: int = 0  # where this group's iterations start in the run's count (restarts in turn)
+
+
+class EngineRun:
+    """An `Engine` run in segments (see `Engine.start`)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        engine._evaluations, engine._start = 0, engine.started if engine.started is not None else time.perf_counter()
+        engine._priors = [p for p in engine.priors if p.weight]
+        engine._layer_inputs = {}
+        self.groups: list[_Group] = []
+        self.segments = 0
+
+    @property
+    def finished(self) -> bool:
+        """Every group met the stop rule or diverged: more iterations would change nothing."""
+        return bool(self.groups) and all(g.converged or g.diverged for g in self.groups)
+
+    def advance(self, iterations: int) -> Outcome:
+        """Optimise every restart `iterations` more steps; the result so far."""
+        engine = self.engine
+        watched = {m for p in engine._priors for m in p.watch(engine.model)}
+        engine._layer_inputs = {m: [] for m in watched}
+        handles = [m.register_forward_hook(_recorder(engine._layer_inputs[m])) for m in watched]
+        try:
+            if not self.groups:
+                if engine.joint:
+                    group = [engine.candidates(r) for r in range(engine.restarts)]
+                    self.groups = [_Group(group, list(group))]
+                else:
+                    self.groups = []
+            per_restart = iterations * (1 if engine.joint else engine.restarts)
+            total = per_restart * (self.segments + 1) if self.segments else per_restart
+            if engine.joint:
+                self._segment(self.groups[0], iterations, total)
+            else:
+                for restart in range(engine.restarts):
+                    if restart == len(self.groups):  # the first segment builds each restart in turn
+                        candidate = engine.candidates(restart)
+                        self.groups.append(_Group([candidate], [candidate], first_iteration=restart * iterations))
+                    self._segment(self.groups[restart], iterations, total)
+            self.segments += 1
+            members = [c for g in self.groups for c in g.active] if engine.joint \
+                else [g.members[0] for g in self.groups]
+            traces = [self.groups[0].trace] * len(members) if engine.joint else [g.trace for g in self.groups]
+            steps = sum(g.steps for g in self.groups)
+            return engine._choose(members, traces, steps, any(g.converged for g in self.groups))
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def doublings(self, iterations: int) -> Iterator[Outcome]:
+        """The outcome after `iterations` per restart, then after each doubling of the total."""
+        done, step = 0, iterations
+        while True:
+            yield self.advance(step)
+            done += step
+            step = done
+
+    def _segment(self, group: _Group, iterations: int, total: int) -> None:
+        if group.converged or group.diverged:
+            return
+        self.engine._optimise(group, iterations, total)
 
 
 def _recorder(store: list[torch.Tensor]):

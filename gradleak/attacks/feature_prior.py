@@ -21,6 +21,7 @@ and π matches only within each label: measured matched cos² 0.93 at B = 16 vs
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -31,7 +32,7 @@ from ..errors import GradleakError
 from ..models import last_linear
 from ..options import check
 from ..threat import Observation
-from .base import Attack, AttackContext, PreparedModel, Reconstruction
+from .base import AttackContext, PreparedModel, Reconstruction, ResumableAttack
 from .candidates import FixedLabels, Network
 from .engine import Engine, Optimizer, ScheduleKind
 from .feature_probe import (
@@ -82,7 +83,7 @@ class FeaturePriorOptions:
         check(self.width >= 1, "attack 'feature-prior': width must be >= 1")
 
 
-class FeaturePriorAttack(Attack):
+class FeaturePriorAttack(ResumableAttack):
     """Liu et al.: reweighted cosine matching + TV/BN priors through a deep image
     prior, plus tensor-recovered features of a server-inserted random layer."""
 
@@ -132,7 +133,7 @@ class FeaturePriorAttack(Attack):
         result = recover_features(obs, batch, opt.feature_row)
         return mode, (result.span if mode == "span" else result.features).float()
 
-    def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
+    def rungs(self, obs: Observation, ctx: AttackContext) -> Iterator[Reconstruction]:
         opt = self.options
         if len(obs.input_shape) != 3:
             raise GradleakError("attack 'feature-prior' needs image inputs (C, H, W)")
@@ -162,9 +163,9 @@ class FeaturePriorAttack(Attack):
             candidates=lambda r: Network(generator, noise, opt.train_noise),
             optimizer=Optimizer("adam", opt.lr, schedule=opt.schedule),
             priors=priors, iterations=opt.iterations, model=sim.model, progress=ctx.progress)
-        out = engine.run()
-        return Reconstruction(inputs=out.inputs.cpu(), labels=labels.cpu(), iterations=out.iterations,
-                              final_distance=out.distance, **out.trace_fields(), extras={"feature_mode": mode})
+        for out in engine.start().doublings(opt.iterations):
+            yield Reconstruction(inputs=out.inputs.cpu(), labels=labels.cpu(), iterations=out.iterations,
+                                 final_distance=out.distance, **out.trace_fields(), extras={"feature_mode": mode})
 
 
 @dataclass

@@ -11,6 +11,7 @@ registered group mean or the member whose update matches best.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -20,7 +21,7 @@ from torch import nn
 from ..errors import GradleakError
 from ..options import check
 from ..threat import Observation
-from .base import Attack, AttackContext, Reconstruction
+from .base import AttackContext, Reconstruction, ResumableAttack
 from .candidates import FixedLabels, Pixels
 from .engine import Engine, Optimizer, plain_forward
 from .initialization import InitKind, observed_start
@@ -56,7 +57,7 @@ class GradInversionOptions:
         check(0 <= self.group_start <= 1, "attack 'gradinversion': group_start must be in [0, 1]")
 
 
-class GradInversion(Attack):
+class GradInversion(ResumableAttack):
     """GradInversion: gradient matching + BN-statistics, TV, l2 priors + group consistency."""
 
     name = "gradinversion"
@@ -75,7 +76,7 @@ class GradInversion(Attack):
         extra = frozenset({"bn_statistics"}) if self.options.bn > 0 else frozenset()
         return super().needs() | extra
 
-    def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
+    def rungs(self, obs: Observation, ctx: AttackContext) -> Iterator[Reconstruction]:
         opt = self.options
         sim = UpdateSimulator(obs, ctx.device)
         labels = recover_labels(obs, opt.label_method, ctx.generator(17)).to(ctx.device)
@@ -93,10 +94,10 @@ class GradInversion(Attack):
             optimizer=Optimizer("signed-adam" if opt.signed else "adam", opt.lr, schedule="step"), priors=priors,
             iterations=opt.iterations, restarts=opt.restarts, joint=True, final=opt.final, box=True,
             model=sim.model, forward=plain_forward(sim.model, sim.params, sim.buffers), progress=ctx.progress)
-        out = engine.run()
-        return Reconstruction(inputs=out.inputs.cpu(), labels=labels.cpu(), iterations=out.iterations,
-                              final_distance=out.distance, **out.trace_fields(),
-                              extras={"restart_distances": out.restart_distances})
+        for out in engine.start().doublings(opt.iterations):
+            yield Reconstruction(inputs=out.inputs.cpu(), labels=labels.cpu(), iterations=out.iterations,
+                                 final_distance=out.distance, **out.trace_fields(),
+                                 extras={"restart_distances": out.restart_distances})
 
     @staticmethod
     def _bn_target(obs: Observation, device) -> list[tuple[torch.Tensor, torch.Tensor]]:

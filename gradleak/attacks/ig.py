@@ -14,12 +14,13 @@ see `UpdateSimulator`).
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
 from ..options import check
 from ..threat import Observation
-from .base import Attack, AttackContext, Reconstruction
+from .base import AttackContext, Reconstruction, ResumableAttack
 from .candidates import FixedLabels, Pixels
 from .engine import Engine, Optimizer, ScheduleKind
 from .initialization import InitKind, observed_start
@@ -58,7 +59,7 @@ class IGOptions:
         check(self.mean_within >= 1, "attack 'ig': mean_within must be >= 1")
 
 
-class InvertingGradients(Attack):
+class InvertingGradients(ResumableAttack):
     """Inverting Gradients: cosine matching + TV, signed Adam, restarts."""
 
     name = "ig"
@@ -70,7 +71,7 @@ class InvertingGradients(Attack):
     requires = frozenset({"batch_size"})
     uses = frozenset({"labels", "local_training", "prior_data"})
 
-    def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
+    def rungs(self, obs: Observation, ctx: AttackContext) -> Iterator[Reconstruction]:
         opt = self.options
         sim = UpdateSimulator(obs, ctx.device, second_order=opt.second_order)
         labels = recover_labels(obs, opt.label_method, ctx.generator(17)).to(ctx.device)
@@ -85,8 +86,8 @@ class InvertingGradients(Attack):
             priors=[TotalVariation(opt.tv if image else 0.0)], iterations=opt.iterations, restarts=opt.restarts,
             final=opt.final, mean_within=opt.mean_within, joint=bool(opt.halving), halving=opt.halving, box=image,
             model=sim.model, progress=ctx.progress)
-        out = engine.run()
-        return Reconstruction(inputs=out.inputs.cpu(), labels=labels.cpu(), iterations=out.iterations,
-                              final_distance=out.distance, **out.trace_fields(),
-                              extras={"restart_distances": out.restart_distances,
-                                      "restarts_averaged": out.restarts_averaged})
+        for out in engine.start().doublings(opt.iterations):
+            yield Reconstruction(inputs=out.inputs.cpu(), labels=labels.cpu(), iterations=out.iterations,
+                                 final_distance=out.distance, **out.trace_fields(),
+                                 extras={"restart_distances": out.restart_distances,
+                                         "restarts_averaged": out.restarts_averaged})

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 
 from ..options import check
 from ..threat import Observation
-from .base import Attack, AttackContext, Reconstruction
+from .base import AttackContext, Reconstruction, ResumableAttack
 from .candidates import FixedLabels, Latent
 from .engine import Engine, Optimizer
 from .head_unroll import make_simulator
@@ -94,7 +95,7 @@ class BicubicLatent:
         return F.interpolate(z, size=(self.height, self.width), mode="bicubic", align_corners=False)
 
 
-class ROG(Attack):
+class ROG(ResumableAttack):
     """Gradient matching in a bicubic latent space, L2 distance, U-Net postprocessing."""
 
     name = "rog"
@@ -111,13 +112,16 @@ class ROG(Attack):
     def objective(self, simulated: Tensors, target: Tensors) -> torch.Tensor:
         return update_distance(simulated, target, self.options.distance)
 
+    def budget(self) -> int:
+        return self.options.iterations + self.options.refine
+
     def observed_target(self, sim: UpdateSimulator) -> Tensors:
         return sim.target
 
     def finish(self, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
         return x.clamp(0, 1), {}
 
-    def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
+    def rungs(self, obs: Observation, ctx: AttackContext) -> Iterator[Reconstruction]:
         opt = self.options
         sim = make_simulator(obs, ctx.device)
         labels = recover_labels(obs, opt.label_method, ctx.generator(17)).to(ctx.device)
@@ -139,26 +143,38 @@ class ROG(Attack):
                           candidates=lambda r: Latent(start, space.decode, box=opt.box and opt.optimizer == "adam"),
                           optimizer=optimizer, priors=[TotalVariation(opt.tv)], iterations=iterations,
                           keep_best=True, model=sim.model, trace_every=10, progress=ctx.progress,
-                          progress_offset=done, progress_total=total, started=started).run()
+                          progress_offset=done, progress_total=total, started=started).start()
 
-        out = stage(latent.encode(noise).to(ctx.device), latent, opt.iterations, 0)
-        trace = out.trace_fields()
-        evaluations = out.evaluations
+        run = stage(latent.encode(noise).to(ctx.device), latent, opt.iterations, 0)
+        out = run.advance(opt.iterations)
+        coarse = out
         if opt.refine and math.isfinite(out.distance):
             # coarse-to-fine: continue on a latent twice as fine, started from the coarse image
             latent = BicubicLatent(obs.input_shape, max(1, opt.scale // 2))
-            out = stage(latent.encode(out.inputs), latent, opt.refine, opt.iterations)
-            evaluations += out.evaluations
-            for key, values in out.trace_fields().items():
-                trace[key] += values
-        image, extras = self.finish(out.inputs.cpu())
-        if opt.postprocess:
-            from ..postprocess import enhance, load_enhancer
+            run = stage(latent.encode(out.inputs), latent, opt.refine, opt.iterations)
+            out = run.advance(opt.refine)
+        done = total
+        while True:
+            trace = coarse.trace_fields()
+            evaluations = coarse.evaluations
+            if out is not coarse:
+                evaluations += out.evaluations
+                for key, values in out.trace_fields().items():
+                    trace[key] += values
+            image, extras = self.finish(out.inputs.cpu())
+            if opt.postprocess:
+                from ..postprocess import enhance, load_enhancer
 
-            image = enhance(image, load_enhancer(opt.weights))
-        extras.update(latent_dim=int(math.prod(latent.size)) * obs.input_shape[0], evaluations=evaluations)
-        return Reconstruction(inputs=image, labels=labels.cpu(), iterations=total,
-                              final_distance=out.distance, **trace, extras=extras)
+                image = enhance(image, load_enhancer(opt.weights))
+            extras.update(latent_dim=int(math.prod(latent.size)) * obs.input_shape[0], evaluations=evaluations)
+            yield Reconstruction(inputs=image, labels=labels.cpu(), iterations=done,
+                                 final_distance=out.distance, **trace, extras=extras)
+            # the next rung doubles the budget by continuing the last stage
+            following = run.advance(done)
+            if out is coarse:
+                coarse = following
+            out = following
+            done *= 2
 
 
 class ROGSign(ROG):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -76,12 +77,15 @@ def spec_from_args(args: argparse.Namespace, attack: str) -> AttackRunSpec:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_scenario_arguments(p)
     p.add_argument("--attack", required=True, help="attack name[:key=value,...]")
+    p.add_argument("--doublings", type=run_flag("doublings"), default=0,
+                   help="times the auditor may double an iterative attack's budget while its verdict is "
+                        "undecided (default 0: one run at the attack's own budget)")
     p.add_argument("--out", type=output_dir(), default=None, help="directory for result.json and grid.png")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
 
 
 def run(args: argparse.Namespace) -> int:
-    spec = spec_from_args(args, args.attack)
+    spec = dataclasses.replace(spec_from_args(args, args.attack), doublings=args.doublings)
     if args.json:
         result = run_attack(spec)
     else:
@@ -106,6 +110,13 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {key:10s} {fmt(m.get(key))}")
             elif not headline.startswith("nothing reconstructed"):
                 print(f"  {headline}")
+        if m.get("reid") is not None:
+            n = int(m.get("examples") or len(result.per_image))
+            print(f"  {'reid':10s} {round(m['reid'] * n)} of {n} re-identified among {int(m['gallery']):,} "
+                  f"(chance {100 * m['reid_chance']:.2g}%)")
+        ladder = result.extras.get("ladder") or {}
+        if ladder:
+            print(f"  {'ladder':10s} {ladder.get('decision')} at {int(ladder.get('iterations') or 0):,} iterations")
         print(f"  {'seconds':10s} {result.seconds:.1f}")
         if args.out:
             print(f"  written to {args.out}", file=sys.stderr)

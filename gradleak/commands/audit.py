@@ -20,7 +20,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="attack to run (repeat for several; default: every attack the threat model and "
                         "the architecture allow)")
     p.add_argument("--budget", default="quick", choices=BUDGETS,
-                   help="attack budget preset (options given with --attack override it)")
+                   help="attack budget preset and how often an undecided attack's budget may double "
+                        "(options given with --attack override the preset)")
+    p.add_argument("--seeds", default=None, metavar="S[,S...]",
+                   help="seeds to run, comma separated (default: --seed); a verdict of 'holds' needs two")
+    p.add_argument("--gallery", default=None, metavar="DATASET",
+                   help="more examples of your data's distribution that the client does not train on "
+                        "(a folder of images or a tensor file), to re-identify reconstructions among")
     p.add_argument("--out", type=output_dir(), default="gradleak-audit",
                    help="report directory (index.html, results.db)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
@@ -33,26 +39,34 @@ def run(args: argparse.Namespace) -> int:
     model = args.model
     if args.activation:
         model = f"{model}{',' if ':' in model else ':'}activation={args.activation}"
+    gallery = None
+    if args.gallery:
+        from ..data import load_dataset
+        from ..experiment import dataset_spec
+
+        gallery = load_dataset(dataset_spec(args.gallery, args.split, args.resize))
     result = audit(model, args.dataset, attacks=args.attack or "auto", defenses=args.defense,
                    threat=args.threat, knows=[k.strip() for k in args.knows.split(",") if k.strip()],
                    lr=args.lr, local_steps=args.local_steps, local_epochs=args.local_epochs,
                    local_batch_size=args.local_batch_size, bn_mode=args.bn_mode, batch_size=args.batch_size,
-                   images=args.images, seed=args.seed, budget=args.budget, lpips=args.lpips,
-                   device=args.device, checkpoint=args.checkpoint, split=args.split, resize=args.resize,
-                   progress=not args.json)
+                   images=args.images, seed=_seeds(args.seeds) if args.seeds else args.seed, budget=args.budget,
+                   lpips=args.lpips, device=args.device, checkpoint=args.checkpoint, split=args.split,
+                   resize=args.resize, gallery=gallery, progress=not args.json)
     html = result.write_report(args.out)
     if args.json:
-        print(json.dumps({**result.to_json(), "html": str(html)}))
+        print(json.dumps({**result.to_json(), "verdict": [e["verdict_text"] for e in result.verdicts()],
+                          "html": str(html)}))
         return 0
-    print(f"audit of {result.setting['model']} on {result.setting['dataset']}, batch {args.batch_size}, "
-          f"threat {result.setting['threat']}, defenses: {', '.join(args.defense) or 'none'}")
-    fmt = lambda v: "–" if v is None else f"{v:.3g}"  # noqa: E731
-    print(f"  {'attack':40s} {'MSE':>8s} {'PSNR':>6s} {'SSIM':>6s} {'LPIPS':>6s} {'ASR':>5s} {'s':>6s}")
-    for run_ in sorted(result.runs, key=lambda r: r.metrics.get("mse") or float("inf")):
-        m = run_.metrics
-        print(f"  {run_.spec.attack[:40]:40s} {fmt(m.get('mse')):>8s} {fmt(m.get('psnr')):>6s} "
-              f"{fmt(m.get('ssim')):>6s} {fmt(m.get('lpips')):>6s} {fmt(m.get('asr')):>5s} {run_.seconds:6.1f}")
-    for skip in result.skipped:
-        print(f"  not run: {skip.attack}: {skip.reason}")
+    print(result.summary())
     print(f"report: {html}")
     return 0
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise GradleakError(f"--seeds '{text}': expected seeds, e.g. 0,1") from None
+    if not seeds or min(seeds) < 0 or len(seeds) > 100:
+        raise GradleakError(f"--seeds '{text}': 1 to 100 seeds, each >= 0")
+    return seeds

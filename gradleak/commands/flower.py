@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:  # flwr is in requirements.txt; a bare `pip install gradleak` may lack it
         raise GradleakError(f"gradleak flower needs flwr[simulation] ({exc})") from None
     from ..analysis import leakage_by_round
-    from ..report import write_report
+    from ..report import verdict_in_words, write_report
     from ..store import ResultStore
 
     result = run_app(args.app, out=args.out, num_supernodes=args.num_supernodes,
@@ -75,13 +75,19 @@ def run(args: argparse.Namespace) -> int:
     report = write_report(result.store, result.out)
     with ResultStore(result.store, create=False) as store:
         rows = [{k: v for k, v in r.items() if k != 'key'} for r in leakage_by_round(store.cells())]
+    verdicts = verdict_in_words(report["strongest"])
     if args.json:
         print(json.dumps({"html": report["html"], "seconds": round(result.seconds, 3),
                           "num_supernodes": result.num_supernodes, "audited": len(result.captured),
+                          "verdict": {title: lines for title, lines in verdicts},
                           "by_round": rows}))
         return 0
     print(f"Flower app {result.app_dir.name}: {result.num_supernodes} clients, {len(result.captured)} audited "
           f"updates, {result.seconds:.0f} s")
+    for title, lines in verdicts:
+        print(title)
+        for line in lines:
+            print(f"  {line}")
     for row in rows:
         print(f"  round {row['round']:>3}  client {row['client']:>4}  {row['attack']:32s} "
               f"PSNR {row['psnr']:.1f} dB  SSIM {row['ssim']:.2f}" if row.get("psnr") is not None else

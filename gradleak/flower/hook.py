@@ -63,6 +63,10 @@ class FlowerAudit:
                    `local_epochs`, `local_steps`, `local_batch_size`); the server knows these.
     rounds:        server rounds to audit; clients: how many clients per audited round
                    (by node id), None for all.
+    gallery:       `() -> inputs`: examples of the clients' data distribution that the
+                   audited clients do not train on (e.g. a held-out split); the auditor
+                   re-identifies reconstructions among them. Without one, only exact copies
+                   can show a leak.
     attacks, threat, knows, budget, seed, lpips: as for `gradleak.audit`.
     out:           folder of the results store and the ground-truth exchange; defaults
                    to $GRADLEAK_FLOWER_OUT, else ./gradleak-flower.
@@ -73,6 +77,7 @@ class FlowerAudit:
     training_keys: dict[str, str] = field(default_factory=lambda: {"lr": "lr"})
     rounds: tuple[int, ...] = (1,)
     clients: int | None = 2
+    gallery: Callable[[], torch.Tensor] | None = None
     attacks: Any = "auto"
     threat: str = "honest"
     knows: tuple[str, ...] = ()
@@ -82,6 +87,7 @@ class FlowerAudit:
     out: str | None = None
     # Filled on the server side while the federation runs (not sent to clients).
     captured: list[CapturedUpdate] = field(default_factory=list, repr=False)
+    _gallery: torch.Tensor | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.training_keys if k not in TRAINING_FIELDS]
@@ -166,10 +172,25 @@ class FlowerAudit:
             result = audit_update(model, update, inputs, labels, training=training, attacks=self.attacks,
                                   threat=self.threat, knows=self.knows, seed=self.seed, budget=self.budget,
                                   lpips=self.lpips, model_label=type(model).__name__,
-                                  data_label=f"flower round {server_round}")
+                                  data_label=f"flower round {server_round}", gallery=self.gallery_inputs())
             # Rows keyed by round and client (not the run's random node id): a re-run replaces nothing.
             client = partition if partition is not None else node
             result.save(self.store_path, sweep="flower", labels={"round": server_round, "client": client})
+
+
+    def gallery_inputs(self) -> torch.Tensor | None:
+        """The gallery's examples, read once per run."""
+        if self.gallery is None:
+            return None
+        if self._gallery is None:
+            inputs = self.gallery()
+            if isinstance(inputs, (tuple, list)):
+                inputs = inputs[0]
+            if not isinstance(inputs, torch.Tensor) or inputs.dim() < 2 or len(inputs) == 0:
+                raise GradleakError("FlowerAudit: gallery must return a tensor of examples (N, ...), got "
+                                    f"{type(inputs).__name__}")
+            self._gallery = inputs
+        return self._gallery
 
 
 def _is_train(msg) -> bool:

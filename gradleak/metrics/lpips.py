@@ -220,6 +220,21 @@ class LPIPS(nn.Module):
         x = x * 2 - 1  # [0, 1] -> [-1, 1]
         return (x - self.shift) / self.scale
 
+    def unit_features(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The backbone's tapped features of images in [0, 1], unit-normalised along channels:
+        what `forward` compares, computed once per image for nearest-neighbour searches."""
+        return [f / (f.pow(2).sum(dim=1, keepdim=True).sqrt() + 1e-10)
+                for f in self._features(self._prepare(x, "x"))]
+
+    def feature_distance(self, a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor:
+        """LPIPS between images given by their `unit_features` (batches broadcast: one image
+        against many gives one distance each)."""
+        total = None
+        for fa, fb, lin in zip(a, b, self.lins):
+            d = lin((fa - fb).pow(2)).mean(dim=(1, 2, 3))
+            total = d if total is None else total + d
+        return total
+
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if x.shape != y.shape:
             raise GradleakError(f"LPIPS inputs differ in shape: {tuple(x.shape)} vs {tuple(y.shape)}")

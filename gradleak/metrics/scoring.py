@@ -17,6 +17,10 @@ the mean MSE, not the mean of per-image PSNRs: PSNR is logarithmic, so one exact
 copy at the 100 dB cap would otherwise hide a failed image (a batch of one copy
 and one image at MSE 0.2 averages to 53.5 dB; its mean MSE reads 10 dB). The
 median and the range of the per-image PSNRs come alongside.
+
+Given a gallery of other examples of the same distribution (`reidentify.Gallery`), each
+reconstruction is also asked whether it re-identifies its original among them
+(`gallery_rank` 0); `summarize` reports the rate with its chance level.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from .image import mse, psnr, psnr_from_mse, ssim
+from .reidentify import Gallery, chance_rate, gallery_ranks, reid_distances
 
 ASR_MSE_THRESHOLD = 1e-3
 
@@ -44,9 +49,18 @@ class ImageScore:
     lpips: float | None
     success: bool
     matched: bool = True  # False: the attack returned no reconstruction for this example
+    # gallery examples at least as close to the reconstruction as its original (0: re-identified);
+    # None without a gallery
+    gallery_rank: int | None = None
+    gallery_size: int | None = None
+    reid_chance: float | None = None
+
+    @property
+    def identified(self) -> bool | None:
+        return None if self.gallery_rank is None else self.gallery_rank == 0
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "identified": self.identified}
 
 
 def match_reconstruction(originals: torch.Tensor, candidates: torch.Tensor) -> list[int | None]:
@@ -63,9 +77,11 @@ def match_reconstruction(originals: torch.Tensor, candidates: torch.Tensor) -> l
 def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: torch.Tensor,
                 recovered_labels: torch.Tensor | None, modality: str = "image",
                 lpips: Literal["alex", "vgg", "none"] = "alex",
-                asr_mse: float = ASR_MSE_THRESHOLD) -> tuple[list[ImageScore], torch.Tensor]:
+                asr_mse: float = ASR_MSE_THRESHOLD, gallery: Gallery | None = None
+                ) -> tuple[list[ImageScore], torch.Tensor]:
     """Per-example scores of one attacked batch after Hungarian matching, and the
-    reconstruction reordered to the originals (zeros where nothing matched)."""
+    reconstruction reordered to the originals (zeros where nothing matched); with a
+    `gallery`, whether each reconstruction re-identifies its original among it."""
     originals = originals.detach().float().cpu()
     candidates = reconstruction.detach().float().cpu()
     if candidates.shape[1:] != originals.shape[1:]:
@@ -110,6 +126,14 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
     aligned = torch.zeros_like(originals)
     for i in matched:
         aligned[i] = candidates[assignment[i]]
+    if gallery is not None:
+        distances = reid_distances(modality, tuple(originals.shape[1:]), lpips)
+        ranks = gallery_ranks(originals[matched], aligned[matched], gallery, distances,
+                              lpips if lpips != "none" else "alex")
+        chance = chance_rate(len(gallery), len(distances))
+        for s in scores:
+            s.gallery_size, s.reid_chance = len(gallery), chance
+            s.gallery_rank = ranks[matched.index(s.index)] if s.matched else len(gallery)
     return scores, aligned
 
 
@@ -134,7 +158,9 @@ def summarize(scores: list[ImageScore]) -> dict:
     pulls it down to near its own level). psnr_median, psnr_min, psnr_max: the
     per-image PSNRs' median and range. label_acc: recovered labels as a multiset.
     asr: fraction with MSE at most the ASR threshold. matched: fraction the
-    attack returned a reconstruction for (0: it reconstructed nothing)."""
+    attack returned a reconstruction for (0: it reconstructed nothing). With a gallery:
+    reid, the fraction that re-identify their original; reid_chance, the rate chance gives;
+    gallery, its size. examples: how many examples were scored."""
     def avg(key):
         values = [getattr(s, key) for s in scores if getattr(s, key) is not None]
         return float(mean(values)) if values else None
@@ -155,4 +181,15 @@ def summarize(scores: list[ImageScore]) -> dict:
         "label_acc": (sum(s.recovered_label == s.label for s in labelled) / len(labelled)) if labelled else None,
         "asr": sum(s.success for s in scores) / len(scores) if scores else None,
         "matched": sum(s.matched for s in scores) / len(scores) if scores else None,
+        "examples": len(scores),
+        **_reid_summary(scores),
     }
+
+
+def _reid_summary(scores: list[ImageScore]) -> dict:
+    judged = [s for s in scores if s.gallery_rank is not None]
+    if not judged:
+        return {}
+    return {"reid": sum(bool(s.identified) for s in judged) / len(judged),
+            "reid_chance": max(s.reid_chance or 0.0 for s in judged),
+            "gallery": min(s.gallery_size or 0 for s in judged)}

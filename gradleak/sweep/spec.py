@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import GradleakError, InputFileError
-from ..experiment import AttackRunSpec
+from ..experiment import LADDER_DOUBLINGS, AttackRunSpec
 from ..options import MAX_SWEEP_CELLS, check_device, parse_spec
 from .cells import utility_spec_type
 from .labels import attack_labels, dataset_label, defense_label, is_dataset_path, strength_label
 
-CELL_VERSION = 3  # bump when a cell's result would change for the same spec
+CELL_VERSION = 4  # bump when a cell's result would change for the same spec
 
 _GRID_AXES = {"datasets": "dataset", "models": "model", "batch_sizes": "batch_size",
               "local_steps": "local_steps", "seeds": "seed"}
@@ -128,7 +128,9 @@ class _SweepParser:
         if "grids" not in doc:
             self.fail("grids", "missing (a list of grids)")
         name = str(doc.get("name") or Path(self.source).stem)
-        defaults = self.run_fields(self.mapping(doc.get("defaults") or {}, "defaults"), "defaults")
+        # a sweep's attacks climb the auditor's budget ladder unless the file says otherwise
+        defaults = {"doublings": LADDER_DOUBLINGS,
+                    **self.run_fields(self.mapping(doc.get("defaults") or {}, "defaults"), "defaults")}
         cells: dict[str, Cell] = {}
         for gi, grid in enumerate(self.listing(doc["grids"], "grids")):
             for cell in self.grid(grid, f"grids[{gi}]", defaults):

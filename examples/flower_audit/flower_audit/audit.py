@@ -3,7 +3,7 @@ training examples come from (for scoring only; never sent to the server), and
 which run-config keys tell the server how clients train."""
 from __future__ import annotations
 
-from flower_audit.task import Net, client_data
+from flower_audit.task import Net, client_data, held_out_examples
 from gradleak.flower import FlowerAudit
 
 
@@ -12,5 +12,7 @@ def _ground_truth(context, message):
                        context.run_config)
 
 
-audit = FlowerAudit(model_fn=Net, ground_truth=_ground_truth,
+# The gallery: MNIST test examples, which no client trains on; a reconstruction that picks out
+# its original among them is a re-identification.
+audit = FlowerAudit(model_fn=Net, ground_truth=_ground_truth, gallery=held_out_examples,
                     training_keys={"lr": "lr", "local_epochs": "local-epochs", "local_batch_size": "batch-size"})

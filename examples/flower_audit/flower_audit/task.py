@@ -45,6 +45,11 @@ def client_data(partition_id: int, num_partitions: int, config) -> tuple[torch.T
     return train.inputs[keep], train.labels[keep]
 
 
+def held_out_examples(count: int = 1000) -> torch.Tensor:
+    """MNIST test examples (no client trains on the test split)."""
+    return load_dataset(DatasetSpec("mnist", split="test")).inputs[:count]
+
+
 def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float, epochs: int, batch_size: int) -> float:
     """Plain SGD over mini-batches in order; returns the last batch's loss."""
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
