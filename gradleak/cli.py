@@ -99,6 +99,12 @@ def _dispatch(argv: list[str] | None) -> int:
     except Exception as exc:  # an internal fault, not bad input: still one line unless debugging
         if os.environ.get("GRADLEAK_DEBUG"):
             raise
+        if isinstance(exc, OSError) and exc.filename is not None:
+            # a path no reader looked up first (gradleak.options.path_kind does): bad input, one line
+            name = str(exc.filename)
+            shown = name if len(name) <= 80 else name[:77] + "..."
+            print(f"gradleak: error: cannot use '{shown}': {exc.strerror or exc}", file=sys.stderr)
+            return 2
         print(f"gradleak: internal error: {type(exc).__name__}: {_one_line(exc)[:500]} "
               "(set GRADLEAK_DEBUG=1 for the traceback)", file=sys.stderr)
         return 2

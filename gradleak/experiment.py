@@ -33,6 +33,7 @@ from .options import (
     check_device,
     check_range,
     parse_spec,
+    path_kind,
 )
 from .seeding import stream
 from .threat import Observation, capture_bn_statistics, make_threat_model, observe
@@ -68,7 +69,18 @@ class AttackRunSpec:
     doublings: int = 0
 
     def __post_init__(self):
-        # the command line's bounds, for specs that come from elsewhere (sweep files, the API)
+        # value types, for specs that come from elsewhere (sweep files, the API)
+        for name in ("dataset", "model", "attack", "threat", "bn_mode", "split", "lpips", "device"):
+            if not isinstance(getattr(self, name), str):
+                raise GradleakError(f"{name} must be a text, got {getattr(self, name)!r}")
+        for name in ("activation", "checkpoint"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise GradleakError(f"{name} must be a text, got {getattr(self, name)!r}")
+        for name in ("defenses", "knows"):
+            value = getattr(self, name)
+            if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+                raise GradleakError(f"{name} must be a list of 'name:key=value' texts, got {value!r}")
+        # the command line's bounds
         for name, bounds in RUN_SPEC_BOUNDS.items():
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
@@ -176,7 +188,7 @@ def dataset_spec(text: str, split: str, resize: int | None) -> DatasetSpec:
     loader = dataset_path_form(text)
     if loader is not None:
         path = Path(text.strip()).expanduser()
-        if not path.exists():
+        if path_kind(path, "dataset path") is None:
             raise GradleakError(f"dataset path '{path}' not found")
         return DatasetSpec(loader, split=split, resize=resize, path=str(path))
     spec = parse_spec(text, "dataset")
@@ -223,14 +235,64 @@ def build_named_model(text: str, input_shape, num_classes: int, seed: int = 0,
     return model
 
 
-def run_attack(spec: AttackRunSpec, progress: Callable[[int, int, float], None] | None = None
-               ) -> AttackRunResult:
-    """Run one scenario named by registry names (or user references). Deterministic given `spec.seed`."""
-    data = load_dataset(dataset_spec(spec.dataset, spec.split, spec.resize))
+def scenario_data(spec: AttackRunSpec) -> Dataset:
+    return load_dataset(dataset_spec(spec.dataset, spec.split, spec.resize))
+
+
+def scenario_model(spec: AttackRunSpec, data: Dataset) -> nn.Module:
+    """The attacked model as `run_attack` builds it, with its checkpoint (before pre-training)."""
     model = build_scenario_model(spec, data.input_shape, data.num_classes)
     if spec.checkpoint:
         from .models.checkpoint import load_checkpoint
         load_checkpoint(model, spec.checkpoint)
+    return model
+
+
+def check_scenario(spec: AttackRunSpec, data: Dataset) -> tuple[Attack, Any, Any]:
+    """The checks `run_scenario` makes before anything is computed: the attack, the defense
+    chain and the threat model build, the threat model grants what the attack needs, the
+    attack handles the data, and the data holds enough examples. Returns (attack, chain,
+    threat model)."""
+    attack_spec: ComponentSpec = parse_spec(spec.attack, "attack")
+    attack = make_attack(attack_spec)
+    chain = make_chain([parse_spec(d, "defense") for d in spec.defenses])
+    threat = make_threat_model(spec.threat, spec.knows)
+    threat.check(attack_spec.name, attack.needs())
+    if data.modality not in attack.modalities:
+        raise GradleakError(f"attack '{attack_spec.name}' does not support {data.modality} data")
+    needed = (spec.images or spec.batch_size) + (chain.aggregate_clients - 1) * spec.batch_size
+    if needed > len(data):
+        raise GradleakError(f"dataset '{data.name}' has {len(data)} examples, the scenario needs {needed}")
+    return attack, chain, threat
+
+
+def validate_run_spec(spec: AttackRunSpec, cache: dict) -> None:
+    """Every check `run_attack` makes before it attacks — the dataset reference and its
+    options, the model reference with its options, activation and checkpoint, a train split
+    to pre-train on, and `check_scenario` — without running anything. `cache` holds what
+    was loaded for earlier specs (datasets, built models)."""
+    data_key = ("data", spec.dataset, spec.split, spec.resize)
+    if data_key not in cache:
+        cache[data_key] = scenario_data(spec)
+    data = cache[data_key]
+    model_key = ("model", spec.model, spec.activation, spec.checkpoint, data_key)
+    if model_key not in cache:
+        cache[model_key] = scenario_model(spec, data) is not None
+    if spec.pretrain_steps:
+        train_key = ("data", spec.dataset, "train", spec.resize)
+        if train_key not in cache:
+            cache[train_key] = load_dataset(dataset_spec(spec.dataset, "train", spec.resize))
+        if cache[train_key].samples_only:
+            raise GradleakError(f"dataset '{cache[train_key].name}' ships only sample images; it cannot "
+                                "pre-train a model (use checkpoint, or pre-train on mnist/fashion-mnist)")
+    check_scenario(spec, data)
+
+
+def run_attack(spec: AttackRunSpec, progress: Callable[[int, int, float], None] | None = None
+               ) -> AttackRunResult:
+    """Run one scenario named by registry names (or user references). Deterministic given `spec.seed`."""
+    data = scenario_data(spec)
+    model = scenario_model(spec, data)
     if spec.pretrain_steps:
         model = _pretrained(model, spec)
     return run_scenario(spec, model, data, progress,
@@ -252,21 +314,11 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
     (`climb`) up to `spec.doublings` doublings."""
     start = time.perf_counter()
     device = pick_device(spec.device)
-    attack_spec: ComponentSpec = parse_spec(spec.attack, "attack")
-    attack = make_attack(attack_spec)
-    chain = make_chain([parse_spec(d, "defense") for d in spec.defenses])
-    threat = make_threat_model(spec.threat, spec.knows)
-    threat.check(attack_spec.name, attack.needs())
+    attack, chain, threat = check_scenario(spec, data)
     training = TrainingSpec(lr=spec.lr, local_steps=spec.local_steps, local_epochs=spec.local_epochs,
                             local_batch_size=spec.local_batch_size, batchnorm=spec.bn_mode)
-
-    if data.modality not in attack.modalities:
-        raise GradleakError(f"attack '{attack_spec.name}' does not support {data.modality} data")
     n_images = spec.images or spec.batch_size
     others = chain.aggregate_clients - 1
-    needed = n_images + others * spec.batch_size
-    if needed > len(data):
-        raise GradleakError(f"dataset '{data.name}' has {len(data)} examples, the scenario needs {needed}")
 
     model = chain.transform_model(copy.deepcopy(model))
     warn_if_output_ignores_input(model, data.inputs)
@@ -403,6 +455,10 @@ def climb(attack: Attack, obs: Observation, x: torch.Tensor, y: torch.Tensor, ct
     decision = None
     first = attack.budget()
     for index, rec in enumerate(attack.rungs(obs, ctx)):
+        broken = int((~torch.isfinite(rec.inputs.detach().flatten(1)).all(1)).sum()) if rec.inputs.numel() else 0
+        if broken:
+            rec.extras["not_finite"] = (f"{broken} of {len(rec.inputs)} reconstruction(s) held NaN or infinite "
+                                        "values: scored as not reconstructed")
         scores, aligned = score_batch(x, y, rec.inputs, rec.labels, obs.modality, lpips, gallery=gallery)
         chance = scores[0].reid_chance if scores else None
         budget = first * 2 ** index if first else None

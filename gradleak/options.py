@@ -330,6 +330,26 @@ def device_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def path_kind(path: Any, what: str) -> str | None:
+    """What a user's input path names — "file", "dir" or "other" — or None when nothing is
+    there. A path the file system cannot even look up (a name longer than it allows, a loop
+    of links, a folder it may not enter, a NUL byte) is one line naming `what`, not an OSError."""
+    import os
+    import stat
+
+    from .errors import InputFileError
+
+    shown = str(path) if len(str(path)) <= 80 else str(path)[:77] + "..."
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise InputFileError(f"{what} '{shown}' cannot be used: {reason}") from None
+    return "file" if stat.S_ISREG(mode) else "dir" if stat.S_ISDIR(mode) else "other"
+
+
 # Output paths are checked when they are parsed, before any work starts.
 MAX_PATH_CHARS, MAX_NAME_CHARS = 4096, 255
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .errors import StoreError
+from .options import path_kind
 
 # "GLK1": lets us tell our file from any other SQLite database.
 APPLICATION_ID = 0x474C4B31
@@ -73,9 +74,10 @@ class ResultStore:
 
     def __init__(self, path: str | Path, create: bool = True):
         self.path = Path(path)
-        if not create and not self.path.exists():
+        kind = path_kind(self.path, "store")
+        if not create and kind is None:
             raise StoreError(f"store '{self.path}' does not exist")
-        if self.path.is_dir():
+        if kind == "dir":
             raise StoreError(f"store '{self.path}' is a directory, expected a database file")
         if create:
             self.path.parent.mkdir(parents=True, exist_ok=True)

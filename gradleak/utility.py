@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -144,16 +144,17 @@ def evaluate(model: nn.Module, data: Dataset, batch: int = 2000) -> tuple[float,
     return loss / len(data), correct / len(data)
 
 
-def run_utility(spec: UtilitySpec, progress: Callable[[int, int, dict], None] | None = None) -> UtilityResult:
-    """Train FedAvg under the spec's defenses; deterministic given `spec.seed`."""
+def utility_setup(spec: UtilitySpec, load: Callable[[Any], Dataset] | None = None):
+    """What a utility run builds before it trains — (defense chain, training, train split,
+    test split, model) — and so every check it makes before any work (`gradleak sweep` runs
+    it on each utility spec before the first cell, with `load` reusing loaded datasets)."""
     from .data import load_dataset
 
-    start = time.perf_counter()
-    torch.manual_seed(spec.seed)  # for any module drawing from the global RNG
+    load = load or load_dataset
     chain = make_chain([parse_spec(d, "defense") for d in spec.defenses])
     training = spec.training()
-    train = load_dataset(dataset_spec(spec.dataset, "train", None))
-    test = load_dataset(dataset_spec(spec.dataset, "test", None))
+    train = load(dataset_spec(spec.dataset, "train", None))
+    test = load(dataset_spec(spec.dataset, "test", None))
     if train.samples_only or len(train) < spec.clients:
         raise GradleakError(f"dataset '{train.name}' is too small for {spec.clients} FedAvg clients")
     model_spec = parse_spec(spec.model, "model")
@@ -161,7 +162,14 @@ def run_utility(spec: UtilitySpec, progress: Callable[[int, int, dict], None] | 
     activation = options.pop("activation", None)
     model = build_model(ModelSpec(model_spec.name, train.input_shape, train.num_classes, activation=activation,
                                   seed=spec.seed, options=options))
-    model = chain.transform_model(model)
+    return chain, training, train, test, chain.transform_model(model)
+
+
+def run_utility(spec: UtilitySpec, progress: Callable[[int, int, dict], None] | None = None) -> UtilityResult:
+    """Train FedAvg under the spec's defenses; deterministic given `spec.seed`."""
+    start = time.perf_counter()
+    torch.manual_seed(spec.seed)  # for any module drawing from the global RNG
+    chain, training, train, test, model = utility_setup(spec)
     model.train()
 
     shards = dirichlet_partition(train.labels, spec.clients, spec.dirichlet, spec.seed)

@@ -296,6 +296,18 @@ def make_files(root: Path) -> None:
         text = ok_sweep.replace("    attacks:", f"    {field}\n    attacks:") if field.startswith(("batch", "seeds")) \
             else ok_sweep.replace("{lpips: none}", f"{{lpips: none, {field}}}")
         (sweeps / f"number_{name}.yaml").write_text(text)
+    # one bad value in a second, last grid: refused before the first grid's cells run
+    last_grid = f"  - datasets: [{root / 'tab.npz'}]\n    models: [mlp:hidden=8]\n    attacks: [dlg:iterations=1]\n"
+    for name, field in (("model_negative", "    models: ['mlp:hidden=-4']"),
+                        ("model_text", "    models: ['mlp:hidden=x']"),
+                        ("dataset_resize", "    datasets: ['mnist:resize=99999']"),
+                        ("checkpoint", "    defaults: {checkpoint: absent.safetensors}"),
+                        ("activation", "    defaults: {activation: swishy}"),
+                        ("defenses_type", "    defaults: {defenses: 5}"), ("knows_type", "    defaults: {knows: 7}"),
+                        ("too_few", "    batch_sizes: [9]"), ("threat", "    attacks: [{name: rtf, threat: honest}]")):
+        (sweeps / f"last_{name}.yaml").write_text(ok_sweep + last_grid + field + "\n")
+    (sweeps / "last_utility_model.yaml").write_text(
+        ok_sweep + "utility: {options: {model: 'mlp:activation=swishy', rounds: 1}}\n")
     # a grid of 10^6 cells is refused before any cell is built
     (sweeps / "grid_huge.yaml").write_text(ok_sweep.replace(
         "    attacks:", f"    seeds: {list(range(1000))}\n    batch_sizes: {list(range(1, 101))}\n"
@@ -592,7 +604,10 @@ def _file_cases() -> list[Case]:
                  "python_tag.yaml", "anchors.yaml", "dir.yaml", "binary.yaml", "absent.yaml", "utf16.yaml",
                  "device_mps.yaml", "device_number.yaml", "device_cuda99.yaml", "device_list.yaml",
                  "device_injected.yaml", "number_lr_nan.yaml", "number_lr_huge.yaml", "number_steps_huge.yaml",
-                 "number_batch_huge.yaml", "number_seed_huge.yaml", "number_lr_text.yaml", "grid_huge.yaml"):
+                 "number_batch_huge.yaml", "number_seed_huge.yaml", "number_lr_text.yaml", "grid_huge.yaml",
+                 "last_model_negative.yaml", "last_model_text.yaml", "last_dataset_resize.yaml", "last_checkpoint.yaml",
+                 "last_activation.yaml", "last_defenses_type.yaml", "last_knows_type.yaml", "last_too_few.yaml",
+                 "last_threat.yaml", "last_utility_model.yaml"):
         expected = "device" if name.startswith("device_") else None
         cases.append(Case(f"sweep-{name}", ("sweep", f"{{F}}/sweeps/{name}", "--store", "{O}/s.db", "--json",
                                             "--workers", "1"), expected))
@@ -628,6 +643,18 @@ def _path_cases() -> list[Case]:
                                                                out if label != "file" else "{F}", "--steps", "1")))
         cases.append(Case(f"out-sweep-store-{label}", ("sweep", "{F}/sweeps/ok.yaml", "--json", "--workers", "1",
                                                         "--store", out if label != "file" else "{F}"), "store"))
+    # input paths the file system cannot look up: one line naming what they were for
+    for label, path in (("long-name", f"{{O}}/{long_name}"), ("long-path", "{O}/" + "/".join(["abcdefgh"] * 600))):
+        for case_id, argv, what in (
+                ("checkpoint", BASE_ATTACK + ["--checkpoint", path + ".pt"], "checkpoint"),
+                ("dataset", _replace(BASE_ATTACK, "--dataset", path + ".npz"), "dataset"),
+                ("dataset-spec", _replace(BASE_ATTACK, "--dataset", f"tensors:path={path}.npz"), "dataset"),
+                ("image-folder", _replace(BASE_IMAGE_ATTACK, "--dataset", f"image-folder:path={path}"), "dataset"),
+                ("model", _replace(BASE_ATTACK, "--model", path + ".py:Net"), "model"),
+                ("sweep", ["sweep", path + ".yaml", "--store", "{O}/s.db"], "sweep"),
+                ("store", ["report", "--store", path + ".db", "--out", "{O}/r"], "store"),
+                ("flower", ["flower", path, "--out", "{O}/f"], "flower")):
+            cases.append(Case(f"in-{case_id}-{label}", tuple(argv), what))
     return cases
 
 

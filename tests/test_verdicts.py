@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradleak.experiment import AttackRunSpec, Rung, rung_decision, run_attack
+from gradleak.experiment import AttackRunSpec, Rung, run_attack, rung_decision
 
 
 def test_a_readable_reconstruction_is_graded_identifies():

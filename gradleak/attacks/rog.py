@@ -207,13 +207,19 @@ class ROGSign(ROG):
         return image, {}
 
 
+# A channel whose values span less than this is flat: there is no contrast to stretch, and
+# skimage's 256-bin histogram cannot even be built on it (a flat start moved by one step).
+FLAT_RANGE = 1e-6
+
+
 def equalize_histogram(images: torch.Tensor) -> torch.Tensor:
-    """Per image and channel, skimage's global histogram equalisation."""
+    """Per image and channel, skimage's global histogram equalisation (flat channels kept)."""
     from skimage.exposure import equalize_hist
 
     out = torch.empty_like(images)
     for i in range(images.shape[0]):
         for c in range(images.shape[1]):
             channel = images[i, c].numpy()
-            out[i, c] = torch.from_numpy(equalize_hist(channel) if channel.max() > channel.min() else channel)
+            flat = not float(channel.max() - channel.min()) > FLAT_RANGE  # NaN counts as flat
+            out[i, c] = torch.from_numpy(channel if flat else equalize_hist(channel))
     return out

@@ -116,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
                   f"(chance {100 * m['reid_chance']:.2g}%)")
         ladder = result.extras.get("ladder") or {}
         if ladder:
-            print(f"  {'ladder':10s} {ladder.get('decision')} at {int(ladder.get('iterations') or 0):,} iterations")
+            iterations = int(ladder.get("iterations") or 0)
+            at = f" at {iterations:,} iterations" if iterations else ""
+            print(f"  {'ladder':10s} {ladder.get('decision')}{at}")
         print(f"  {'seconds':10s} {result.seconds:.1f}")
         if args.out:
             print(f"  written to {args.out}", file=sys.stderr)
@@ -133,7 +135,9 @@ def psnr_line(metrics: dict, n_images: int, extras: dict | None = None) -> str:
     if reconstructed == 0:
         reason = next((str(text) for text in extras.get("message") or [] if text), "")
         _, marker, detail = reason.partition("nothing reconstructed:")
-        detail = detail.strip() if marker else f"the attack returned no image for any of the {n_images} examples"
+        broken = next((str(text) for text in extras.get("not_finite") or [] if text), "")
+        detail = detail.strip() if marker else broken or \
+            f"the attack returned no image for any of the {n_images} examples"
         return f"nothing reconstructed: {detail}; no PSNR (the other metrics score all-zero images)"
     psnr = metrics.get("psnr")
     if psnr is None:

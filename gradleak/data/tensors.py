@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..errors import GradleakError, ResourceLimitError
-from ..options import MAX_CLASSES
+from ..options import MAX_CLASSES, path_kind
 from .base import Dataset, DatasetSpec
 
 INPUT_KEYS = ("inputs", "x", "images", "data")
@@ -101,7 +101,7 @@ def load_tensor_file(spec: DatasetSpec) -> Dataset:
     if not spec.path:
         raise GradleakError("dataset 'tensors' needs :path=FILE (.npz, .safetensors or .pt)")
     path = Path(spec.path).expanduser()
-    if not path.is_file():
+    if path_kind(path, "dataset file") != "file":
         raise GradleakError(f"dataset file '{path}' not found")
     suffix = path.suffix.lower()
     if suffix == ".npz":

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..errors import GradleakError, InputFileError, ResourceLimitError
+from ..options import path_kind
 from .base import Dataset, DatasetSpec
 from .sources import check_split, safe_unpickle
 
@@ -27,7 +28,7 @@ def user_folder(spec: DatasetSpec) -> Path:
     if not spec.path:
         raise GradleakError(f"dataset '{spec.name}' needs :path=DIR")
     root = Path(spec.path).expanduser()
-    if not root.is_dir():
+    if path_kind(root, f"dataset '{spec.name}' path") != "dir":
         raise GradleakError(f"dataset '{spec.name}': path {root} is not a folder")
     return root
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import GradleakError
 from ..fl import TrainingSpec
+from ..options import path_kind
 from .hook import OUT_ENV, CapturedUpdate, FlowerAudit
 
 
@@ -46,7 +47,7 @@ def read_app(app_dir: str | Path) -> dict:
 
     root = Path(app_dir).expanduser()
     project = root / "pyproject.toml"
-    if not project.is_file():
+    if path_kind(project, "Flower app") != "file":
         raise GradleakError(f"Flower app '{root}': no pyproject.toml (is it a Flower app folder?)")
     try:
         doc = tomllib.loads(project.read_text())

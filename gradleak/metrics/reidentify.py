@@ -9,7 +9,7 @@ examples of the same distribution, none of them in the attacked batch, and it
 than every gallery example.
 
 Two perceptual distances judge images: SSIM (as 1 − SSIM), and LPIPS (Zhang et al., CVPR
-2018) for images with 1 or 3 channels unless LPIPS is switched off; the reconstruction
+2018) for images with 1 or 3 channels of at least 16 px a side unless LPIPS is switched off; the reconstruction
 identifies its original when the original is its nearest neighbour under either. Neither
 alone is enough: on MNIST, LPIPS (computed on the 64 px upsampled digit) misses blurred
 digits that are plainly readable (0 of 40 at a 5 × 5 box blur, where SSIM finds 22), and
@@ -28,6 +28,9 @@ from typing import Literal
 import torch
 
 Distance = Literal["lpips", "ssim", "l2"]
+# LPIPS judges images of at least this side, not much longer than wide (it upsamples the
+# short side to 64 px: an 8 px digit or a 1 × 2000 strip would be judged on interpolation).
+LPIPS_MIN_SIDE = 16
 # Comparisons are made this many gallery examples at a time (bounds the memory of the
 # LPIPS feature differences: ~60 MB for 28 px images upsampled to 64 px).
 CHUNK = 256
@@ -56,7 +59,8 @@ def reid_distances(modality: str, input_shape: tuple[int, ...], lpips: str) -> t
     """The distances re-identification uses for this data (module docstring)."""
     if modality != "image":
         return ("l2",)
-    if lpips != "none" and len(input_shape) == 3 and input_shape[0] in (1, 3):
+    if lpips != "none" and len(input_shape) == 3 and input_shape[0] in (1, 3) and \
+            LPIPS_MIN_SIDE <= min(input_shape[1:]) and max(input_shape[1:]) <= 4 * min(input_shape[1:]):
         return ("ssim", "lpips")
     return ("ssim",)
 

@@ -90,6 +90,10 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
     image = modality == "image"
     if image:
         candidates = candidates.clamp(0, 1)
+    # A reconstruction with NaN or infinite values (an attack that divided by a zeroed update,
+    # say) reconstructs nothing: it is left out of the matching, and its example is scored
+    # as unreconstructed.
+    candidates = candidates[torch.isfinite(candidates.flatten(1)).all(1)]
     assignment = match_reconstruction(originals, candidates) if len(candidates) else [None] * len(originals)
     matched = [i for i, c in enumerate(assignment) if c is not None]
     x = originals[matched]

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..errors import GradleakError
+from ..options import path_kind
 
 
 def _is_safetensors(path: Path) -> bool:
@@ -68,7 +69,7 @@ def _read(path: Path) -> dict[str, torch.Tensor]:
 def load_checkpoint(model: nn.Module, path: str | Path) -> nn.Module:
     """Load weights into `model` in place (and return it); the keys and shapes must match exactly."""
     path = Path(path)
-    if not path.is_file():
+    if path_kind(path, "checkpoint") != "file":
         raise GradleakError(f"checkpoint '{path}' not found")
     state = _read(path)
     expected = model.state_dict()

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import GradleakError
+from ..options import path_kind
 
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -122,7 +123,7 @@ def _import_file(source: str):
     path = Path(source).expanduser()
     if path.suffix != ".py":
         raise GradleakError(f"model file '{path}' is not a .py file")
-    if not path.is_file():
+    if path_kind(path, "model file") != "file":
         raise GradleakError(f"model file '{path}' not found")
     resolved = path.resolve()
     # One module name per file, so two files called model.py do not collide.

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import GradleakError
+from ..options import path_kind
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent.parent / "assets" / "rog_unet.safetensors"
 
@@ -69,7 +70,7 @@ def _load_cached(path: str) -> EnhancementUNet:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    if not Path(path).is_file():
+    if path_kind(path, "postprocessor weights") != "file":
         raise GradleakError(f"postprocessor weights '{path}' not found; run `gradleak train-postprocessor`")
     try:
         state = load_file(path)

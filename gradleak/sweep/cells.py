@@ -36,26 +36,36 @@ def execute_cell(kind: str, spec: dict, progress: Callable[[int, int, float], No
     return result
 
 
-def _execute_attack(spec: dict, progress) -> dict:
-    from ..experiment import result_record, run_attack
-
+def attack_run_spec(spec: dict) -> AttackRunSpec:
+    """A cell's stored (JSON-shaped) attack spec as the AttackRunSpec it was made from."""
     fields = dict(spec)
-    fields["defenses"] = tuple(fields["defenses"])
-    fields["knows"] = tuple(fields["knows"])
-    return result_record(run_attack(AttackRunSpec(**fields), progress))
+    for key in ("defenses", "knows"):
+        fields[key] = tuple(fields.get(key) or ())
+    return AttackRunSpec(**fields)
 
 
-def _execute_utility(spec: dict) -> dict:
-    from .. import utility
-
+def utility_run_spec(spec: dict):
+    """A cell's stored utility spec as the utility module's spec dataclass."""
     spec_type = utility_spec_type()
     fields = {}
     for f in dataclasses.fields(spec_type):
         if f.name in spec:
             value = spec[f.name]
             fields[f.name] = tuple(value) if isinstance(value, list) else value
+    return spec_type(**fields)
+
+
+def _execute_attack(spec: dict, progress) -> dict:
+    from ..experiment import result_record, run_attack
+
+    return result_record(run_attack(attack_run_spec(spec), progress))
+
+
+def _execute_utility(spec: dict) -> dict:
+    from .. import utility
+
     start = time.perf_counter()
-    result = utility.run_utility(spec_type(**fields))
+    result = utility.run_utility(utility_run_spec(spec))
     seconds = time.perf_counter() - start
     if hasattr(result, "to_json"):
         data = result.to_json()

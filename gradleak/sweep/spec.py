@@ -5,13 +5,13 @@ import dataclasses
 import hashlib
 import itertools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import GradleakError, InputFileError
 from ..experiment import LADDER_DOUBLINGS, AttackRunSpec
-from ..options import MAX_SWEEP_CELLS, check_device, parse_spec
-from .cells import utility_spec_type
+from ..options import MAX_SWEEP_CELLS, check_device, parse_spec, path_kind
+from .cells import attack_run_spec, utility_run_spec, utility_spec_type
 from .labels import attack_labels, dataset_label, defense_label, is_dataset_path, strength_label
 
 CELL_VERSION = 4  # bump when a cell's result would change for the same spec
@@ -30,6 +30,7 @@ class Cell:
     spec: dict  # AttackRunSpec.to_dict() or the utility spec's fields
     labels: dict  # dataset, model, batch_size, local_steps, seed, defense, strength, attack, ...
     key: str = ""
+    origin: str = field(default="", compare=False)  # where the sweep file asked for it: "grids[1]", "utility"
 
     def __post_init__(self):
         if not self.key:
@@ -59,9 +60,10 @@ def cell_key(kind: str, spec: dict) -> str:
 def load_sweep(path: str | Path) -> Sweep:
     """Read and validate a sweep file: UTF-8 text without NUL bytes, valid YAML, a valid grid."""
     path = Path(path)
-    if not path.exists():
+    kind = path_kind(path, "sweep spec")
+    if kind is None:
         raise InputFileError(f"sweep spec '{path}' not found")
-    if not path.is_file():
+    if kind != "file":
         raise InputFileError(f"sweep spec '{path}' is not a file")
     try:
         data = path.read_bytes()
@@ -138,13 +140,51 @@ class _SweepParser:
         if "utility" in doc and doc["utility"] is not None:
             for cell in self.utility(doc["utility"], list(cells.values())):
                 cells.setdefault(cell.key, cell)
+        self.validate(list(cells.values()))
         return Sweep(name, list(cells.values()), self.source)
+
+    def validate(self, cells: list[Cell]) -> None:
+        """Every check a cell's run makes before it computes anything, for every cell, before the
+        first one runs (`experiment.validate_run_spec`, `utility.utility_setup`): a typo in the
+        last grid is one line now, not a failed cell hours later. Checks that do not depend on
+        the seed run once."""
+        from ..data import load_dataset
+
+        cache: dict = {}
+
+        def load(spec):
+            key = ("data", spec)
+            if key not in cache:
+                cache[key] = load_dataset(spec)
+            return cache[key]
+
+        done: set[str] = set()
+        for cell in cells:
+            seedless = json.dumps({k: v for k, v in cell.spec.items() if k != "seed"}, sort_keys=True,
+                                  default=list)
+            if cell.kind + seedless in done:
+                continue
+            done.add(cell.kind + seedless)
+            try:
+                if cell.kind == "attack":
+                    from ..experiment import validate_run_spec
+
+                    validate_run_spec(attack_run_spec(cell.spec), cache)
+                else:
+                    from ..utility import utility_setup
+
+                    utility_setup(utility_run_spec(cell.spec), load)
+            except GradleakError as exc:
+                what = cell.labels.get("attack_spec") or "utility run"
+                self.fail(cell.origin, f"{what} on {cell.labels.get('dataset')}/{cell.labels.get('model')}: {exc}")
 
     def run_fields(self, values: dict, where: str) -> dict:
         names = {f.name for f in dataclasses.fields(AttackRunSpec)}
         for key in values:
             if key not in names:
                 self.fail(f"{where}.{key}", f"not an AttackRunSpec field; valid: {', '.join(sorted(names))}")
+        if "attack" in values:
+            self.fail(f"{where}.attack", "attacks are listed in each grid's `attacks`")
         if "device" in values:
             # the form only: cells may run on other machines (Ray); `gradleak sweep` checks
             # that a local run's device exists before it starts
@@ -175,7 +215,9 @@ class _SweepParser:
         if "attacks" not in grid:
             self.fail(f"{where}.attacks", "missing")
         attacks = self.attacks(grid["attacks"], f"{where}.attacks")
-        defenses = self.defense_chains(grid.get("defenses", ["none"]), f"{where}.defenses")
+        # a grid without defenses takes the defaults' chains (none when they name none)
+        defenses = self.defense_chains(grid["defenses"], f"{where}.defenses") if "defenses" in grid else \
+            self.defense_chains(base.get("defenses", ["none"]), f"{where}.defaults.defenses")
         size = len(defenses) * len(attacks)
         for values in axes.values():
             size *= len(values)
@@ -192,7 +234,7 @@ class _SweepParser:
                 for attack, overrides in attacks:
                     spec = self.build_spec({**fields, **overrides, "attack": attack, "defenses": tuple(chain)},
                                            where)
-                    cells.append(Cell("attack", _canonical(spec.to_dict()), attack_labels(spec)))
+                    cells.append(Cell("attack", _canonical(spec.to_dict()), attack_labels(spec), origin=where))
         return cells
 
     def axis_value(self, fieldname: str, value, where: str) -> None:
@@ -324,7 +366,7 @@ class _SweepParser:
                           "trained_model": spec_dict.get("model", model),
                           "defense": defense_label(defenses), "strength": strength_label(defenses),
                           "defenses": list(defenses), "seed": seed}
-                out.append(Cell("utility", spec_dict, labels))
+                out.append(Cell("utility", spec_dict, labels, origin="utility"))
         return out
 
 
@@ -353,3 +395,4 @@ def _fmt(value) -> str:
 def _canonical(value):
     """JSON-shaped copy (tuples → lists) so the hash is stable across processes."""
     return json.loads(json.dumps(value, default=list))
+
