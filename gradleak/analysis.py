@@ -197,7 +197,7 @@ def strongest_attacks(cells: list[CellRecord]) -> list[dict]:
         entry["seeds"] = min(m["seeds"] for m in members)
         entry.update(_grade(members))
         entry["failed"] = failures.get(key, 0)
-        entry["verdict"], entry["verdict_text"] = verdict(entry, members)
+        entry["verdict"], entry["verdict_text"] = verdict(entry)
         entry.update(_utility_loss(entry, utilities, metric))
         out.append(entry)
     _mark_frontier(out)
@@ -239,7 +239,7 @@ def _grade(members: list[dict]) -> dict:
     interval); with no grade, the attack whose re-identification rate is highest."""
     def strength(m: dict):
         copy_rate = (m.get("copies") or 0) / (m.get("examples") or 1)
-        return (GRADES.index(m["grade"]) * -1 if m.get("grade") else -len(GRADES), copy_rate,
+        return (-GRADES.index(m["grade"]) if m.get("grade") else -len(GRADES), copy_rate,
                 m.get("reid_low") or 0.0, (m.get("identified") or 0) / (m.get("identified_of") or 1))
 
     best = max(members, key=strength)
@@ -273,7 +273,7 @@ def _budget_text(entry: dict) -> str:
     return f"{low:,} iterations" if low == high else f"{low:,}–{high:,} iterations"
 
 
-def verdict(entry: dict, members: list[dict] | None = None) -> tuple[str, str]:
+def verdict(entry: dict) -> tuple[str, str]:
     """('leaks' | 'holds' | 'not shown (why)', the verdict in one sentence) for one setting."""
     grade, attack = entry.get("grade"), entry.get("grade_attack")
     if grade == "copies":
@@ -328,8 +328,8 @@ def answer(entries: list[dict]) -> list[dict]:
         else:
             least = min(members, key=_leakiness)
             out.append({**scenario, "holds": False, "setting": least, "text": (
-                f"none of the {len(members)} tested settings holds; the least leaky is {setting_name(least)} "
-                f"({least['verdict_text']}){_loss_text(least)}")})
+                f"none of the {len(members)} tested settings is shown to hold; the least leaky is "
+                f"{setting_name(least)} ({least['verdict_text']}){_loss_text(least)}")})
     return out
 
 

@@ -267,8 +267,7 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
 
 
 def _seeds(seed: int | Sequence[int]) -> list[int]:
-    values = [seed] if isinstance(seed, int) and not isinstance(seed, bool) else list(seed) \
-        if isinstance(seed, (list, tuple)) else None
+    values = list(seed) if isinstance(seed, (list, tuple)) else [seed]
     if not values or any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
         raise GradleakError(f"seed must be an integer >= 0 or a list of them, got {seed!r}")
     return list(dict.fromkeys(values))

@@ -20,7 +20,7 @@ from torch import nn
 
 from .attacks import Attack, AttackContext, Reconstruction, make_attack
 from .data import Dataset, DatasetSpec, load_dataset
-from .defenses import make_chain
+from .defenses import DefenseChain, make_chain
 from .errors import GradleakError
 from .fl import TrainingSpec, aggregate_updates, compute_update
 from .fl.training import check_bn_mode
@@ -36,7 +36,7 @@ from .options import (
     path_kind,
 )
 from .seeding import stream
-from .threat import Observation, capture_bn_statistics, make_threat_model, observe
+from .threat import Observation, ThreatModel, capture_bn_statistics, make_threat_model, observe
 
 
 @dataclass(frozen=True)
@@ -248,7 +248,7 @@ def scenario_model(spec: AttackRunSpec, data: Dataset) -> nn.Module:
     return model
 
 
-def check_scenario(spec: AttackRunSpec, data: Dataset) -> tuple[Attack, Any, Any]:
+def check_scenario(spec: AttackRunSpec, data: Dataset) -> tuple[Attack, DefenseChain, ThreatModel]:
     """The checks `run_scenario` makes before anything is computed: the attack, the defense
     chain and the threat model build, the threat model grants what the attack needs, the
     attack handles the data, and the data holds enough examples. Returns (attack, chain,
@@ -277,7 +277,8 @@ def validate_run_spec(spec: AttackRunSpec, cache: dict) -> None:
     data = cache[data_key]
     model_key = ("model", spec.model, spec.activation, spec.checkpoint, data_key)
     if model_key not in cache:
-        cache[model_key] = scenario_model(spec, data) is not None
+        scenario_model(spec, data)  # builds it: its options, activation and checkpoint are checked
+        cache[model_key] = True
     if spec.pretrain_steps:
         train_key = ("data", spec.dataset, "train", spec.resize)
         if train_key not in cache:

@@ -53,3 +53,13 @@ def test_images_one_pixel_tall_are_scored(tmp_path):
     assert math.isfinite(result.metrics["ssim"]) and result.metrics["psnr"] > 30  # analytic: an exact copy
     assert result.metrics["gallery"] == 11  # every example not attacked; SSIM only (LPIPS needs 16 px a side)
     assert result.metrics["reid_chance"] == 1 / 12
+
+
+def test_an_unknown_flag_is_named_once(capsys):
+    from gradleak.cli import main
+
+    code = main(["attack", "--dataset", "mnist", "--model", "lenet", "--attack", "dlg", "--bogus"])
+    assert code == 2
+    assert capsys.readouterr().err == "gradleak: error: unrecognized arguments: --bogus\n"
+    assert main(["--bogus"]) == 2
+    assert capsys.readouterr().err.startswith("gradleak: error: the following arguments are required")

@@ -373,8 +373,8 @@ def test_the_answer_names_the_cheapest_setting_that_holds_or_the_least_leaky():
     leaky = [e for e in entries if e["strength"] == "sigma=0.01"]
     (none_holds,) = answer(leaky)
     assert not none_holds["holds"]
-    assert none_holds["text"].startswith("none of the 1 tested settings holds; the least leaky is noise sigma=0.01 "
-                                         "(leaks: 6 of 8 examples re-identified by ig")
+    assert none_holds["text"].startswith("none of the 1 tested settings is shown to hold; the least leaky is "
+                                         "noise sigma=0.01 (leaks: 6 of 8 examples re-identified by ig")
 
 
 def _untrained_store_cells(baseline_accuracy: float, num_classes: int | None):
@@ -446,6 +446,24 @@ def test_matrix_picks_each_attacks_best_seed_and_says_why_a_cell_is_empty(tmp_pa
     assert "PSNR 20 dB · SSIM 0.5" in matrix_html and "best of 2 seeds (seed 1)" in matrix_html
     assert "not run: needs labels" in matrix_html and "failed: RuntimeError: out of memory" in matrix_html
     assert "not in the sweep" in matrix_html  # noise × cpl: never in the grid
+    assert "defense \\ attack" in matrix_html  # 2 settings, 2 attacks: settings as rows
+
+
+def test_matrix_puts_attacks_in_rows_when_they_outnumber_the_settings(tmp_path):
+    """An audit runs a dozen attacks on one setting: the matrix grows down the page, not sideways."""
+    from gradleak.report import write_report
+    from gradleak.store import ResultStore
+
+    with ResultStore(tmp_path / "s.db") as store:
+        for attack in ("cpl", "dlg", "ig", "rog"):
+            cell = _attack_cell(attack=attack, defense="none", strength="")
+            cell.grid_png = _png()
+            store.add_cell(cell)
+    write_report(tmp_path / "s.db", tmp_path / "r")
+    page = (tmp_path / "r" / "index.html").read_text()
+    matrix_html = page[page.index("id='matrix'"):page.index("Strongest attack per defense")]
+    assert "attack \\ defense" in matrix_html and matrix_html.count("<tr>") == 5  # a header and one row each
+    assert "re-identified 0 of 4" in matrix_html
 
 
 def _png() -> bytes:

@@ -345,12 +345,6 @@ class EngineRun:
         engine._priors = [p for p in engine.priors if p.weight]
         engine._layer_inputs = {}
         self.groups: list[_Group] = []
-        self.segments = 0
-
-    @property
-    def finished(self) -> bool:
-        """Every group met the stop rule or diverged: more iterations would change nothing."""
-        return bool(self.groups) and all(g.converged or g.diverged for g in self.groups)
 
     def advance(self, iterations: int) -> Outcome:
         """Optimise every restart `iterations` more steps; the result so far."""
@@ -359,14 +353,12 @@ class EngineRun:
         engine._layer_inputs = {m: [] for m in watched}
         handles = [m.register_forward_hook(_recorder(engine._layer_inputs[m])) for m in watched]
         try:
-            if not self.groups:
-                if engine.joint:
-                    group = [engine.candidates(r) for r in range(engine.restarts)]
-                    self.groups = [_Group(group, list(group))]
-                else:
-                    self.groups = []
-            per_restart = iterations * (1 if engine.joint else engine.restarts)
-            total = per_restart * (self.segments + 1) if self.segments else per_restart
+            if not self.groups and engine.joint:
+                group = [engine.candidates(r) for r in range(engine.restarts)]
+                self.groups = [_Group(group, list(group))]
+            # the progress bar's total: every restart's iterations so far and in this segment
+            done = max((g.steps for g in self.groups), default=0)
+            total = (done + iterations) * (1 if engine.joint else engine.restarts)
             if engine.joint:
                 self._segment(self.groups[0], iterations, total)
             else:
@@ -375,7 +367,6 @@ class EngineRun:
                         candidate = engine.candidates(restart)
                         self.groups.append(_Group([candidate], [candidate], first_iteration=restart * iterations))
                     self._segment(self.groups[restart], iterations, total)
-            self.segments += 1
             members = [c for g in self.groups for c in g.active] if engine.joint \
                 else [g.members[0] for g in self.groups]
             traces = [self.groups[0].trace] * len(members) if engine.joint else [g.trace for g in self.groups]
