@@ -267,10 +267,10 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
 
 
 def _seeds(seed: int | Sequence[int]) -> list[int]:
-    values = list(seed) if isinstance(seed, (list, tuple)) else [seed]
+    values: list = list(seed) if isinstance(seed, (list, tuple)) else [seed]
     if not values or any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
         raise GradleakError(f"seed must be an integer >= 0 or a list of them, got {seed!r}")
-    return list(dict.fromkeys(values))
+    return [int(v) for v in dict.fromkeys(values)]
 
 
 def _gallery_inputs(gallery: Any, like: Dataset) -> torch.Tensor:

@@ -8,6 +8,7 @@ import html
 import json
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 from .analysis import (
@@ -42,6 +43,7 @@ img.thumb{image-rendering:pixelated;max-width:200px;max-height:110px;border:1px 
 margin:0 auto 2px}
 td.empty{color:#999;font-style:italic;max-width:200px} .warn{color:#a60}
 details{margin:.4em 0} summary{cursor:pointer;font-weight:600}
+ul.answer li{font-weight:600;margin:.3em 0} div.scroll{overflow-x:auto;max-width:100%}
 """
 
 # Counts loaded and broken images and script errors into the title, so a headless
@@ -76,7 +78,8 @@ def _table(rows: list[dict], columns: list[tuple[str, str]], row_class=None) -> 
         cells = "".join(f"<td class='l'>{html.escape(_fmt(r.get(k)))}</td>" if isinstance(r.get(k), str)
                         else f"<td>{html.escape(_fmt(r.get(k)))}</td>" for k, _ in columns)
         body.append(f"<tr{cls}>{cells}</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+    # a wide table scrolls inside its own box; the page keeps its width
+    return f"<div class='scroll'><table><tr>{head}</tr>{''.join(body)}</table></div>"
 
 
 STRONGEST_COLUMNS = [("dataset", "dataset"), ("model", "model"), ("batch_size", "batch"),
@@ -113,41 +116,56 @@ def _scenario_words(e: dict) -> str:
             f"{e.get('local_steps')} local step(s)")
 
 
-def verdict_in_words(entries: list[dict]) -> list[tuple[str, list[str]]]:
-    """Per threat model: first the answer (the cheapest setting that holds, or the least
-    leaky) per scenario, then one sentence per defense setting, then what stays undecided."""
+@dataclass
+class VerdictSection:
+    """The verdict of one threat model in words: the answer per scenario first, then one
+    sentence per defense setting, then notes (what stays undecided, unknown utility costs,
+    the re-identification gallery)."""
+
+    title: str
+    answers: list[str]
+    settings: list[str]
+    notes: list[str]
+
+
+def verdict_sections(entries: list[dict]) -> list[VerdictSection]:
     out = []
     answers = answer(entries)
     for threat, members in _by_threat(entries).items():
-        lines = [f"{_scenario_words(a)}: {a['text']}." for a in answers if str(a["threat"]) == threat]
-        for e in members:
-            lines.append(f"{setting_name(e)} ({_scenario_words(e)}): {e['verdict_text']}.")
+        section = VerdictSection(_threat_title(threat),
+                                 [f"{_scenario_words(a)}: {a['text']}." for a in answers if str(a["threat"]) == threat],
+                                 [f"{setting_name(e)} ({_scenario_words(e)}): {e['verdict_text']}." for e in members],
+                                 [])
         hidden = [e for e in members if str(e.get("verdict", "")).startswith("not shown")]
         if hidden:
-            lines.append(f"Undecided: {len(hidden)} of {len(members)} settings (reasons above).")
+            section.notes.append(f"Undecided: {len(hidden)} of {len(members)} settings (reasons above).")
         notes = sorted({f"{e.get('dataset')}/{e.get('model')}: {e['utility_note']}" for e in members
                         if e.get("utility_note")})
         if notes:
-            lines.append("Utility cost unknown — " + "; ".join(notes) + ": no defense's cost is measured, "
-                         "so none is shown to be free.")
+            section.notes.append("Utility cost unknown — " + "; ".join(notes) + ": no defense's cost is measured, "
+                                 "so none is shown to be free.")
         galleries = sorted({str(e["gallery_note"]) for e in members if e.get("gallery_note")})
         if galleries:
-            lines.append("Re-identified among: " + "; ".join(galleries) + ".")
-        out.append((_threat_title(threat), lines))
+            section.notes.append("Re-identified among: " + "; ".join(galleries) + ".")
+        out.append(section)
     return out
 
 
-def _cost(entry: dict) -> str:
-    if entry.get("utility_loss") is not None:
-        return f", utility loss {_fmt(entry['utility_loss'], 3)}"
-    return ", utility cost unknown (utility model did not train)" if entry.get("utility_note") else ""
+def verdict_in_words(entries: list[dict]) -> list[tuple[str, list[str]]]:
+    """Per threat model, its verdict as lines: the answers, the settings' sentences, the notes."""
+    return [(s.title, s.answers + s.settings + s.notes) for s in verdict_sections(entries)]
 
 
-def _with_words(entry: dict) -> dict:
+def _with_words(entry: dict, full: bool = False) -> dict:
+    """The entry with its re-identification and budget in words; `full` adds the rate's 95%
+    interval and the gallery it was measured among (the report's table)."""
     reid = None
     if entry.get("identified") is not None:
-        reid = (f"{entry['identified']} of {entry['identified_of']} (chance "
-                f"{100 * (entry.get('reid_chance') or 0):.2g}%)")
+        chance = f"chance {100 * (entry.get('reid_chance') or 0):.2g}%"
+        if full and entry.get("reid_low") is not None:
+            chance = (f"95% interval {100 * entry['reid_low']:.3g}–{100 * entry['reid_high']:.3g}%, {chance}"
+                      + (f"; among {entry['gallery_note']}" if entry.get("gallery_note") else ""))
+        reid = f"{entry['identified']} of {entry['identified_of']} ({chance})"
     low, high = entry.get("budget_min"), entry.get("budget_max")
     budget = None if not high else (f"{low:,}" if low == high else f"{low:,}–{high:,}")
     return {**entry, "reid_text": reid, "budget_text": budget}
@@ -403,9 +421,12 @@ def write_report(store_path: str | Path, out: str | Path) -> dict:
                  "<a href='utility.csv'>utility.csv</a>, <a href='results.json'>results.json</a>.</p>"]
 
         parts.append("<h2 id='verdict'>Verdict</h2>")
-        for title, lines in verdict_in_words(entries):
-            parts.append(f"<h3>{html.escape(title)}</h3><ul>"
-                         + "".join(f"<li>{html.escape(line)}</li>" for line in lines) + "</ul>")
+        for section in verdict_sections(entries):
+            parts.append(f"<h3>{html.escape(section.title)}</h3><ul class='answer'>"
+                         + "".join(f"<li>{html.escape(line)}</li>" for line in section.answers) + "</ul>"
+                         + "<p class='note'>Each defense setting:</p><ul>"
+                         + "".join(f"<li>{html.escape(line)}</li>" for line in section.settings) + "</ul>"
+                         + "".join(f"<p class='note'>{html.escape(line)}</p>" for line in section.notes))
 
         matrices = best_reconstructions(cells)
         if matrices:
@@ -431,7 +452,7 @@ def write_report(store_path: str | Path, out: str | Path) -> dict:
                      "frontier.</p>")
         for threat, members in _by_threat(entries).items():
             parts.append(f"<h3>{html.escape(_threat_title(threat))}</h3>")
-            parts.append(_table([_with_words(e) for e in members], STRONGEST_COLUMNS,
+            parts.append(_table([_with_words(e, full=True) for e in members], STRONGEST_COLUMNS,
                                 lambda e: "frontier" if e.get("frontier") else ""))
 
         parts.append("<h2>Utility–privacy trade-off</h2><p class='note'>Per defense and strength: utility "
