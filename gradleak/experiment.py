@@ -53,6 +53,7 @@ class AttackRunSpec:
     local_epochs: int | None = None
     local_batch_size: int | None = None
     bn_mode: str = "train"  # batch norm during local training: "train" (batch statistics) or "eval"
+    optimizer: str = "sgd"  # the client's optimizer, `name[:k=v,...]` (gradleak.fl.training.OPTIMIZERS)
     lr: float = 0.1
     seed: int = 0
     threat: str = "honest"
@@ -70,7 +71,7 @@ class AttackRunSpec:
 
     def __post_init__(self):
         # value types, for specs that come from elsewhere (sweep files, the API)
-        for name in ("dataset", "model", "attack", "threat", "bn_mode", "split", "lpips", "device"):
+        for name in ("dataset", "model", "attack", "threat", "bn_mode", "optimizer", "split", "lpips", "device"):
             if not isinstance(getattr(self, name), str):
                 raise GradleakError(f"{name} must be a text, got {getattr(self, name)!r}")
         for name in ("activation", "checkpoint"):
@@ -91,6 +92,12 @@ class AttackRunSpec:
         if self.split not in ("train", "test"):
             raise GradleakError(f"--split must be train or test, got '{self.split}'")
         check_bn_mode(self.bn_mode)
+        self.training()  # the optimizer's name and options, checked once here
+
+    def training(self) -> TrainingSpec:
+        """The client's local training this spec declares."""
+        return TrainingSpec(lr=self.lr, local_steps=self.local_steps, local_epochs=self.local_epochs,
+                            local_batch_size=self.local_batch_size, batchnorm=self.bn_mode, optimizer=self.optimizer)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -316,8 +323,7 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
     start = time.perf_counter()
     device = pick_device(spec.device)
     attack, chain, threat = check_scenario(spec, data)
-    training = TrainingSpec(lr=spec.lr, local_steps=spec.local_steps, local_epochs=spec.local_epochs,
-                            local_batch_size=spec.local_batch_size, batchnorm=spec.bn_mode)
+    training = spec.training()
     n_images = spec.images or spec.batch_size
     others = chain.aggregate_clients - 1
 

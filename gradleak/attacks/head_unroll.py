@@ -41,9 +41,11 @@ def _low_rank_linear(module: nn.Module) -> bool:
 
 
 def low_rank_head_applies(obs: Observation) -> bool:
-    """A Sequential model whose last module is a trainable linear head with no buffers."""
+    """A Sequential model whose last module is a trainable linear head with no buffers, trained
+    by plain SGD (the low-rank replay sums lr × gradient steps)."""
     model = obs.model
-    return isinstance(model, nn.Sequential) and len(model) >= 2 and _low_rank_linear(model[-1])
+    plain = obs.update.kind == "gradient" or not obs.knows("local_training") or obs.training.plain_sgd
+    return plain and isinstance(model, nn.Sequential) and len(model) >= 2 and _low_rank_linear(model[-1])
 
 
 class LowRankHeadSimulator(UpdateSimulator):

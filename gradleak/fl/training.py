@@ -1,13 +1,63 @@
 """How a client trains locally (the FL setting an attack is run under)."""
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
+from ..errors import GradleakError
 from ..options import check
 
 BN_MODES = ("train", "eval")  # batch norm in local training: batch or running statistics
+
+
+@dataclass(frozen=True)
+class SGDOptions:
+    """`torch.optim.SGD`'s options (the learning rate is the training's `lr`)."""
+
+    momentum: float = field(default=0.0, metadata={"range": (0.0, 1.0)})
+    dampening: float = field(default=0.0, metadata={"range": (0.0, 1.0)})
+    nesterov: bool = False
+    weight_decay: float = field(default=0.0, metadata={"range": (0.0, 1.0)})
+
+    def __post_init__(self) -> None:
+        check(not self.nesterov or (self.momentum > 0 and self.dampening == 0),
+              "optimizer 'sgd': nesterov needs momentum > 0 and dampening 0 (as torch.optim.SGD)")
+
+
+@dataclass(frozen=True)
+class AdamOptions:
+    """`torch.optim.Adam`'s / `AdamW`'s options (the learning rate is the training's `lr`)."""
+
+    beta1: float = field(default=0.9, metadata={"range": (0.0, 0.999999)})
+    beta2: float = field(default=0.999, metadata={"range": (0.0, 0.999999)})
+    eps: float = field(default=1e-8, metadata={"range": (1e-30, 1.0)})
+    weight_decay: float = field(default=0.0, metadata={"range": (0.0, 1.0)})
+
+
+# The client optimizers gradleak replays, with torch.optim's semantics step for step
+# (fl.local.optimizer_step; tests/test_client_optimizers.py checks them against torch.optim).
+OPTIMIZERS: dict[str, type] = {"sgd": SGDOptions, "adam": AdamOptions, "adamw": AdamOptions}
+# AdamW's default weight decay, as torch.optim.AdamW's
+ADAMW_WEIGHT_DECAY = 0.01
+
+
+def parse_optimizer(text: str) -> tuple[str, SGDOptions | AdamOptions]:
+    """`sgd`, `sgd:momentum=0.9,weight_decay=5e-4`, `adam`, `adamw:weight_decay=0.05`, ... →
+    (name, options); one line naming the supported optimizers otherwise."""
+    from ..options import build_options, parse_spec
+
+    if not isinstance(text, str):
+        raise GradleakError(f"optimizer must be a text such as 'sgd:momentum=0.9', got {text!r}")
+    spec = parse_spec(text, "optimizer")
+    if spec.name not in OPTIMIZERS:
+        raise GradleakError(f"unknown optimizer '{spec.name}'; gradleak replays: {', '.join(OPTIMIZERS)} "
+                            "(with torch.optim's options)")
+    raw = dict(spec.options)
+    if spec.name == "adamw":
+        raw.setdefault("weight_decay", ADAMW_WEIGHT_DECAY)
+    return spec.name, build_options(OPTIMIZERS[spec.name], raw, f"optimizer '{spec.name}'")
 
 
 def check_bn_mode(mode: str) -> None:
@@ -20,10 +70,15 @@ class TrainingSpec:
     """Local training of one client.
 
     local_steps = 1 with no epochs is FedSGD: the client sends one gradient.
-    Otherwise FedAvg: `local_steps` SGD steps (or `local_epochs` passes) over
+    Otherwise FedAvg: `local_steps` optimizer steps (or `local_epochs` passes) over
     mini-batches of `local_batch_size` taken in a fixed cyclic order, and the
     client sends the weight delta. The fixed order is what lets a server that
     knows the local hyper-parameters replay training exactly.
+
+    `optimizer` is the client's optimizer as `name[:k=v,...]` (`OPTIMIZERS`): plain SGD
+    by default, or SGD with momentum, dampening, Nesterov and weight decay, Adam or AdamW,
+    with torch.optim's semantics. A client with any other than plain SGD sends its weight
+    delta even after one step (a FedSGD client sends the raw gradient, before any optimizer).
 
     `batchnorm` is how batch-norm layers normalise during local training:
     "train" uses each batch's own statistics (PyTorch's training mode), "eval"
@@ -36,8 +91,10 @@ class TrainingSpec:
     local_epochs: int | None = None
     local_batch_size: int | None = None  # None: the whole client batch every step
     batchnorm: Literal["train", "eval"] = "train"
+    optimizer: str = "sgd"
 
     def __post_init__(self) -> None:
+        parse_optimizer(self.optimizer)  # one line naming the supported optimizers, if not one
         check(self.lr > 0 and math.isfinite(self.lr), f"--lr must be a positive number, got {self.lr}")
         check(self.local_steps >= 1, f"--local-steps must be >= 1, got {self.local_steps}")
         check(self.local_epochs is None or self.local_epochs >= 1,
@@ -46,9 +103,23 @@ class TrainingSpec:
               f"--local-batch-size must be >= 1, got {self.local_batch_size}")
         check_bn_mode(self.batchnorm)
 
+    @functools.cached_property
+    def optimizer_name(self) -> str:
+        return parse_optimizer(self.optimizer)[0]
+
+    @functools.cached_property
+    def optimizer_options(self) -> SGDOptions | AdamOptions:
+        return parse_optimizer(self.optimizer)[1]
+
+    @property
+    def plain_sgd(self) -> bool:
+        """The client steps by lr × gradient: no momentum, no weight decay, no Adam."""
+        return self.optimizer_name == "sgd" and self.optimizer_options == SGDOptions()
+
     @property
     def is_fedsgd(self) -> bool:
-        return self.local_steps == 1 and self.local_epochs is None and self.local_batch_size is None
+        return (self.local_steps == 1 and self.local_epochs is None and self.local_batch_size is None
+                and self.plain_sgd)
 
     def step_batch_size(self, samples: int) -> int:
         return min(self.local_batch_size or samples, samples)

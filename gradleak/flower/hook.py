@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 OUT_ENV = "GRADLEAK_FLOWER_OUT"
 DEFAULT_OUT = "gradleak-flower"
 # TrainingSpec fields the server may learn from the run config.
-TRAINING_FIELDS = ("lr", "local_steps", "local_epochs", "local_batch_size")
+TRAINING_FIELDS = ("lr", "local_steps", "local_epochs", "local_batch_size", "optimizer")
 
 
 @dataclass
@@ -60,7 +60,8 @@ class FlowerAudit:
     ground_truth:  `(context, message) -> (inputs, labels)`: the examples this client
                    trains on in this round, in training order (the app's own data code).
     training_keys: gradleak training field → the app's run-config key (`lr`,
-                   `local_epochs`, `local_steps`, `local_batch_size`); the server knows these.
+                   `local_epochs`, `local_steps`, `local_batch_size`, `optimizer` as
+                   `name[:k=v,...]`, e.g. "sgd:momentum=0.9"); the server knows these.
     rounds:        server rounds to audit; clients: how many clients per audited round
                    (by node id), None for all.
     gallery:       `() -> inputs`: examples of the clients' data distribution that the
@@ -138,7 +139,8 @@ class FlowerAudit:
             if key not in run_config:
                 raise GradleakError(f"FlowerAudit: the run config has no '{key}' (for {name}); "
                                     f"keys: {', '.join(sorted(run_config))}")
-            values[name] = float(run_config[key]) if name == "lr" else int(run_config[key])
+            value = run_config[key]
+            values[name] = float(value) if name == "lr" else str(value) if name == "optimizer" else int(value)
         return TrainingSpec(**values)
 
     def audit_round(self, server_round: int, sent: dict[str, torch.Tensor], replies: list,
