@@ -192,7 +192,7 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
           threat: str = "honest", knows: Iterable[str] = (),
           training: TrainingSpec | None = None, lr: float = 0.1, local_steps: int = 1,
           local_epochs: int | None = None, local_batch_size: int | None = None,
-          bn_mode: Literal["train", "eval"] = "train", optimizer: str = "sgd",
+          bn_mode: Literal["train", "eval"] = "train", optimizer: str = "sgd", shuffle_seed: int | None = None,
           batch_size: int = 1, images: int | None = None, seed: int | Sequence[int] = 0, budget: str = "quick",
           lpips: str = "alex", device: str = "auto", checkpoint: str | None = None,
           split: str = "test", resize: int | None = None, gallery: Any = None,
@@ -212,7 +212,8 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
     training: the client's local training (FedSGD when one step on the whole
              batch); alternatively `lr`, `local_steps`, `local_epochs`,
              `local_batch_size`, `bn_mode`, `optimizer` (`"sgd:momentum=0.9,weight_decay=5e-4"`,
-             `"adam"`, `"adamw"`: replayed with torch.optim's semantics).
+             `"adam"`, `"adamw"`: replayed with torch.optim's semantics), `shuffle_seed`
+             (the client's shuffling DataLoader generator seed, known to the server).
     seed:    one seed or several (a verdict of `holds` needs two or more).
     budget:  `quick`, `standard` or `thorough`: each attack's first budget, and how many
              times (2, 3, 4) the auditor may double it while its verdict is undecided.
@@ -223,7 +224,8 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
     """
     start = time.perf_counter()
     training = training or TrainingSpec(lr=lr, local_steps=local_steps, local_epochs=local_epochs,
-                                        local_batch_size=local_batch_size, batchnorm=bn_mode, optimizer=optimizer)
+                                        local_batch_size=local_batch_size, batchnorm=bn_mode, optimizer=optimizer,
+                                        shuffle_seed=shuffle_seed)
     _check_budget(budget)
     seeds = _seeds(seed)
     threat_model = make_threat_model(threat, tuple(knows))
@@ -245,7 +247,8 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
         base = AttackRunSpec(dataset=data_label, model=model_label, attack="ig", batch_size=batch_size,
                              defenses=defense_texts, images=images, local_steps=training.local_steps,
                              local_epochs=training.local_epochs, local_batch_size=training.local_batch_size,
-                             bn_mode=training.batchnorm, optimizer=training.optimizer, lr=training.lr,
+                             bn_mode=training.batchnorm, optimizer=training.optimizer,
+                             shuffle_seed=training.shuffle_seed, lr=training.lr,
                              seed=run_seed, threat=threat,
                              knows=tuple(knows), lpips=lpips, device=device, doublings=BUDGET_DOUBLINGS[budget])
         judge = _gallery_maker(data, dataset, split, resize, extra_gallery)
@@ -348,7 +351,8 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
         spec = AttackRunSpec(dataset=data_label, model=label, attack=text, batch_size=len(data),
                              defenses=tuple(defenses), local_steps=training.local_steps,
                              local_epochs=training.local_epochs, local_batch_size=training.local_batch_size,
-                             bn_mode=training.batchnorm, optimizer=training.optimizer, lr=training.lr,
+                             bn_mode=training.batchnorm, optimizer=training.optimizer,
+                             shuffle_seed=training.shuffle_seed, lr=training.lr,
                              seed=seed, threat=threat,
                              knows=tuple(knows), lpips=lpips, device=device, doublings=BUDGET_DOUBLINGS[budget])
         try:

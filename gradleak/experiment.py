@@ -54,6 +54,7 @@ class AttackRunSpec:
     local_batch_size: int | None = None
     bn_mode: str = "train"  # batch norm during local training: "train" (batch statistics) or "eval"
     optimizer: str = "sgd"  # the client's optimizer, `name[:k=v,...]` (gradleak.fl.training.OPTIMIZERS)
+    shuffle_seed: int | None = None  # the client's shuffling DataLoader seed, known to the server (TrainingSpec)
     lr: float = 0.1
     seed: int = 0
     threat: str = "honest"
@@ -97,7 +98,8 @@ class AttackRunSpec:
     def training(self) -> TrainingSpec:
         """The client's local training this spec declares."""
         return TrainingSpec(lr=self.lr, local_steps=self.local_steps, local_epochs=self.local_epochs,
-                            local_batch_size=self.local_batch_size, batchnorm=self.bn_mode, optimizer=self.optimizer)
+                            local_batch_size=self.local_batch_size, batchnorm=self.bn_mode, optimizer=self.optimizer,
+                            shuffle_seed=self.shuffle_seed)
 
     def to_dict(self) -> dict:
         return asdict(self)

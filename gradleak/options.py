@@ -276,7 +276,7 @@ RUN_SPEC_BOUNDS: dict[str, tuple[float, float]] = {
     "batch_size": (1, MAX_BATCH), "images": (1, MAX_IMAGES), "local_steps": (1, MAX_ITERATIONS),
     "local_epochs": (1, MAX_LOCAL_EPOCHS), "local_batch_size": (1, MAX_BATCH), "lr": (0.0, MAX_LR),
     "seed": (0, MAX_SEED), "pretrain_steps": (0, MAX_ITERATIONS), "resize": (MIN_IMAGE_SIDE, MAX_IMAGE_SIDE),
-    "doublings": (0, MAX_DOUBLINGS),
+    "doublings": (0, MAX_DOUBLINGS), "shuffle_seed": (0, MAX_SEED),
 }
 MAX_CLASSES = 100_000                  # classes a user's labels may imply
 

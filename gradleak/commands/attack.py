@@ -33,6 +33,9 @@ def add_training_arguments(p: argparse.ArgumentParser, local_steps_default: int 
                    default=local_batch_default)
     add_bn_mode_argument(p)
     p.add_argument("--lr", type=run_flag("lr", float), default=lr_default, help="client learning rate")
+    p.add_argument("--shuffle-seed", type=run_flag("shuffle_seed"), default=None, metavar="SEED",
+                   help="the client shuffles its mini-batches as DataLoader(shuffle=True) with a generator "
+                        "seeded SEED, which the server knows (default: mini-batches in order)")
     p.add_argument("--optimizer", default="sgd", metavar="NAME[:key=value,...]",
                    help="the client's optimizer, replayed as torch.optim runs it: sgd (momentum, dampening, "
                         "nesterov, weight_decay), adam or adamw (beta1, beta2, eps, weight_decay); default plain sgd")
@@ -71,7 +74,7 @@ def spec_from_args(args: argparse.Namespace, attack: str) -> AttackRunSpec:
         dataset=args.dataset, model=args.model, attack=attack, batch_size=args.batch_size,
         defenses=tuple(args.defense), images=args.images, local_steps=args.local_steps,
         local_epochs=args.local_epochs, local_batch_size=args.local_batch_size, bn_mode=args.bn_mode, lr=args.lr,
-        optimizer=args.optimizer,
+        optimizer=args.optimizer, shuffle_seed=args.shuffle_seed,
         seed=args.seed, threat=args.threat,
         knows=tuple(k.strip() for k in args.knows.split(",") if k.strip()),
         activation=args.activation, pretrain_steps=args.pretrain_steps, checkpoint=args.checkpoint,

@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
                    threat=args.threat, knows=[k.strip() for k in args.knows.split(",") if k.strip()],
                    lr=args.lr, local_steps=args.local_steps, local_epochs=args.local_epochs,
                    local_batch_size=args.local_batch_size, bn_mode=args.bn_mode, optimizer=args.optimizer,
+                   shuffle_seed=args.shuffle_seed,
                    batch_size=args.batch_size,
                    images=args.images, seed=_seeds(args.seeds) if args.seeds else args.seed, budget=args.budget,
                    lpips=args.lpips, device=args.device, checkpoint=args.checkpoint, split=args.split,

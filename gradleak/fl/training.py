@@ -37,7 +37,7 @@ class AdamOptions:
 
 
 # The client optimizers gradleak replays, with torch.optim's semantics step for step
-# (fl.local.optimizer_step; tests/test_client_optimizers.py checks them against torch.optim).
+# (fl.local.optimizer_step; tests/test_client_training.py checks them against torch.optim).
 OPTIMIZERS: dict[str, type] = {"sgd": SGDOptions, "adam": AdamOptions, "adamw": AdamOptions}
 # AdamW's default weight decay, as torch.optim.AdamW's
 ADAMW_WEIGHT_DECAY = 0.01
@@ -75,6 +75,11 @@ class TrainingSpec:
     client sends the weight delta. The fixed order is what lets a server that
     knows the local hyper-parameters replay training exactly.
 
+    `shuffle_seed`: the client draws its mini-batches as `DataLoader(..., batch_size=
+    local_batch_size, shuffle=True, generator=torch.Generator().manual_seed(shuffle_seed))`
+    does, epoch after epoch (a fresh order each epoch, the last mini-batch shorter), and the
+    server, knowing the seed, replays the same order.
+
     `optimizer` is the client's optimizer as `name[:k=v,...]` (`OPTIMIZERS`): plain SGD
     by default, or SGD with momentum, dampening, Nesterov and weight decay, Adam or AdamW,
     with torch.optim's semantics. A client with any other than plain SGD sends its weight
@@ -92,6 +97,9 @@ class TrainingSpec:
     local_batch_size: int | None = None  # None: the whole client batch every step
     batchnorm: Literal["train", "eval"] = "train"
     optimizer: str = "sgd"
+    # the seed of the client's shuffling DataLoader (its generator, known to the server): None,
+    # mini-batches in a fixed cyclic order
+    shuffle_seed: int | None = None
 
     def __post_init__(self) -> None:
         parse_optimizer(self.optimizer)  # one line naming the supported optimizers, if not one
@@ -102,6 +110,8 @@ class TrainingSpec:
         check(self.local_batch_size is None or self.local_batch_size >= 1,
               f"--local-batch-size must be >= 1, got {self.local_batch_size}")
         check_bn_mode(self.batchnorm)
+        check(self.shuffle_seed is None or self.shuffle_seed >= 0,
+              f"--shuffle-seed must be >= 0, got {self.shuffle_seed}")
 
     @functools.cached_property
     def optimizer_name(self) -> str:
@@ -130,6 +140,22 @@ class TrainingSpec:
         return self.local_steps
 
     def step_indices(self, samples: int) -> list[tuple[int, ...]]:
-        """Example indices of every local step, cycling through the data in order."""
+        """Example indices of every local step: cycling through the data in order, or, with a
+        `shuffle_seed`, in the order a seeded shuffling DataLoader gives."""
         b = self.step_batch_size(samples)
-        return [tuple((s * b + j) % samples for j in range(b)) for s in range(self.num_steps(samples))]
+        steps = self.num_steps(samples)
+        if self.shuffle_seed is None:
+            return [tuple((s * b + j) % samples for j in range(b)) for s in range(steps)]
+        import torch
+
+        generator = torch.Generator().manual_seed(self.shuffle_seed)
+        out: list[tuple[int, ...]] = []
+        while len(out) < steps:
+            # what one pass of DataLoader(shuffle=True, generator=generator) draws: its
+            # iterator's base seed, the sampler's permutation, and the permutation the sampler
+            # draws for the remainder once the epoch is exhausted
+            torch.empty((), dtype=torch.int64).random_(generator=generator)
+            order = torch.randperm(samples, generator=generator).tolist()
+            torch.randperm(samples, generator=generator)
+            out += [tuple(order[i:i + b]) for i in range(0, samples, b)]
+        return out[:steps]

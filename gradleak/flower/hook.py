@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 OUT_ENV = "GRADLEAK_FLOWER_OUT"
 DEFAULT_OUT = "gradleak-flower"
 # TrainingSpec fields the server may learn from the run config.
-TRAINING_FIELDS = ("lr", "local_steps", "local_epochs", "local_batch_size", "optimizer")
+TRAINING_FIELDS = ("lr", "local_steps", "local_epochs", "local_batch_size", "optimizer", "shuffle_seed")
 
 
 @dataclass
@@ -61,7 +61,8 @@ class FlowerAudit:
                    trains on in this round, in training order (the app's own data code).
     training_keys: gradleak training field → the app's run-config key (`lr`,
                    `local_epochs`, `local_steps`, `local_batch_size`, `optimizer` as
-                   `name[:k=v,...]`, e.g. "sgd:momentum=0.9"); the server knows these.
+                   `name[:k=v,...]`, e.g. "sgd:momentum=0.9", `shuffle_seed`: the seed of the
+                   clients' shuffling DataLoader generator); the server knows these.
     rounds:        server rounds to audit; clients: how many clients per audited round
                    (by node id), None for all.
     gallery:       `() -> inputs`: examples of the clients' data distribution that the

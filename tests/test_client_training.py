@@ -1,6 +1,7 @@
-"""The client's optimizer, replayed exactly: gradleak's functional SGD (momentum, dampening,
-Nesterov, weight decay), Adam and AdamW against torch.optim step for step, and an attack
-that replays the declared optimizer against one that assumes plain SGD."""
+"""The client's training, replayed exactly: gradleak's functional SGD (momentum, dampening,
+Nesterov, weight decay), Adam and AdamW against torch.optim step for step, a shuffling
+DataLoader's mini-batches, and an attack that replays the declared optimizer against one
+that assumes plain SGD."""
 from __future__ import annotations
 
 import copy
@@ -97,3 +98,46 @@ def test_an_attack_that_replays_the_clients_momentum_recovers_what_plain_sgd_rep
     for seed in (0, 1):
         assert attack(seed, client) > 35
     assert attack(0, dataclasses.replace(client, optimizer="sgd")) < 10
+
+
+def test_a_shuffling_dataloader_client_is_replayed_batch_for_batch(mnist_test):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    # 10 examples in mini-batches of 4: a fresh order every epoch and a last batch of 2
+    x, y = mnist_test.inputs[:10], mnist_test.labels[:10]
+    model = build_model(ModelSpec("lenet", (1, 28, 28), 10, seed=0))
+    training = TrainingSpec(lr=0.1, local_epochs=3, local_batch_size=4, shuffle_seed=11,
+                            optimizer="sgd:momentum=0.9,weight_decay=5e-4")
+    update = compute_update(model, x, y, training)
+    assert update.steps == 9
+    twin = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    loader = DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(11))
+    for _ in range(3):
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            F.cross_entropy(twin(xb), yb).backward()
+            optimizer.step()
+    with torch.no_grad():
+        worst = max(float((update.tensors[n] - (p - q)).abs().max())
+                    for (n, p), q in zip(model.named_parameters(), twin.parameters()))
+    assert worst < 1e-5  # measured 1.4e-6
+
+
+def test_the_server_replays_the_known_order_and_only_the_known_order(mnist_test):
+    from gradleak.attacks.head_unroll import make_simulator
+    from gradleak.threat import make_threat_model, observe
+
+    x, y = mnist_test.inputs[:4], mnist_test.labels[:4]
+    model = build_model(ModelSpec("lenet", (1, 28, 28), 10, seed=0))
+    client = TrainingSpec(lr=0.1, local_epochs=2, local_batch_size=2, shuffle_seed=3)
+    update = compute_update(model, x, y, client)
+
+    def mismatch(declared: TrainingSpec) -> float:
+        obs = observe(update, model, make_threat_model("honest"), input_shape=(1, 28, 28), num_classes=10,
+                      training=declared, batch_size=4, labels=y, defenses=[])
+        simulated = make_simulator(obs)(x, y)  # the low-rank head replay on this Sequential LeNet
+        return max(float((simulated[n].detach() - update.tensors[n]).abs().max()) for n in update.tensors)
+
+    assert mismatch(client) < 1e-6  # the true batch, replayed in the client's order, is what it sent
+    assert mismatch(dataclasses.replace(client, shuffle_seed=None)) > 1e-3  # in order, it is not
