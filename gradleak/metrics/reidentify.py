@@ -9,8 +9,9 @@ examples of the same distribution, none of them in the attacked batch, and it
 than every gallery example.
 
 Two perceptual distances judge images: SSIM (as 1 − SSIM), and LPIPS (Zhang et al., CVPR
-2018) for images with 1 or 3 channels of at least 16 px a side unless LPIPS is switched off; the reconstruction
-identifies its original when the original is its nearest neighbour under either. Neither
+2018) for images with 1 or 3 channels of at least 16 px a side unless LPIPS is switched
+off; the reconstruction identifies its original when the original is its nearest
+neighbour under either. Neither
 alone is enough: on MNIST, LPIPS (computed on the 64 px upsampled digit) misses blurred
 digits that are plainly readable (0 of 40 at a 5 × 5 box blur, where SSIM finds 22), and
 SSIM misses some heavily blurred faces that LPIPS finds (LFW, 7 × 7 blur: 6 vs 8 of 10).
