@@ -266,11 +266,18 @@ def _count_text(k: int, n: int) -> str:
     return f"{k} of {n} example{'s' if n != 1 else ''}"
 
 
-def _budget_text(entry: dict) -> str:
+def budget_range(entry: dict) -> str | None:
+    """The iterations a setting's ladders ended at, "400" or "40–800"; None when every attack
+    was analytic."""
     low, high = entry.get("budget_min"), entry.get("budget_max")
     if not high:
-        return "analytic"
-    return f"{low:,} iterations" if low == high else f"{low:,}–{high:,} iterations"
+        return None
+    return f"{low:,}" if low == high else f"{low:,}–{high:,}"
+
+
+def _budget_text(entry: dict) -> str:
+    spent = budget_range(entry)
+    return f"{spent} iterations" if spent else "analytic"
 
 
 def verdict(entry: dict) -> tuple[str, str]:
@@ -281,7 +288,7 @@ def verdict(entry: dict) -> tuple[str, str]:
                          f"(MSE ≤ 1e-3) by {attack}")
     if grade == "identifies":
         return "leaks", (f"leaks: {_count_text(entry['identified'], entry['identified_of'])} re-identified "
-                         f"by {attack}; chance {_pct(entry['reid_chance'])}")
+                         f"by {attack}; chance {percent(entry['reid_chance'])}")
     against = ", ".join(entry.get("attack_specs") or [])
     if entry.get("failed"):
         return "not shown (attack failed)", f"not shown: {entry['failed']} attack cell(s) failed"
@@ -296,14 +303,15 @@ def verdict(entry: dict) -> tuple[str, str]:
     if entry.get("identified_any", 0) > (entry.get("reid_chance") or 0):
         return ("not shown (re-identification above chance, not significant)",
                 f"not shown: {_count_text(entry['identified'], entry['identified_of'])} re-identified by "
-                f"{attack}, above chance ({_pct(entry['reid_chance'])}) but within its interval")
+                f"{attack}, above chance ({percent(entry['reid_chance'])}) but within its interval")
     return "holds", (f"holds against {against} (saturated at {_budget_text(entry)}; "
                      f"{_count_text(entry['identified'] or 0, entry['identified_of'] or 0)} re-identified, "
-                     f"chance {_pct(entry['reid_chance'])}; with this many examples the rate could still be "
-                     f"up to {_pct(entry['reid_high'])})")
+                     f"chance {percent(entry['reid_chance'])}; with this many examples the rate could still be "
+                     f"up to {percent(entry['reid_high'])})")
 
 
-def _pct(rate: float | None) -> str:
+def percent(rate: float | None) -> str:
+    """A rate as the verdicts print it (0.001998 → "0.2%")."""
     if rate is None:
         return "–"
     return f"{100 * rate:.2g}%"

@@ -30,6 +30,7 @@ from .data import Dataset
 from .defenses import make_chain
 from .errors import GradleakError
 from .experiment import (
+    LADDER_DOUBLINGS,
     AttackRunResult,
     AttackRunSpec,
     batch_attack_seed,
@@ -58,7 +59,7 @@ __all__ = ["audit", "audit_update", "AuditResult", "SkippedAttack", "select_atta
 # attack's own defaults, "thorough" spends more iterations or restarts. Each also sets how
 # many times the auditor may double an attack's budget while its verdict is undecided.
 BUDGETS = ("quick", "standard", "thorough")
-BUDGET_DOUBLINGS = {"quick": 2, "standard": 3, "thorough": 4}
+BUDGET_DOUBLINGS = {"quick": 2, "standard": LADDER_DOUBLINGS, "thorough": 4}
 
 
 @dataclass(frozen=True)

@@ -244,8 +244,8 @@ def build_named_model(text: str, input_shape, num_classes: int, seed: int = 0,
     return model
 
 
-def scenario_data(spec: AttackRunSpec) -> Dataset:
-    return load_dataset(dataset_spec(spec.dataset, spec.split, spec.resize))
+def scenario_data(spec: AttackRunSpec, load: Callable[[DatasetSpec], Dataset] = load_dataset) -> Dataset:
+    return load(dataset_spec(spec.dataset, spec.split, spec.resize))
 
 
 def scenario_model(spec: AttackRunSpec, data: Dataset) -> nn.Module:
@@ -275,26 +275,18 @@ def check_scenario(spec: AttackRunSpec, data: Dataset) -> tuple[Attack, DefenseC
     return attack, chain, threat
 
 
-def validate_run_spec(spec: AttackRunSpec, cache: dict) -> None:
+def validate_run_spec(spec: AttackRunSpec, load: Callable[[DatasetSpec], Dataset], built: set) -> None:
     """Every check `run_attack` makes before it attacks — the dataset reference and its
     options, the model reference with its options, activation and checkpoint, a train split
-    to pre-train on, and `check_scenario` — without running anything. `cache` holds what
-    was loaded for earlier specs (datasets, built models)."""
-    data_key = ("data", spec.dataset, spec.split, spec.resize)
-    if data_key not in cache:
-        cache[data_key] = scenario_data(spec)
-    data = cache[data_key]
-    model_key = ("model", spec.model, spec.activation, spec.checkpoint, data_key)
-    if model_key not in cache:
+    to pre-train on, and `check_scenario` — without running anything. `load` reads datasets
+    (a caching loader serves a whole sweep); `built` holds the models already built."""
+    data = scenario_data(spec, load)
+    model_key = (spec.model, spec.activation, spec.checkpoint, spec.dataset, spec.split, spec.resize)
+    if model_key not in built:
         scenario_model(spec, data)  # builds it: its options, activation and checkpoint are checked
-        cache[model_key] = True
+        built.add(model_key)
     if spec.pretrain_steps:
-        train_key = ("data", spec.dataset, "train", spec.resize)
-        if train_key not in cache:
-            cache[train_key] = load_dataset(dataset_spec(spec.dataset, "train", spec.resize))
-        if cache[train_key].samples_only:
-            raise GradleakError(f"dataset '{cache[train_key].name}' ships only sample images; it cannot "
-                                "pre-train a model (use checkpoint, or pre-train on mnist/fashion-mnist)")
+        pretraining_data(spec, load)
     check_scenario(spec, data)
 
 
@@ -613,14 +605,19 @@ def _held_out(data: Dataset, targets: torch.Tensor) -> Dataset:
     return data.subset(mask.nonzero().flatten())
 
 
-def _pretrained(model, spec: AttackRunSpec):
-    from .models.training import pretrain
-
-    train = load_dataset(dataset_spec(spec.dataset, "train", spec.resize))
+def pretraining_data(spec: AttackRunSpec, load: Callable[[DatasetSpec], Dataset] = load_dataset) -> Dataset:
+    """The train split `--pretrain-steps` trains on; refused for a set of sample images."""
+    train = load(dataset_spec(spec.dataset, "train", spec.resize))
     if train.samples_only:
         raise GradleakError(f"dataset '{train.name}' ships only sample images; it cannot pre-train a model "
                             "(use --checkpoint, or pre-train on mnist/fashion-mnist)")
-    pretrain(model, train, steps=spec.pretrain_steps, seed=spec.seed)
+    return train
+
+
+def _pretrained(model, spec: AttackRunSpec):
+    from .models.training import pretrain
+
+    pretrain(model, pretraining_data(spec), steps=spec.pretrain_steps, seed=spec.seed)
     return model
 
 

@@ -17,8 +17,10 @@ from .analysis import (
     answer,
     attack_rows,
     best_reconstructions,
+    budget_range,
     cell_ladder,
     leakage_by_round,
+    percent,
     setting_name,
     strongest_attacks,
     study_tables,
@@ -161,14 +163,12 @@ def _with_words(entry: dict, full: bool = False) -> dict:
     interval and the gallery it was measured among (the report's table)."""
     reid = None
     if entry.get("identified") is not None:
-        chance = f"chance {100 * (entry.get('reid_chance') or 0):.2g}%"
+        chance = f"chance {percent(entry.get('reid_chance') or 0)}"
         if full and entry.get("reid_low") is not None:
             chance = (f"95% interval {100 * entry['reid_low']:.3g}–{100 * entry['reid_high']:.3g}%, {chance}"
                       + (f"; among {entry['gallery_note']}" if entry.get("gallery_note") else ""))
         reid = f"{entry['identified']} of {entry['identified_of']} ({chance})"
-    low, high = entry.get("budget_min"), entry.get("budget_max")
-    budget = None if not high else (f"{low:,}" if low == high else f"{low:,}–{high:,}")
-    return {**entry, "reid_text": reid, "budget_text": budget}
+    return {**entry, "reid_text": reid, "budget_text": budget_range(entry)}
 
 
 def format_strongest(entries: list[dict]) -> str:

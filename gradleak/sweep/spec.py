@@ -150,13 +150,13 @@ class _SweepParser:
         the seed run once."""
         from ..data import load_dataset
 
-        cache: dict = {}
+        loaded: dict = {}
+        built: set = set()
 
-        def load(spec):
-            key = ("data", spec)
-            if key not in cache:
-                cache[key] = load_dataset(spec)
-            return cache[key]
+        def load(spec):  # each dataset is read once for the whole sweep
+            if spec not in loaded:
+                loaded[spec] = load_dataset(spec)
+            return loaded[spec]
 
         done: set[str] = set()
         for cell in cells:
@@ -169,7 +169,7 @@ class _SweepParser:
                 if cell.kind == "attack":
                     from ..experiment import validate_run_spec
 
-                    validate_run_spec(attack_run_spec(cell.spec), cache)
+                    validate_run_spec(attack_run_spec(cell.spec), load, built)
                 else:
                     from ..utility import utility_setup
 
