@@ -17,7 +17,8 @@ Each defense setting then gets a verdict a practitioner can act on:
 - **holds**, only when at least two seeds ran, every attack that ran ended its budget
   ladder saturated (`experiment.climb`: more budget stopped changing the scores) or is
   analytic, no cell failed, nothing was copied and no more examples were re-identified
-  than chance gives on average (a pooled rate at most the chance level);
+  than chance gives on average (a pooled rate at most the chance level), and every captured
+  update attacked was reproduced by the declared training (`api.check_declared_training`);
 - **not shown**, with the reason, otherwise.
 """
 from __future__ import annotations
@@ -53,6 +54,22 @@ def cell_ladder(cell: CellRecord) -> dict:
 def cell_saturated(cell: CellRecord) -> bool:
     """Whether more budget would not have changed the cell's result, as the auditor judged it."""
     return bool(cell_ladder(cell).get("saturated"))
+
+
+def cell_training_unconfirmed(cell: CellRecord) -> bool:
+    """Whether the cell attacked a captured update that the declared training, replayed on the
+    ground truth, did not reproduce (`api.check_declared_training`): its attacks replayed
+    another training than the client's."""
+    check = cell.extras.get("training_check") if isinstance(cell.extras, dict) else None
+    return isinstance(check, dict) and check.get("confirmed") is False
+
+
+def cell_training_blind(cell: CellRecord) -> str | None:
+    """What of the client's training the cell's attack did not model (`Attack.blind_to`)."""
+    blind = cell.extras.get("training_blind") if isinstance(cell.extras, dict) else None
+    if isinstance(blind, list):
+        blind = next((b for b in blind if b), None)
+    return blind if isinstance(blind, str) and blind else None
 
 
 HOLDS_MIN_SEEDS = 2
@@ -121,6 +138,8 @@ def attack_rows(cells: list[CellRecord]) -> list[dict]:
                "undecided": sum(ld.get("decision", "undecided") == "undecided" for ld in ladders),
                "budget_min": min(budgets) if budgets else None, "budget_max": max(budgets) if budgets else None,
                "gallery_note": next((ld.get("gallery") for ld in ladders if ld.get("gallery")), None),
+               "training_unconfirmed": sum(cell_training_unconfirmed(m) for m in members),
+               "training_blind": next((b for b in map(cell_training_blind, members) if b), None),
                "keys": [m.key for m in members]}
         for name in metric_names:
             row[name], row[f"{name}_ci"] = interval95([m.metrics.get(name) for m in members])
@@ -197,6 +216,10 @@ def strongest_attacks(cells: list[CellRecord]) -> list[dict]:
         entry["seeds"] = min(m["seeds"] for m in members)
         entry.update(_grade(members))
         entry["failed"] = failures.get(key, 0)
+        entry["training_unconfirmed"] = max(m.get("training_unconfirmed", 0) for m in members)
+        blind = [m for m in members if m.get("training_blind")]
+        entry["blind_only"] = len(blind) == len(members)
+        entry["blind_note"] = (f"{blind[0]['attack_spec']} {blind[0]['training_blind']}" if blind else None)
         entry["verdict"], entry["verdict_text"] = verdict(entry)
         entry.update(_utility_loss(entry, utilities, metric))
         out.append(entry)
@@ -292,6 +315,13 @@ def verdict(entry: dict) -> tuple[str, str]:
     against = ", ".join(entry.get("attack_specs") or [])
     if entry.get("failed"):
         return "not shown (attack failed)", f"not shown: {entry['failed']} attack cell(s) failed"
+    if entry.get("training_unconfirmed"):
+        return ("not shown (training not confirmed)",
+                f"not shown: the declared training did not reproduce {entry['training_unconfirmed']} captured "
+                "update(s), so the attacks replayed another training than the client's")
+    if entry.get("blind_only"):
+        return ("not shown (training not modelled)",
+                f"not shown: every attack was blind to the client's training ({entry['blind_note']})")
     if entry.get("unsaturated"):
         return ("not shown (attack not saturated)",
                 f"not shown: {entry['unsaturated']} still improving at its cap ({_budget_text(entry)}); "

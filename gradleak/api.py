@@ -17,7 +17,9 @@ import copy
 import dataclasses
 import hashlib
 import json
+import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Sequence
@@ -44,6 +46,7 @@ from .experiment import (
     pick_device,
     result_record,
     run_scenario,
+    training_fields,
     warn_if_output_ignores_input,
 )
 from .fl import TrainingSpec
@@ -51,15 +54,47 @@ from .fl.update import Update
 from .metrics import summarize
 from .metrics.reidentify import Gallery
 from .options import ComponentSpec, parse_spec
-from .threat import ThreatModel, capture_bn_statistics, make_threat_model, observe
+from .threat import ThreatModel, capture_bn_statistics, expected_view, make_threat_model, observe
 
-__all__ = ["audit", "audit_update", "AuditResult", "SkippedAttack", "select_attacks", "BUDGETS"]
+__all__ = ["audit", "audit_update", "AuditResult", "SkippedAttack", "select_attacks", "BUDGETS",
+           "TrainingCheck", "TrainingMismatchWarning", "check_declared_training"]
 
 # Budget presets: "quick" fits a laptop CPU in minutes, "standard" is each
 # attack's own defaults, "thorough" spends more iterations or restarts. Each also sets how
 # many times the auditor may double an attack's budget while its verdict is undecided.
 BUDGETS = ("quick", "standard", "thorough")
 BUDGET_DOUBLINGS = {"quick": 2, "standard": LADDER_DOUBLINGS, "thorough": 4}
+# A captured update is reproduced by the declared training when replaying that training on the
+# ground truth lands within this fraction of the update's largest entry. A replay of the very
+# training torch.optim ran differs by float32 rounding only (measured on the Flower example's
+# CNN, 2-12 shuffled steps: up to 4e-7 with SGD momentum, 7.5e-6 with Adam/AdamW), while the
+# subtlest mis-declaration measured there, weight decay 5e-4 left out, differs by 7e-4 (another
+# optimizer, epoch count, learning rate or shuffle seed: 0.3 to 1.4).
+TRAINING_CHECK_TOLERANCE = 1e-4
+
+
+class TrainingMismatchWarning(UserWarning):
+    """The declared training, replayed on the ground truth, does not reproduce the captured update."""
+
+
+@dataclass(frozen=True)
+class TrainingCheck:
+    """Whether the declared training, replayed on the client's ground-truth examples from the
+    weights the server sent, reproduces the update the server captured."""
+
+    checked: bool
+    difference: float | None = None  # max |captured - replayed| / max |replayed|
+    tolerance: float = TRAINING_CHECK_TOLERANCE
+    note: str = ""  # why it was not checked, or the mismatch in words
+
+    @property
+    def confirmed(self) -> bool | None:
+        """True or False when checked, None when the update could not be checked."""
+        return None if self.difference is None else self.difference <= self.tolerance
+
+    def to_dict(self) -> dict:
+        return {"checked": self.checked, "confirmed": self.confirmed, "difference": self.difference,
+                "tolerance": self.tolerance, "note": self.note}
 
 
 @dataclass(frozen=True)
@@ -80,6 +115,8 @@ class AuditResult:
     runs: list[AttackRunResult]
     skipped: list[SkippedAttack]
     setting: dict = field(default_factory=dict)
+    # for a captured update: whether the declared training reproduced it (audit_update)
+    training_check: TrainingCheck | None = None
 
     def __repr__(self) -> str:
         s = self.setting
@@ -112,6 +149,8 @@ class AuditResult:
             lines.append("  " + run.summary())
         for skip in self.skipped:
             lines.append(f"  not run: {skip.attack}: {skip.reason}")
+        if self.training_check is not None and self.training_check.confirmed is False:
+            lines.append(f"  training not confirmed: {self.training_check.note}")
         return "\n".join(lines)
 
     def seeds(self) -> list[int]:
@@ -194,6 +233,7 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
           training: TrainingSpec | None = None, lr: float = 0.1, local_steps: int = 1,
           local_epochs: int | None = None, local_batch_size: int | None = None,
           bn_mode: Literal["train", "eval"] = "train", optimizer: str = "sgd", shuffle_seed: int | None = None,
+          sends_buffers: bool = False,
           batch_size: int = 1, images: int | None = None, seed: int | Sequence[int] = 0, budget: str = "quick",
           lpips: str = "alex", device: str = "auto", checkpoint: str | None = None,
           split: str = "test", resize: int | None = None, gallery: Any = None,
@@ -214,7 +254,10 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
              batch); alternatively `lr`, `local_steps`, `local_epochs`,
              `local_batch_size`, `bn_mode`, `optimizer` (`"sgd:momentum=0.9,weight_decay=5e-4"`,
              `"adam"`, `"adamw"`: replayed with torch.optim's semantics), `shuffle_seed`
-             (the client's shuffling DataLoader generator seed, known to the server).
+             (the client's shuffling DataLoader generator seed, known to the server),
+             `sends_buffers` (the client sends its batch-norm running statistics with its
+             update, as a Flower client returning its state dict does: after one local step
+             on the whole batch they give every threat model the batch's BN statistics).
     seed:    one seed or several (a verdict of `holds` needs two or more).
     budget:  `quick`, `standard` or `thorough`: each attack's first budget, and how many
              times (2, 3, 4) the auditor may double it while its verdict is undecided.
@@ -226,7 +269,7 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
     start = time.perf_counter()
     training = training or TrainingSpec(lr=lr, local_steps=local_steps, local_epochs=local_epochs,
                                         local_batch_size=local_batch_size, batchnorm=bn_mode, optimizer=optimizer,
-                                        shuffle_seed=shuffle_seed)
+                                        shuffle_seed=shuffle_seed, sends_buffers=sends_buffers)
     _check_budget(budget)
     seeds = _seeds(seed)
     threat_model = make_threat_model(threat, tuple(knows))
@@ -241,15 +284,13 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
             from .models.checkpoint import load_checkpoint
             load_checkpoint(built, checkpoint)
         dataset = _fit_classes(built, dataset)
+        expected = expected_view(threat_model, training, batch_size, make_chain(defense_texts).aggregate_clients)
         selected, not_run = select_attacks(attacks, built, dataset.input_shape, dataset.num_classes,
-                                           dataset.modality, threat_model, budget)
+                                           dataset.modality, expected, budget, training, batch_size)
         if run_seed == seeds[0]:
             skipped += not_run
         base = AttackRunSpec(dataset=data_label, model=model_label, attack="ig", batch_size=batch_size,
-                             defenses=defense_texts, images=images, local_steps=training.local_steps,
-                             local_epochs=training.local_epochs, local_batch_size=training.local_batch_size,
-                             bn_mode=training.batchnorm, optimizer=training.optimizer,
-                             shuffle_seed=training.shuffle_seed, lr=training.lr,
+                             defenses=defense_texts, images=images, **training_fields(training),
                              seed=run_seed, threat=threat,
                              knows=tuple(knows), lpips=lpips, device=device, doublings=BUDGET_DOUBLINGS[budget])
         judge = _gallery_maker(data, dataset, split, resize, extra_gallery)
@@ -318,8 +359,10 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
 
     `model` is the global model the server sent, with the weights before local
     training; `update` what came back (kind "delta" is sent minus returned
-    weights); `inputs`/`labels` the batch the client trained on, used only to
-    score the reconstruction. `defenses` names what the client applied, as the
+    weights; its `buffers`, when the client sent them, its batch-norm buffers after
+    training, which give the server the batch's BN statistics after one local step);
+    `inputs`/`labels` the batch the client trained on, used only to score the
+    reconstruction. `defenses` names what the client applied, as the
     threat model may grant that knowledge. Malicious-server attacks are skipped:
     the update was computed on the model the server actually sent. `gallery`:
     other examples of the clients' data distribution (not this batch), among which
@@ -335,9 +378,16 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
     data = dataset_from_tensors(inputs, labels, name=data_label, num_classes=num_classes)
     data = _fit_classes(model, data)
     _check_update_fits(model, update)
+    # whether the client sent its buffers is what the update shows, whatever `training` says
+    training = dataclasses.replace(training, sends_buffers=bool(update.buffers))
+    training_check = check_declared_training(model, update, data.inputs, data.labels, training, defenses)
+    if training_check.confirmed is False:
+        warnings.warn(f"declared training not confirmed: {training_check.note}", TrainingMismatchWarning,
+                      stacklevel=2)
     warn_if_output_ignores_input(model, data.inputs)
+    expected = expected_view(threat_model, training, update.samples, update.clients)
     selected, skipped = select_attacks(attacks, model, data.input_shape, data.num_classes, data.modality,
-                                       threat_model, budget)
+                                       expected, budget, training, update.samples)
     judge = None
     if gallery is not None:
         judge = Gallery(_gallery_inputs(gallery, data), "examples given as the gallery")
@@ -350,10 +400,7 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
                                                "trains; this update was computed on the model actually sent"))
             continue
         spec = AttackRunSpec(dataset=data_label, model=label, attack=text, batch_size=len(data),
-                             defenses=tuple(defenses), local_steps=training.local_steps,
-                             local_epochs=training.local_epochs, local_batch_size=training.local_batch_size,
-                             bn_mode=training.batchnorm, optimizer=training.optimizer,
-                             shuffle_seed=training.shuffle_seed, lr=training.lr,
+                             defenses=tuple(defenses), **training_fields(training),
                              seed=seed, threat=threat,
                              knows=tuple(knows), lpips=lpips, device=device, doublings=BUDGET_DOUBLINGS[budget])
         try:
@@ -365,11 +412,79 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
                "seed": seed, "threat": threat_model.name, "budget": budget, "defenses": list(defenses),
                **_defense_labels(tuple(defenses)), "model_digest": _model_digest(model),
                "data_digest": _data_digest(data), "seconds": time.perf_counter() - start}
-    return AuditResult(runs, skipped, setting)
+    setting["training_check"] = training_check.to_dict()
+    for run in runs:  # stored with every row, so that the verdict knows (analysis.verdict)
+        run.extras["training_check"] = training_check.to_dict()
+    return AuditResult(runs, skipped, setting, training_check)
+
+
+def check_declared_training(model: nn.Module, update: Update, inputs: torch.Tensor, labels: torch.Tensor,
+                            training: TrainingSpec, defenses: Sequence[str] = ()) -> TrainingCheck:
+    """Replay the declared `training` from the sent `model` on the client's ground-truth
+    `inputs`/`labels` (in the order its data loader indexes them) and compare with the captured
+    `update`: the difference is the largest entry-wise gap relative to the replayed update's
+    largest entry. Not checked (confirmed None) when something random the auditor cannot
+    replay touched the update: declared defenses, an unknown batch order, augmentation, active
+    dropout, or other clients' updates summed in."""
+    why_not = _why_training_unchecked(model, update, training, defenses)
+    if why_not:
+        return TrainingCheck(False, note=why_not)
+    from .fl import compute_update
+
+    sent = copy.deepcopy(model).to("cpu")
+    replayed = compute_update(sent, inputs.detach().cpu(), labels.detach().cpu(), training)
+    expected = {n: t.double() for n, t in replayed.tensors.items()}
+    captured = {n: t.detach().cpu().double() for n, t in update.tensors.items()}
+    # one plain-SGD step replays as a gradient; a delta of it is lr × that gradient
+    if replayed.kind == "gradient" and update.kind == "delta":
+        expected = {n: t * training.lr for n, t in expected.items()}
+    elif replayed.kind == "delta" and update.kind == "gradient":
+        captured = {n: t * training.lr for n, t in captured.items()}
+    names = sorted(expected.keys() | captured.keys())  # a tensor only one side has counts as zeros
+    pairs = [(captured[n] if n in captured else torch.zeros_like(expected[n]),
+              expected[n] if n in expected else torch.zeros_like(captured[n])) for n in names]
+    gap = max(float((c - e).abs().max()) for c, e in pairs)
+    scale = max(float(e.abs().max()) for _, e in pairs) or max(float(c.abs().max()) for c, _ in pairs) or 1.0
+    difference = gap / scale
+    if difference <= TRAINING_CHECK_TOLERANCE:
+        return TrainingCheck(True, difference, note="the declared training reproduces the captured update")
+    flat_c = torch.cat([c.reshape(-1) for c, _ in pairs])
+    flat_e = torch.cat([e.reshape(-1) for _, e in pairs])
+    cosine = float(torch.nn.functional.cosine_similarity(flat_c, flat_e, dim=0))
+    ratio = float(flat_c.norm() / flat_e.norm()) if float(flat_e.norm()) else math.inf
+    return TrainingCheck(True, difference, note=(
+        f"replaying the declared training ({_training_text(training, len(inputs))}) on the ground truth "
+        f"gives an update that differs from the captured one by {difference:.2g} of its largest entry "
+        f"(tolerance {TRAINING_CHECK_TOLERANCE:g}; cosine {cosine:.3f}, norm ratio {ratio:.3g}): the client's "
+        "optimizer or its options, learning rate, local epochs, batch size or batch order likely differ from "
+        "the declaration, or a client-side step (clipping, noise, compression) changed the update; the "
+        "attacks replayed the declared training, so they may understate the leak"))
+
+
+def _why_training_unchecked(model: nn.Module, update: Update, training: TrainingSpec,
+                            defenses: Sequence[str]) -> str | None:
+    if defenses:
+        return f"the declared defenses ({', '.join(defenses)}) change the update beyond what the auditor replays"
+    if update.clients > 1:
+        return f"the update sums {update.clients} clients' updates"
+    if not training.replayable:
+        return "the client's batch order or augmentation draws are unknown to the auditor"
+    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0 for m in model.modules()):
+        return "the model's dropout masks are drawn by the client and unknown to the auditor"
+    return None
+
+
+def _training_text(training: TrainingSpec, samples: int) -> str:
+    steps, batch = training.num_steps(samples), training.step_batch_size(samples)
+    epochs = f" over {training.local_epochs} epoch(s)" if training.local_epochs is not None else ""
+    order = {"known": f"shuffled with seed {training.shuffle_seed}", "none": "in order"}.get(training.order,
+                                                                                             training.order)
+    return f"{training.optimizer}, lr {training.lr:g}, {steps} step(s) of batch {batch}{epochs}, {order}"
 
 
 def select_attacks(attacks: str | Sequence[str | Attack], model: nn.Module, input_shape: tuple[int, ...],
-                   num_classes: int, modality: str, threat: ThreatModel, budget: str = "quick"
+                   num_classes: int, modality: str, threat: ThreatModel, budget: str = "quick",
+                   training: TrainingSpec | None = None, samples: int = 1
                    ) -> tuple[list[str], list[SkippedAttack]]:
     """The attack specs to run and the skipped ones with their reasons.
 
@@ -377,12 +492,11 @@ def select_attacks(attacks: str | Sequence[str | Attack], model: nn.Module, inpu
     explicit list is taken as given, the preset filling only options it does
     not set. An attack is skipped when the threat model does not grant the
     knowledge it needs, when it does not handle the data's modality, or when
-    the architecture lacks what it works on (`Attack.unsupported`)."""
+    the architecture lacks what it works on (`Attack.unsupported`); `"auto"` also skips an
+    attack that would only repeat another on this client's `training` (`Attack.redundant_for`)."""
+    automatic = isinstance(attacks, str) and attacks.strip().lower() == "auto"
     if isinstance(attacks, str):
-        if attacks.strip().lower() != "auto":
-            attacks = [attacks]
-        else:
-            attacks = list(ATTACKS.names())
+        attacks = list(ATTACKS.names()) if automatic else [attacks]
     if not attacks:
         raise GradleakError("no attack given (use attacks='auto' for every applicable attack)")
     selected, skipped = [], []
@@ -392,6 +506,8 @@ def select_attacks(attacks: str | Sequence[str | Attack], model: nn.Module, inpu
         text = str(ComponentSpec(spec.name, options))
         attack = make_attack(text)
         reason = _why_not(attack, model, input_shape, num_classes, modality, threat)
+        if not reason and automatic and training is not None:
+            reason = attack.redundant_for(training, samples)
         if reason:
             skipped.append(SkippedAttack(text, reason))
         else:
@@ -402,7 +518,9 @@ def select_attacks(attacks: str | Sequence[str | Attack], model: nn.Module, inpu
 def _why_not(attack: Attack, model, input_shape, num_classes, modality, threat: ThreatModel) -> str | None:
     missing = sorted(attack.needs() - threat.grants)
     if missing:
-        return f"needs {', '.join(missing)}, which threat model '{threat.name}' does not grant"
+        why = dict(threat.unseen)
+        notes = "".join(f" ({key} not from the update: {why[key]})" for key in missing if key in why)
+        return f"needs {', '.join(missing)}, which threat model '{threat.name}' does not grant{notes}"
     if modality not in attack.modalities:
         return f"does not handle {modality} data"
     check = getattr(attack, "unsupported", None)
@@ -501,6 +619,9 @@ def _fit_classes(model: nn.Module, data: Dataset) -> Dataset:
 
 
 def _check_update_fits(model: nn.Module, update: Update) -> None:
+    from .fl.buffers import check_sent_buffers
+
+    check_sent_buffers(model, update.buffers)
     params = dict(model.named_parameters())
     unknown = [n for n in update.tensors if n not in params]
     if unknown:
@@ -526,7 +647,8 @@ def _attack_captured(spec: AttackRunSpec, attack: Attack, model: nn.Module, upda
     device = pick_device(spec.device)
     x, y = data.inputs, data.labels
     sent = copy.deepcopy(model).to("cpu")
-    bn = capture_bn_statistics(sent, x) if "bn_statistics" in threat.grants else None
+    # declared knowledge comes from the ground truth; an update with buffers gives its own (observe)
+    bn = capture_bn_statistics(sent, x) if threat.declares("bn_statistics") else None
     obs = observe(update, sent, threat, input_shape=data.input_shape, num_classes=data.num_classes,
                   training=training, batch_size=update.samples, labels=y,
                   defenses=make_chain(spec.defenses).defenses,

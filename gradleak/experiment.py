@@ -36,7 +36,7 @@ from .options import (
     path_kind,
 )
 from .seeding import stream
-from .threat import Observation, ThreatModel, capture_bn_statistics, make_threat_model, observe
+from .threat import Observation, ThreatModel, capture_bn_statistics, expected_view, make_threat_model, observe
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,13 @@ class AttackRunSpec:
     bn_mode: str = "train"  # batch norm during local training: "train" (batch statistics) or "eval"
     optimizer: str = "sgd"  # the client's optimizer, `name[:k=v,...]` (gradleak.fl.training.OPTIMIZERS)
     shuffle_seed: int | None = None  # the client's shuffling DataLoader seed, known to the server (TrainingSpec)
+    shuffle: str | None = None  # "none", "known" or "unknown" (TrainingSpec.order; default from shuffle_seed)
+    augment: tuple[str, ...] = ()  # the client's data augmentation: "crop", "flip" (TrainingSpec)
+    crop_padding: int = 4
+    label_smoothing: float = 0.0
+    clip_norm: float | None = None  # the client clips each step's gradient to this L2 norm
+    # the client sends its buffers (batch-norm running statistics) with its update (TrainingSpec)
+    sends_buffers: bool = False
     lr: float = 0.1
     seed: int = 0
     threat: str = "honest"
@@ -78,7 +85,11 @@ class AttackRunSpec:
         for name in ("activation", "checkpoint"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise GradleakError(f"{name} must be a text, got {getattr(self, name)!r}")
-        for name in ("defenses", "knows"):
+        if not isinstance(self.sends_buffers, bool):
+            raise GradleakError(f"sends_buffers must be true or false, got {self.sends_buffers!r}")
+        if self.shuffle is not None and not isinstance(self.shuffle, str):
+            raise GradleakError(f"shuffle must be a text, got {self.shuffle!r}")
+        for name in ("defenses", "knows", "augment"):
             value = getattr(self, name)
             if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
                 raise GradleakError(f"{name} must be a list of 'name:key=value' texts, got {value!r}")
@@ -99,10 +110,24 @@ class AttackRunSpec:
         """The client's local training this spec declares."""
         return TrainingSpec(lr=self.lr, local_steps=self.local_steps, local_epochs=self.local_epochs,
                             local_batch_size=self.local_batch_size, batchnorm=self.bn_mode, optimizer=self.optimizer,
-                            shuffle_seed=self.shuffle_seed)
+                            shuffle_seed=self.shuffle_seed, shuffle=self.shuffle,  # type: ignore[arg-type]
+                            augment=self.augment, crop_padding=self.crop_padding,
+                            label_smoothing=self.label_smoothing, clip_norm=self.clip_norm,
+                            sends_buffers=self.sends_buffers)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def training_fields(training: TrainingSpec) -> dict:
+    """The `AttackRunSpec` fields that declare `training` (the inverse of
+    `AttackRunSpec.training`)."""
+    return dict(lr=training.lr, local_steps=training.local_steps, local_epochs=training.local_epochs,
+                local_batch_size=training.local_batch_size, bn_mode=training.batchnorm,
+                optimizer=training.optimizer, shuffle_seed=training.shuffle_seed, shuffle=training.shuffle,
+                augment=training.augment, crop_padding=training.crop_padding,
+                label_smoothing=training.label_smoothing, clip_norm=training.clip_norm,
+                sends_buffers=training.sends_buffers)
 
 
 @dataclass
@@ -265,7 +290,9 @@ def check_scenario(spec: AttackRunSpec, data: Dataset) -> tuple[Attack, DefenseC
     attack_spec: ComponentSpec = parse_spec(spec.attack, "attack")
     attack = make_attack(attack_spec)
     chain = make_chain([parse_spec(d, "defense") for d in spec.defenses])
-    threat = make_threat_model(spec.threat, spec.knows)
+    # what the update will carry (batch-norm statistics in sent buffers) counts as seen
+    threat = expected_view(make_threat_model(spec.threat, spec.knows), spec.training(), spec.batch_size,
+                           chain.aggregate_clients)
     threat.check(attack_spec.name, attack.needs())
     if data.modality not in attack.modalities:
         raise GradleakError(f"attack '{attack_spec.name}' does not support {data.modality} data")
@@ -354,7 +381,7 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
                                               chain, stream(spec.seed, "client", "other", b, k)))
             update = aggregate_updates(updates)
             batch_total = update.samples
-        bn = capture_bn_statistics(model, x) if "bn_statistics" in threat.grants else None
+        bn = capture_bn_statistics(model, x) if threat.declares("bn_statistics") else None
         obs = observe(update, copy.deepcopy(model), threat, input_shape=data.input_shape,
                       num_classes=data.num_classes, training=training, batch_size=batch_total,
                       labels=y, defenses=chain.defenses, modality=data.modality,
@@ -455,7 +482,10 @@ def climb(attack: Attack, obs: Observation, x: torch.Tensor, y: torch.Tensor, ct
     chance = None
     decision = None
     first = attack.budget()
+    blind = attack.blind_to(obs.training) if obs.knows("local_training") else None
     for index, rec in enumerate(attack.rungs(obs, ctx)):
+        if blind:
+            rec.extras["training_blind"] = blind
         broken = int((~torch.isfinite(rec.inputs.detach().flatten(1)).all(1)).sum()) if rec.inputs.numel() else 0
         if broken:
             rec.extras["not_finite"] = (f"{broken} of {len(rec.inputs)} reconstruction(s) held NaN or infinite "

@@ -9,6 +9,8 @@ KNOWLEDGE: dict[str, str] = {
     "local_training": "the client's learning rate, local steps/epochs and local batch size",
     "defenses": "which defenses (with parameters) the client applies",
     "labels": "the ground-truth labels of the client's batch",
+    # also seen, under any threat model, in the BN buffers a client sends after one local step
+    # (gradleak.fl.buffers)
     "bn_statistics": "the batch-norm mean/variance of the client's batch at every BN layer",
     "prior_data": "held-out examples from the client's data distribution",
     "malicious_model": "the server may modify the model it sends before the client trains",

@@ -4,9 +4,14 @@ An `Observation` carries the (defended) update, the model the server sent, and
 only the knowledge its threat model grants. Attacks declare what they need; a
 threat model that does not grant it refuses the attack before it runs, and
 `Observation.get` refuses at access time, so no attack peeks at ground truth.
+
+Some knowledge the server reads off what the client sends rather than is declared to
+know: the batch-norm statistics of a batch, from the running statistics a client sends
+with its update (`gradleak.fl.buffers`). A threat model `sees` them, under any preset.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -14,6 +19,7 @@ import torch
 from torch import nn
 
 from .errors import GradleakError
+from .fl.buffers import statistics_from_buffers, why_no_batch_statistics
 from .fl.training import TrainingSpec
 from .fl.update import Update
 from .knowledge import KNOWLEDGE, PRESETS  # noqa: F401  (re-exported: the threat model's vocabulary)
@@ -23,15 +29,51 @@ from .knowledge import KNOWLEDGE, PRESETS  # noqa: F401  (re-exported: the threa
 class ThreatModel:
     name: str
     grants: frozenset[str]
+    # what the server reads off the client's update rather than is declared to know (also in
+    # `grants`); the name stays the preset's
+    sees: frozenset[str] = frozenset()
+    # (knowledge, why the update does not carry it) for what a client's update might carry
+    unseen: tuple[tuple[str, str], ...] = ()
 
     def check(self, attack_name: str, needs: frozenset[str]) -> None:
         missing = sorted(needs - self.grants)
         if missing:
             hint = ("--threat malicious" if "malicious_model" in missing
                     else "--knows " + ",".join(missing))
+            why = dict(self.unseen)
+            notes = "".join(f" ({key} not from the update: {why[key]})" for key in missing if key in why)
             raise GradleakError(
                 f"attack '{attack_name}' needs {', '.join(missing)}, which threat model "
-                f"'{self.name}' does not grant; add {hint}")
+                f"'{self.name}' does not grant; add {hint}{notes}")
+
+    def seeing(self, key: str) -> "ThreatModel":
+        """This threat model, reading `key` off the update (declared knowledge stays declared)."""
+        if key in self.grants:
+            return self
+        return dataclasses.replace(self, grants=self.grants | {key}, sees=self.sees | {key})
+
+    def not_seeing(self, key: str) -> "ThreatModel":
+        """This threat model without `key` where only the update was to give it."""
+        if key not in self.sees:
+            return self
+        return dataclasses.replace(self, grants=self.grants - {key}, sees=self.sees - {key})
+
+    def declares(self, key: str) -> bool:
+        """Granted as declared knowledge (which the auditor takes from the ground truth),
+        not read off the update."""
+        return key in self.grants and key not in self.sees
+
+
+def expected_view(threat: ThreatModel, training: TrainingSpec, samples: int, clients: int = 1) -> ThreatModel:
+    """`threat` as the checks before a run see it: seeing `bn_statistics` when the client
+    sends its buffers and they will give its batch's statistics (`gradleak.fl.buffers`),
+    otherwise noting why not. `observe` decides for each update, from what it carries."""
+    if not training.sends_buffers:
+        return threat
+    reason = why_no_batch_statistics(training, samples, clients)
+    if reason is None:
+        return threat.seeing("bn_statistics")
+    return dataclasses.replace(threat, unseen=threat.unseen + (("bn_statistics", reason),))
 
 
 def make_threat_model(name: str = "honest", extra: tuple[str, ...] | list[str] = ()) -> ThreatModel:
@@ -59,6 +101,8 @@ class Observation:
     # What a malicious server remembers about the model it crafted (its own state, not
     # knowledge about the client); set only under a threat model granting malicious_model.
     server_secrets: Any = field(default=None, repr=False)
+    # why knowledge the update might have carried is not in this observation, by key
+    unavailable: dict[str, str] = field(default_factory=dict, repr=False)
 
     def knows(self, key: str) -> bool:
         return key in self.threat.grants and key in self._knowledge
@@ -66,10 +110,11 @@ class Observation:
     def get(self, key: str) -> Any:
         if key not in KNOWLEDGE:
             raise KeyError(key)
+        why = f" ({self.unavailable[key]})" if key in self.unavailable else ""
         if key not in self.threat.grants:
-            raise GradleakError(f"threat model '{self.threat.name}' does not grant '{key}'")
+            raise GradleakError(f"threat model '{self.threat.name}' does not grant '{key}'{why}")
         if key not in self._knowledge:
-            raise GradleakError(f"'{key}' is not available in this observation")
+            raise GradleakError(f"'{key}' is not available in this observation{why}")
         return self._knowledge[key]
 
     @property
@@ -88,12 +133,29 @@ def observe(update: Update, model: nn.Module, threat: ThreatModel, *, input_shap
             prior_data: Any = None, server_secrets: Any = None) -> Observation:
     """Build the server's view, keeping only what `threat` grants. `defenses` are
     the client's defenses, as objects or `name:k=v` strings (their names and options
-    are what a server that chose the protocol knows)."""
+    are what a server that chose the protocol knows). An update that carries batch-norm
+    buffers gives the server its batch's statistics when they can be derived exactly
+    (`gradleak.fl.buffers`): the observation's threat model then sees `bn_statistics`
+    (unless it declares them), and they replace any given from the ground truth."""
     from .defenses import make_defense
+
+    unavailable: dict[str, str] = {}
+    if update.buffers:
+        sent = statistics_from_buffers(model, update.buffers, training, update.samples, tuple(input_shape),
+                                       update.clients)
+        if sent.statistics is not None and batch_size != update.samples:
+            sent = dataclasses.replace(sent, statistics=None,
+                                       reason="the observed batch is not the batch the buffers were updated on")
+        if sent.statistics is not None:
+            bn_statistics = sent.statistics
+            threat = threat.seeing("bn_statistics")
+        else:
+            threat = threat.not_seeing("bn_statistics")
+            unavailable["bn_statistics"] = f"not derived from the sent buffers: {sent.reason}"
 
     available = {
         "batch_size": batch_size,
-        "local_training": training,
+        "local_training": training.server_view(),  # never the seed of a shuffle it cannot replay
         "defenses": tuple(make_defense(d) if isinstance(d, str) else d for d in defenses),
         "labels": labels.clone(),
         "bn_statistics": bn_statistics,
@@ -102,7 +164,8 @@ def observe(update: Update, model: nn.Module, threat: ThreatModel, *, input_shap
     }
     knowledge = {k: v for k, v in available.items() if k in threat.grants and v is not None}
     secrets = server_secrets if "malicious_model" in threat.grants else None
-    return Observation(update, model, tuple(input_shape), num_classes, threat, modality, knowledge, secrets)
+    return Observation(update, model, tuple(input_shape), num_classes, threat, modality, knowledge, secrets,
+                       {k: v for k, v in unavailable.items() if k not in knowledge})
 
 
 def capture_bn_statistics(model: nn.Module, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -20,3 +20,10 @@ def mnist_test():
     from gradleak.data import DatasetSpec, load_dataset
 
     return load_dataset(DatasetSpec("mnist", split="test"))
+
+
+@pytest.fixture(scope="session")
+def mnist_train():
+    from gradleak.data import DatasetSpec, load_dataset
+
+    return load_dataset(DatasetSpec("mnist", split="train"))

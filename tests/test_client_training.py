@@ -141,3 +141,62 @@ def test_the_server_replays_the_known_order_and_only_the_known_order(mnist_test)
 
     assert mismatch(client) < 1e-6  # the true batch, replayed in the client's order, is what it sent
     assert mismatch(dataclasses.replace(client, shuffle_seed=None)) > 1e-3  # in order, it is not
+
+
+def test_label_smoothing_and_gradient_clipping_are_replayed_as_pytorch_trains(mnist_test):
+    x, y = mnist_test.inputs[:8], mnist_test.labels[:8]
+    model = build_model(ModelSpec("lenet", (1, 28, 28), 10, seed=0))
+    training = TrainingSpec(lr=0.1, local_epochs=2, local_batch_size=4, optimizer="sgd:momentum=0.9",
+                            label_smoothing=0.1, clip_norm=0.5, shuffle_seed=5)
+    update = compute_update(model, x, y, training)
+    twin = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4, shuffle=True,
+                                         generator=torch.Generator().manual_seed(5))
+    norms = []
+    for _ in range(2):
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            F.cross_entropy(twin(xb), yb, label_smoothing=0.1).backward()
+            norms.append(float(torch.nn.utils.clip_grad_norm_(twin.parameters(), 0.5)))
+            optimizer.step()
+    assert max(norms) > 0.5  # the bound clipped some steps
+    with torch.no_grad():
+        worst = max(float((update.tensors[n] - (p - q)).abs().max())
+                    for (n, p), q in zip(model.named_parameters(), twin.parameters()))
+    assert worst < 1e-5  # float rounding (measured below 1e-6)
+    plain = compute_update(model, x, y, dataclasses.replace(training, label_smoothing=0.0, clip_norm=None))
+    assert max(float((plain.tensors[n] - update.tensors[n]).abs().max()) for n in plain.tensors) > 1e-3
+
+
+def test_a_shuffle_the_server_cannot_replay_stays_with_the_client(mnist_test, capsys):
+    from gradleak.cli import main
+
+    client = TrainingSpec(lr=0.1, local_epochs=2, local_batch_size=2, shuffle="unknown", shuffle_seed=7)
+    seen = client.server_view()
+    assert seen.order == "unknown" and seen.shuffle_seed is None and not seen.replayable
+    assert client.step_indices(4) != TrainingSpec(lr=0.1, local_epochs=2, local_batch_size=2).step_indices(4)
+    code = main(["attack", "--dataset", "mnist", "--model", "lenet", "--attack", "ig:iterations=2",
+                 "--batch-size", "4", "--local-epochs", "2", "--local-batch-size", "2", "--shuffle", "unknown"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "order is unknown" in err[0] and "fedavg" in err[0]
+    with pytest.raises(Exception, match="needs the client's --shuffle-seed"):
+        TrainingSpec(shuffle="known")
+
+
+def test_augmentation_draws_come_from_the_client_and_change_the_update(mnist_test):
+    from gradleak.fl.local import augmented
+
+    x = mnist_test.inputs[:6]
+    same = augmented(x, ("crop",), 0, torch.Generator().manual_seed(0))
+    assert torch.equal(same, x)  # no padding: the crop is the image
+    flipped = augmented(x, ("flip",), 4, torch.Generator().manual_seed(0))
+    rows = [bool(torch.equal(a, b.flip(-1))) or bool(torch.equal(a, b)) for a, b in zip(flipped, x)]
+    assert all(rows) and not torch.equal(flipped, x)
+    cropped = augmented(x, ("crop",), 2, torch.Generator().manual_seed(1))
+    assert cropped.shape == x.shape and not torch.equal(cropped, x)
+    model = build_model(ModelSpec("lenet", (1, 28, 28), 10, seed=0))
+    training = TrainingSpec(lr=0.1, local_epochs=2, local_batch_size=3, augment=("crop", "flip"), crop_padding=2)
+    a = compute_update(model, x, mnist_test.labels[:6], training, generator=torch.Generator().manual_seed(0))
+    b = compute_update(model, x, mnist_test.labels[:6], training, generator=torch.Generator().manual_seed(1))
+    assert max(float((a.tensors[n] - b.tensors[n]).abs().max()) for n in a.tensors) > 1e-4

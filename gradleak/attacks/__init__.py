@@ -20,6 +20,7 @@ ATTACKS: Registry = Registry("attack", {
     "feature-prior": "gradleak.attacks.feature_prior:FeaturePriorAttack",
     "rog": "gradleak.attacks.rog:ROG",
     "rog-sign": "gradleak.attacks.rog:ROGSign",
+    "fedavg": "gradleak.attacks.fedavg:FedAvgAttack",
 })
 
 __all__ = ["ATTACKS", "Attack", "AttackContext", "Reconstruction", "make_attack"]

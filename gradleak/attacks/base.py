@@ -9,6 +9,7 @@ from typing import Any, Callable, ClassVar
 import torch
 from torch import nn
 
+from ..fl.training import TrainingSpec
 from ..threat import Observation
 
 
@@ -105,6 +106,16 @@ class Attack(ABC):
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
         """Reconstruct the client's batch from what the server observed."""
 
+    def blind_to(self, training: TrainingSpec) -> str | None:
+        """What of the client's training this attack does not model, in one line (None: it
+        models all it needs). A verdict that the data is safe cannot rest on such an attack."""
+        return None
+
+    def redundant_for(self, training: TrainingSpec, samples: int) -> str | None:
+        """Why running this attack on a client that trains this way on `samples` examples would
+        only repeat another one (one line; `attacks="auto"` skips it), or None."""
+        return None
+
     # An iterative attack's result may change with more iterations; an analytic one's cannot,
     # so the auditor calls it saturated by construction.
     iterative: ClassVar[bool] = False
@@ -138,6 +149,18 @@ class ResumableAttack(Attack):
 
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
         return next(iter(self.rungs(obs, ctx)))
+
+    def blind_to(self, training: TrainingSpec) -> str | None:
+        """These attacks replay the client's training on candidate data: they cannot replay
+        augmentation draws or a batch order the server does not know."""
+        if training.augment and not training.is_fedsgd:
+            return (f"replays the client's training without its random {'/'.join(training.augment)} "
+                    "draws (the fedavg attack models them)")
+        if training.augment:
+            return f"matches one gradient of {'/'.join(training.augment)}-augmented examples as if unaugmented"
+        if training.order == "unknown" and not training.is_fedsgd:
+            return "needs the client's batch order, which the server does not know (the fedavg attack does not)"
+        return None
 
     @abstractmethod
     def rungs(self, obs: Observation, ctx: AttackContext) -> Iterator[Reconstruction]:

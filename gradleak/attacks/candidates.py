@@ -116,3 +116,48 @@ class SoftLabels(FixedLabels):
 
     def hard(self) -> torch.Tensor:
         return self.logits.detach().argmax(-1)
+
+
+class ArrangedLabels(FixedLabels):
+    """A known multiset of labels whose arrangement over the rows is optimised: which example
+    of a FedAvg client's batch sat in which mini-batch decides each step's label mix, which the
+    recovered label counts alone do not tell. Rows in one `group` (an epoch whose order the
+    server does not know, or all example slots) share a soft permutation — Sinkhorn-normalised
+    logits, doubly stochastic, so every group keeps the counts — of the `labels` over their
+    `slot`s; the simulated update sees the soft labels, `hard()` the best permutation."""
+
+    def __init__(self, labels: torch.Tensor, num_classes: int, slot: torch.Tensor, group: torch.Tensor,
+                 generator: torch.Generator | None = None, sinkhorn_iterations: int = 20):
+        n, groups = len(labels), int(group.max()) + 1
+        self.onehot = nn.functional.one_hot(labels.long(), num_classes).to(torch.get_default_dtype())
+        self.labels_list, self.slot, self.group = labels, slot, group
+        noise = torch.randn((groups, n, n), generator=generator) * 0.01
+        self.logits = noise.to(labels.device).requires_grad_(True)
+        self.sinkhorn_iterations = sinkhorn_iterations
+
+    def variables(self) -> list[torch.Tensor]:
+        return [self.logits]
+
+    def arrangement(self) -> torch.Tensor:
+        log_p = self.logits
+        for _ in range(self.sinkhorn_iterations):
+            log_p = log_p - log_p.logsumexp(-1, keepdim=True)
+            log_p = log_p - log_p.logsumexp(-2, keepdim=True)
+        return log_p.exp()
+
+    def current(self) -> torch.Tensor:
+        soft = self.arrangement() @ self.onehot.to(self.logits.device)  # (groups, slots, classes)
+        return soft[self.group, self.slot]
+
+    def hard(self) -> torch.Tensor:
+        from scipy.optimize import linear_sum_assignment
+
+        out = torch.empty(len(self.slot), dtype=torch.long)
+        logits = self.logits.detach().cpu()
+        for g in range(logits.shape[0]):
+            slots, picks = linear_sum_assignment(-logits[g].numpy())
+            chosen = torch.empty(len(slots), dtype=torch.long)
+            chosen[torch.as_tensor(slots)] = self.labels_list.cpu()[torch.as_tensor(picks)].long()
+            rows = (self.group.cpu() == g).nonzero().flatten()
+            out[rows] = chosen[self.slot.cpu()[rows]]
+        return out.to(self.labels_list.device)

@@ -3,7 +3,8 @@
 Gradient matching (cosine or L2) plus image priors: total variation, an l2
 penalty, and the batch-norm prior — the per-layer mean and variance of the
 candidate batch are pulled to the BN statistics of the client's batch, which the
-threat model must reveal (`bn_statistics`). Group consistency: several restarts
+threat model must reveal (`bn_statistics`) or the client's sent batch-norm buffers give
+(`gradleak.fl.buffers`). Group consistency: several restarts
 (one seed each) are optimised together; after registering each to the first
 (rows with the same label are matched by the Hungarian algorithm — no spatial
 warping), every member is regularised toward the group mean. The result is the

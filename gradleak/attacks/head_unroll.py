@@ -44,7 +44,8 @@ def low_rank_head_applies(obs: Observation) -> bool:
     """A Sequential model whose last module is a trainable linear head with no buffers, trained
     by plain SGD (the low-rank replay sums lr × gradient steps)."""
     model = obs.model
-    plain = obs.update.kind == "gradient" or not obs.knows("local_training") or obs.training.plain_sgd
+    plain = not obs.knows("local_training") or (
+        (obs.update.kind == "gradient" or obs.training.plain_sgd) and obs.training.plain_loss)
     return plain and isinstance(model, nn.Sequential) and len(model) >= 2 and _low_rank_linear(model[-1])
 
 

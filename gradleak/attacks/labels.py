@@ -42,6 +42,10 @@ def recover_labels(obs: Observation, method: Method = "auto", generator: torch.G
         if use_bias:
             return g_bias.argmin().view(1).long()
         return _odd_row_out(g_weight).view(1)
+    trajectory = _sgd_step_weights(obs)
+    if trajectory is not None:
+        counts = _trajectory_counts(obs, head_name, head, generator, use_bias, trajectory)
+        return torch.repeat_interleave(torch.arange(len(counts)), counts)
     mean_probs, mean_feature_sum = _dummy_statistics(obs, head, generator)
     if use_bias:
         negative = g_bias < 0
@@ -61,16 +65,91 @@ def _odd_row_out(g_weight: torch.Tensor) -> torch.Tensor:
     return sim.sum(1).argmin()
 
 
+def _sgd_step_weights(obs: Observation) -> list[float] | None:
+    """For a FedAvg delta of SGD (with momentum, dampening, Nesterov) over several steps: how
+    much each step's gradient moved the weights in all (c_s, in units of lr; weight decay
+    aside), so that delta / lr = Σ_s c_s g_s. None where that does not hold (FedSGD, Adam)."""
+    if obs.update.kind != "delta" or not obs.knows("local_training"):
+        return None
+    training = obs.training
+    if training.optimizer_name != "sgd":
+        return None
+    steps = training.num_steps(obs.batch_size)
+    if steps < 2:
+        return None
+    opt = training.optimizer_options
+    weights = []
+    for s in range(steps):  # the displacement from a unit gradient at step s alone
+        buffer, moved = 0.0, 0.0
+        for t in range(s, steps):
+            g = 1.0 if t == s else 0.0
+            buffer = g if t == 0 else opt.momentum * buffer + (1 - opt.dampening) * g
+            step = (g + opt.momentum * buffer if opt.nesterov else buffer) if opt.momentum else g
+            moved += step
+        weights.append(moved)
+    return weights
+
+
+@torch.no_grad()
+def _trajectory_counts(obs: Observation, head_name: str, head: torch.nn.Module, generator: torch.Generator | None,
+                       use_bias: bool, weights: list[float]) -> torch.Tensor:
+    """Label counts from a multi-step SGD delta (Dimitrov et al.'s extension of the count
+    estimators to FedAvg): the mean softmax (and feature sum) of dummy inputs is taken at
+    every step of the local training, on weights interpolated along the update in
+    proportion to how far the client had moved by then, and the step gradients' head entries
+    Σ_s c_s (p̄_s − n_s/B_s) are solved for the counts, each example seen in a step in
+    proportion to that step's share of the batch."""
+    from torch.func import functional_call
+
+    batch, training = obs.batch_size, obs.training
+    delta = obs.update.tensors
+    params = {n: p.detach() for n, p in obs.model.named_parameters()}
+    buffers = {n: b.detach() for n, b in obs.model.named_buffers()}
+    x = _dummy_inputs(obs, generator)
+    features: list[torch.Tensor] = []
+    handle = head.register_forward_hook(lambda _m, inp, _o: features.append(inp[0]))
+    total = sum(weights)
+    probs_sum = torch.zeros(())
+    feature_weighted = torch.zeros(())
+    done = 0.0
+    model = obs.model
+    was_training = model.training
+    model.eval()
+    try:
+        for c in weights:
+            fraction = done / total
+            moved = {n: p - fraction * delta[n] if n in delta else p for n, p in params.items()}
+            features.clear()
+            probs = torch.softmax(functional_call(model, (moved, buffers), (x,)), -1).mean(0)
+            feature_sum = float(features[0].sum(1).mean())
+            probs_sum = probs_sum + c * probs * (feature_sum if not use_bias else 1.0)
+            feature_weighted = feature_weighted + c * (feature_sum if not use_bias else 1.0)
+            done += c
+    finally:
+        handle.remove()
+        model.train(was_training)
+    lr = training.lr
+    if use_bias:
+        observed = delta[f"{head_name}.bias"] / lr
+    else:
+        observed = delta[f"{head_name}.weight"].sum(1) / lr
+    negative = observed < 0
+    raw = batch * (probs_sum - observed) / feature_weighted
+    return _round_counts(raw.clamp(min=0), batch, negative)
+
+
+def _dummy_inputs(obs: Observation, generator: torch.Generator | None) -> torch.Tensor:
+    if obs.knows("prior_data"):
+        return obs.get("prior_data").inputs[:64]
+    g = generator or torch.Generator().manual_seed(0)
+    x = torch.rand((64, *obs.input_shape), generator=g)
+    return torch.randn((64, *obs.input_shape), generator=g) if obs.modality == "tabular" else x
+
+
 @torch.no_grad()
 def _dummy_statistics(obs: Observation, head: torch.nn.Module, generator: torch.Generator | None
                       ) -> tuple[torch.Tensor, float]:
-    if obs.knows("prior_data"):
-        x = obs.get("prior_data").inputs[:64]
-    else:
-        g = generator or torch.Generator().manual_seed(0)
-        x = torch.rand((64, *obs.input_shape), generator=g)
-        if obs.modality == "tabular":
-            x = torch.randn((64, *obs.input_shape), generator=g)
+    x = _dummy_inputs(obs, generator)
     features: list[torch.Tensor] = []
     handle = head.register_forward_hook(lambda _m, inp, _o: features.append(inp[0]))
     model = obs.model

@@ -47,7 +47,7 @@ class UpdateSimulator:
         else:
             self.training = TrainingSpec(lr=obs.update.lr)
         differenced = (second_order != "exact" and obs.update.kind == "gradient"
-                       and self.training.is_fedsgd and supports(obs.model)
+                       and self.training.is_fedsgd and self.training.plain_loss and supports(obs.model)
                        and (second_order == "difference" or has_convolutions(obs.model)))
         # A private copy whose conv / batch-norm layers get the cheaper second
         # derivative (`double_backward`), or whose kinks can be frozen for the
@@ -71,7 +71,7 @@ class UpdateSimulator:
         # its second derivative never touches parameter-sized tensors
         self.factored = (factored.FactoredGradient(self.model, self.names)
                          if (self.cheap_double_backward and obs.update.kind == "gradient"
-                             and self.training.is_fedsgd
+                             and self.training.is_fedsgd and self.training.plain_loss
                              and factored.supports(self.model, self.names, obs.input_shape))
                          else None)
 

@@ -6,8 +6,8 @@ import dataclasses
 import json
 import sys
 
-from ..experiment import AttackRunSpec, run_attack, write_outputs
-from ..fl.training import BN_MODES
+from ..experiment import AttackRunSpec, run_attack, training_fields, write_outputs
+from ..fl.training import AUGMENTATIONS, BN_MODES, SHUFFLE_MODES, TrainingSpec
 from ..options import RUN_SPEC_BOUNDS, device_name, output_dir, ranged
 from ..threat import KNOWLEDGE, PRESETS
 
@@ -19,6 +19,15 @@ def run_flag(field: str, kind: type = int):
 
 
 seed_type = run_flag("seed")
+
+
+def augmentations(text: str) -> tuple[str, ...]:
+    names = tuple(a.strip() for a in text.split(",") if a.strip())
+    unknown = [a for a in names if a not in AUGMENTATIONS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown augmentation '{unknown[0]}'; choose from: {', '.join(AUGMENTATIONS)}")
+    return names
 
 
 def add_training_arguments(p: argparse.ArgumentParser, local_steps_default: int | None = 1,
@@ -36,6 +45,20 @@ def add_training_arguments(p: argparse.ArgumentParser, local_steps_default: int 
     p.add_argument("--shuffle-seed", type=run_flag("shuffle_seed"), default=None, metavar="SEED",
                    help="the client shuffles its mini-batches as DataLoader(shuffle=True) with a generator "
                         "seeded SEED, which the server knows (default: mini-batches in order)")
+    p.add_argument("--shuffle", default=None, choices=SHUFFLE_MODES,
+                   help="the client's batch order each epoch: none (in order), known (a shuffle seeded "
+                        "--shuffle-seed) or unknown (a shuffle the server cannot replay; attack with fedavg)")
+    p.add_argument("--augment", type=augmentations, default=(), metavar="crop,flip",
+                   help="the client's data augmentation: random crop of the zero-padded image "
+                        "(--crop-padding), horizontal flip; the server knows which, never the draws")
+    p.add_argument("--crop-padding", type=run_flag("crop_padding"), default=4)
+    p.add_argument("--label-smoothing", type=run_flag("label_smoothing", float), default=0.0)
+    p.add_argument("--clip-norm", type=run_flag("clip_norm", float), default=None,
+                   help="the client clips each step's gradient to this L2 norm (clip_grad_norm_)")
+    p.add_argument("--sends-buffers", action="store_true",
+                   help="the client sends its buffers (batch-norm running statistics) with its update, as a "
+                        "Flower client returning its state dict does; after one local step on the whole batch "
+                        "they give the server the batch's BN statistics")
     p.add_argument("--optimizer", default="sgd", metavar="NAME[:key=value,...]",
                    help="the client's optimizer, replayed as torch.optim runs it: sgd (momentum, dampening, "
                         "nesterov, weight_decay), adam or adamw (beta1, beta2, eps, weight_decay); default plain sgd")
@@ -69,12 +92,19 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=device_name, default="auto", help="auto, cpu or cuda[:N]")
 
 
+def training_from_args(args: argparse.Namespace) -> TrainingSpec:
+    """The client's training the training flags declare."""
+    return TrainingSpec(lr=args.lr, local_steps=args.local_steps, local_epochs=args.local_epochs,
+                        local_batch_size=args.local_batch_size, batchnorm=args.bn_mode, optimizer=args.optimizer,
+                        shuffle_seed=args.shuffle_seed, shuffle=args.shuffle, augment=args.augment,
+                        crop_padding=args.crop_padding, label_smoothing=args.label_smoothing,
+                        clip_norm=args.clip_norm, sends_buffers=args.sends_buffers)
+
+
 def spec_from_args(args: argparse.Namespace, attack: str) -> AttackRunSpec:
     return AttackRunSpec(
         dataset=args.dataset, model=args.model, attack=attack, batch_size=args.batch_size,
-        defenses=tuple(args.defense), images=args.images, local_steps=args.local_steps,
-        local_epochs=args.local_epochs, local_batch_size=args.local_batch_size, bn_mode=args.bn_mode, lr=args.lr,
-        optimizer=args.optimizer, shuffle_seed=args.shuffle_seed,
+        defenses=tuple(args.defense), images=args.images, **training_fields(training_from_args(args)),
         seed=args.seed, threat=args.threat,
         knows=tuple(k.strip() for k in args.knows.split(",") if k.strip()),
         activation=args.activation, pretrain_steps=args.pretrain_steps, checkpoint=args.checkpoint,

@@ -11,7 +11,7 @@ import json
 from ..api import BUDGETS, audit
 from ..errors import GradleakError
 from ..options import output_dir
-from .attack import add_scenario_arguments
+from .attack import add_scenario_arguments, training_from_args
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,10 +47,7 @@ def run(args: argparse.Namespace) -> int:
         gallery = load_dataset(dataset_spec(args.gallery, args.split, args.resize))
     result = audit(model, args.dataset, attacks=args.attack or "auto", defenses=args.defense,
                    threat=args.threat, knows=[k.strip() for k in args.knows.split(",") if k.strip()],
-                   lr=args.lr, local_steps=args.local_steps, local_epochs=args.local_epochs,
-                   local_batch_size=args.local_batch_size, bn_mode=args.bn_mode, optimizer=args.optimizer,
-                   shuffle_seed=args.shuffle_seed,
-                   batch_size=args.batch_size,
+                   training=training_from_args(args), batch_size=args.batch_size,
                    images=args.images, seed=_seeds(args.seeds) if args.seeds else args.seed, budget=args.budget,
                    lpips=args.lpips, device=args.device, checkpoint=args.checkpoint, split=args.split,
                    resize=args.resize, gallery=gallery, progress=not args.json)

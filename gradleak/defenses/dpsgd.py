@@ -30,14 +30,14 @@ class DPSGDOptions:
 
 
 def per_example_gradients(model: nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor,
-                          y: torch.Tensor) -> Tensors:
+                          y: torch.Tensor, label_smoothing: float = 0.0) -> Tensors:
     """{name: (B, *param.shape)}: the loss gradient of every example separately."""
     trainable = {n: p for n, p in params.items() if p.requires_grad}
     frozen = {n: p for n, p in params.items() if not p.requires_grad}
 
     def example_loss(p, xi, yi):
         logits = functional_call(model, ({**p, **frozen}, buffers), (xi.unsqueeze(0),))
-        return batch_loss(logits, yi.unsqueeze(0))
+        return batch_loss(logits, yi.unsqueeze(0), label_smoothing)
 
     try:
         return vmap(grad(example_loss), in_dims=(None, 0, 0), randomness="different")(trainable, x, y)
@@ -69,7 +69,8 @@ class DPSGD(Defense):
         opt = self.options
 
         def noisy_gradient(model, params, buffers, x, y, create_graph):
-            clipped = self.clip_per_example(per_example_gradients(model, params, buffers, x, y))
+            clipped = self.clip_per_example(per_example_gradients(model, params, buffers, x, y,
+                                                                    ctx.label_smoothing))
             batch = x.shape[0]
             return {n: (g.sum(0) + opt.sigma * opt.clip * torch.randn(g.shape[1:], generator=ctx.generator)
                         .to(g)) / batch for n, g in clipped.items()}

@@ -87,7 +87,7 @@ class Precode(Defense):
             if not bottlenecks:
                 return inner(model, params, buffers, x, y, create_graph)
             logits = functional_call(model, (params, buffers), (x,))
-            loss = batch_loss(logits, y) + beta * sum(b.kl for b in bottlenecks)
+            loss = batch_loss(logits, y, ctx.label_smoothing) + beta * sum(b.kl for b in bottlenecks)
             names = [n for n, p in params.items() if p.requires_grad]
             grads = torch.autograd.grad(loss, [params[n] for n in names], create_graph=create_graph)
             return dict(zip(names, grads))

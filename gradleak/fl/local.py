@@ -22,11 +22,14 @@ from .update import UpdateKind
 Tensors = dict[str, torch.Tensor]
 
 
-def batch_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy; `targets` are class indices or (soft) label distributions."""
+def batch_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Mean cross-entropy; `targets` are class indices or (soft) label distributions;
+    `label_smoothing` ε as `F.cross_entropy`'s (the target (1 − ε)·y + ε/K)."""
     if targets.dtype.is_floating_point and targets.dim() == logits.dim():
+        if label_smoothing:
+            targets = targets * (1 - label_smoothing) + label_smoothing / logits.shape[-1]
         return -(targets * F.log_softmax(logits, dim=-1)).sum(-1).mean()
-    return F.cross_entropy(logits, targets)
+    return F.cross_entropy(logits, targets, label_smoothing=label_smoothing)
 
 
 class StepGradient(Protocol):
@@ -37,13 +40,21 @@ class StepGradient(Protocol):
                  y: torch.Tensor, create_graph: bool) -> Tensors: ...
 
 
-def plain_gradient(model: nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor,
-                   y: torch.Tensor, create_graph: bool) -> Tensors:
-    logits = functional_call(model, (params, buffers), (x,))
-    loss = batch_loss(logits, y)
-    names = [n for n, p in params.items() if p.requires_grad]
-    grads = torch.autograd.grad(loss, [params[n] for n in names], create_graph=create_graph)
-    return dict(zip(names, grads))
+def loss_gradient(label_smoothing: float = 0.0) -> StepGradient:
+    """The step gradient of the mean cross-entropy with the client's label smoothing."""
+
+    def gradient(model: nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor,
+                 y: torch.Tensor, create_graph: bool) -> Tensors:
+        logits = functional_call(model, (params, buffers), (x,))
+        loss = batch_loss(logits, y, label_smoothing)
+        names = [n for n, p in params.items() if p.requires_grad]
+        grads = torch.autograd.grad(loss, [params[n] for n in names], create_graph=create_graph)
+        return dict(zip(names, grads))
+
+    return gradient
+
+
+plain_gradient = loss_gradient()
 
 
 @contextmanager
@@ -62,23 +73,37 @@ def batchnorm_mode(model: nn.Module, mode: str) -> Iterator[None]:
 
 def local_update(model: nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor,
                  y: torch.Tensor, training: TrainingSpec, *, create_graph: bool = False,
-                 step_gradient: StepGradient = plain_gradient,
-                 on_step: Callable[[int, Tensors], None] | None = None) -> tuple[UpdateKind, Tensors]:
+                 step_gradient: StepGradient | None = None,
+                 on_step: Callable[[int, Tensors], None] | None = None,
+                 steps: list[tuple[int, ...]] | None = None,
+                 augment_generator: torch.Generator | None = None) -> tuple[UpdateKind, Tensors]:
     """Run the client's local computation; return (kind, tensors).
 
     FedSGD returns the gradient; FedAvg returns `params_start - params_end`.
     `params` must require grad (for the client: detached leaves with
-    requires_grad; for an attacker: the model's parameters).
+    requires_grad; for an attacker: the model's parameters). `step_gradient` defaults to the
+    training's loss (`loss_gradient`); defenses that act during training wrap it. `steps` overrides the example
+    indices of every local step (`training.step_indices`); an attack that gives each epoch
+    its own copy of the examples lays them out this way. The training's augmentation is
+    drawn from `augment_generator` (the client's); without one the examples pass unchanged,
+    which is all a server can replay.
     """
     samples = x.shape[0]
+    if step_gradient is None:
+        step_gradient = loss_gradient(training.label_smoothing)
+    augment = training.augment if augment_generator is not None else ()
     with batchnorm_mode(model, training.batchnorm):
-        if training.is_fedsgd:
-            return "gradient", step_gradient(model, params, buffers, x, y, create_graph)
+        if training.is_fedsgd and steps is None:
+            inputs = augmented(x, augment, training.crop_padding, augment_generator)
+            grads = step_gradient(model, params, buffers, inputs, y, create_graph)
+            return "gradient", clipped(grads, training.clip_norm)
         current = dict(params)
         state: dict[str, dict[str, torch.Tensor]] = {}
-        for step, idx in enumerate(training.step_indices(samples)):
+        for step, idx in enumerate(steps if steps is not None else training.step_indices(samples)):
             index = torch.tensor(idx, device=x.device)
-            grads = step_gradient(model, current, buffers, x[index], y[index], create_graph)
+            inputs = augmented(x[index], augment, training.crop_padding, augment_generator)
+            grads = clipped(step_gradient(model, current, buffers, inputs, y[index], create_graph),
+                            training.clip_norm)
             current = optimizer_step(training, step, current, grads, state)
             if not create_graph:
                 current = {n: p.detach().requires_grad_(params[n].requires_grad) for n, p in current.items()}
@@ -86,6 +111,35 @@ def local_update(model: nn.Module, params: Tensors, buffers: Tensors, x: torch.T
             if on_step is not None:
                 on_step(step, grads)
     return "delta", {n: params[n] - current[n] for n in params if params[n].requires_grad}
+
+
+def clipped(grads: Tensors, max_norm: float | None) -> Tensors:
+    """The step's gradient clipped to `max_norm` in total L2 norm, exactly as
+    `torch.nn.utils.clip_grad_norm_` scales it (coefficient max_norm / (norm + 1e-6), at most 1)."""
+    if max_norm is None:
+        return grads
+    norm = torch.stack([g.pow(2).sum() for g in grads.values()]).sum().sqrt()
+    coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    return {n: g * coefficient for n, g in grads.items()}
+
+
+def augmented(x: torch.Tensor, augment: tuple[str, ...], padding: int,
+              generator: torch.Generator | None) -> torch.Tensor:
+    """Every example randomly cropped from its zero-padded self and/or flipped horizontally
+    (probability 0.5), as torchvision's RandomCrop(size, padding) and RandomHorizontalFlip do;
+    images only (N, C, H, W)."""
+    if not augment or generator is None or x.dim() != 4:
+        return x
+    n, _, h, w = x.shape
+    out = x
+    if "crop" in augment and padding > 0:
+        padded = F.pad(x, (padding, padding, padding, padding))
+        offsets = torch.randint(0, 2 * padding + 1, (n, 2), generator=generator).tolist()
+        out = torch.stack([padded[k, :, i:i + h, j:j + w] for k, (i, j) in enumerate(offsets)])
+    if "flip" in augment:
+        flips = torch.rand(n, generator=generator) < 0.5
+        out = torch.where(flips.view(-1, 1, 1, 1).to(out.device), out.flip(-1), out)
+    return out
 
 
 def optimizer_step(training: TrainingSpec, step: int, params: Tensors, grads: Tensors,

@@ -24,6 +24,11 @@ class DefenseContext:
     training: TrainingSpec | None = None
     model: nn.Module | None = None
 
+    @property
+    def label_smoothing(self) -> float:
+        """The client's label smoothing, for defenses that compute their own loss."""
+        return self.training.label_smoothing if self.training is not None else 0.0
+
 
 class NoDefense:
     """The hooks of a client that applies no defense."""

@@ -1,6 +1,7 @@
 """How a client trains locally (the FL setting an attack is run under)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -10,6 +11,13 @@ from ..errors import GradleakError
 from ..options import check
 
 BN_MODES = ("train", "eval")  # batch norm in local training: batch or running statistics
+# How the client orders its examples each epoch: a fixed cyclic order; a seeded shuffle whose
+# seed the server knows (it set it, or the app reports it); a shuffle it cannot replay.
+SHUFFLE_MODES = ("none", "known", "unknown")
+# Data augmentation the client applies to every example at every step, as torchvision's
+# RandomCrop(size, padding) with zero padding and RandomHorizontalFlip(0.5) do: the server
+# knows the distribution, never the draws.
+AUGMENTATIONS = ("crop", "flip")
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,14 @@ class TrainingSpec:
     with torch.optim's semantics. A client with any other than plain SGD sends its weight
     delta even after one step (a FedSGD client sends the raw gradient, before any optimizer).
 
+    `shuffle` "unknown" (`order`): the client shuffles every epoch with a generator the server does not
+    know (`shuffle_seed` is then the client's own seed, hidden from the server by
+    `server_view`). `augment` ("crop", "flip") draws a random crop of the zero-padded example
+    (`crop_padding` pixels each side) and a horizontal flip with probability 0.5, per example
+    and step, from the client's own generator. `label_smoothing` is cross-entropy's (as
+    `F.cross_entropy(label_smoothing=...)`), and `clip_norm` clips each step's whole gradient
+    to that L2 norm before the optimizer step (`torch.nn.utils.clip_grad_norm_`).
+
     `batchnorm` is how batch-norm layers normalise during local training:
     "train" uses each batch's own statistics (PyTorch's training mode), "eval"
     the model's running statistics (frozen batch norm, as in inversefed's
@@ -100,8 +116,30 @@ class TrainingSpec:
     # the seed of the client's shuffling DataLoader (its generator, known to the server): None,
     # mini-batches in a fixed cyclic order
     shuffle_seed: int | None = None
+    # the client sends its buffers (batch-norm running statistics) with its update, as a
+    # Flower client returning its whole state dict does
+    sends_buffers: bool = False
+    # None: "known" when a shuffle_seed is given, else "none" (see `order`)
+    shuffle: Literal["none", "known", "unknown"] | None = None
+    augment: tuple[str, ...] = ()
+    crop_padding: int = 4
+    label_smoothing: float = 0.0
+    clip_norm: float | None = None
 
     def __post_init__(self) -> None:
+        check(self.shuffle is None or self.shuffle in SHUFFLE_MODES,
+              f"--shuffle must be one of {', '.join(SHUFFLE_MODES)}, got {self.shuffle!r}")
+        check(self.shuffle != "known" or self.shuffle_seed is not None,
+              "--shuffle known needs the client's --shuffle-seed (the server replays that order)")
+        check(self.shuffle != "none" or self.shuffle_seed is None,
+              "--shuffle none takes no --shuffle-seed")
+        check(isinstance(self.augment, tuple) and all(a in AUGMENTATIONS for a in self.augment),
+              f"--augment takes {', '.join(AUGMENTATIONS)} (comma-separated), got {self.augment!r}")
+        check(0 <= self.crop_padding <= 64, f"--crop-padding must be 0..64, got {self.crop_padding}")
+        check(0.0 <= self.label_smoothing < 1.0,
+              f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
+        check(self.clip_norm is None or (self.clip_norm > 0 and math.isfinite(self.clip_norm)),
+              f"--clip-norm must be a positive number, got {self.clip_norm}")
         parse_optimizer(self.optimizer)  # one line naming the supported optimizers, if not one
         check(self.lr > 0 and math.isfinite(self.lr), f"--lr must be a positive number, got {self.lr}")
         check(self.local_steps >= 1, f"--local-steps must be >= 1, got {self.local_steps}")
@@ -127,6 +165,30 @@ class TrainingSpec:
         return self.optimizer_name == "sgd" and self.optimizer_options == SGDOptions()
 
     @property
+    def order(self) -> str:
+        """How the client orders its examples: "none" (cyclic), "known" or "unknown" shuffle."""
+        return self.shuffle or ("known" if self.shuffle_seed is not None else "none")
+
+    @property
+    def plain_loss(self) -> bool:
+        """Each step's gradient is the plain mean cross-entropy's: no label smoothing, no
+        clipping (what the FedSGD fast paths of the attacks compute)."""
+        return self.label_smoothing == 0.0 and self.clip_norm is None
+
+    @property
+    def replayable(self) -> bool:
+        """The server can recompute this client's update from candidate data: it knows the
+        order of the mini-batches and nothing random touched the examples."""
+        return self.order != "unknown" and not self.augment
+
+    def server_view(self) -> "TrainingSpec":
+        """What a server that set the protocol knows of this training: everything but the
+        seed of a shuffle it cannot replay."""
+        if self.order != "unknown" or self.shuffle_seed is None:
+            return self
+        return dataclasses.replace(self, shuffle_seed=None)
+
+    @property
     def is_fedsgd(self) -> bool:
         return (self.local_steps == 1 and self.local_epochs is None and self.local_batch_size is None
                 and self.plain_sgd)
@@ -144,8 +206,11 @@ class TrainingSpec:
         `shuffle_seed`, in the order a seeded shuffling DataLoader gives."""
         b = self.step_batch_size(samples)
         steps = self.num_steps(samples)
-        if self.shuffle_seed is None:
+        if self.order == "none":
             return [tuple((s * b + j) % samples for j in range(b)) for s in range(steps)]
+        if self.shuffle_seed is None:  # an unknown shuffle, as the server sees it
+            raise GradleakError("the client's batch order is unknown to the server (--shuffle unknown): "
+                                "an attack that replays the order cannot run; use 'fedavg'")
         import torch
 
         generator = torch.Generator().manual_seed(self.shuffle_seed)

@@ -29,6 +29,11 @@ class Update:
     clients: int = 1
     epochs: int | None = None
     meta: dict = field(default_factory=dict)
+    # The model's buffers after local training (batch-norm running mean/var,
+    # num_batches_tracked), by state-dict name, when the client sends them (a Flower client
+    # returns its whole state dict); empty when it sends parameters only. Defenses act on
+    # `tensors`; the buffers travel as sent.
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def replace(self, **changes) -> "Update":
         return dataclasses.replace(self, **changes)

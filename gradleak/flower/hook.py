@@ -9,34 +9,48 @@ Two Flower extension points, one object:
   arrays each round sends and, in `aggregate_train`, takes every audited reply
   exactly as the server received it (after all of the client's mods, Flower's
   clipping and local DP included), turns `sent - returned` into a gradleak
-  `Update` and runs the attacks on it. What the threat model may know about the
-  clients' training (learning rate, local epochs, batch size) is read from the
-  app's run config, where the server legitimately has it.
+  `Update` (with the buffers the reply carries) and runs the attacks on it. What
+  the threat model may know about the clients' training (optimizer, learning rate,
+  local epochs, batch size, shuffling seed) is read from the app's run config, where
+  the server legitimately has it; the declared training, replayed on the ground
+  truth, must reproduce each captured update (`gradleak.api.check_declared_training`),
+  else the audit warns and no verdict of `holds` follows.
 
 Results go to the gradleak results store, one row per round × client × attack.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 from torch import nn
 
 from ..errors import GradleakError
 from ..fl import TrainingSpec, Update
+from ..fl.training import AdamOptions, SGDOptions
 
 if TYPE_CHECKING:
+    from ..api import TrainingCheck
     from .strategy import AuditStrategy
 
 # Where the runner (`gradleak flower`) tells the hook to write; see runner.py.
 OUT_ENV = "GRADLEAK_FLOWER_OUT"
 DEFAULT_OUT = "gradleak-flower"
 # TrainingSpec fields the server may learn from the run config.
-TRAINING_FIELDS = ("lr", "local_steps", "local_epochs", "local_batch_size", "optimizer", "shuffle_seed")
+TRAINING_FIELDS = ("lr", "local_steps", "local_epochs", "local_batch_size", "optimizer", "shuffle_seed",
+                   "shuffle", "augment", "crop_padding", "label_smoothing", "clip_norm")
+# how each field's run-config value is read (int otherwise); `augment` is "crop,flip"
+_TEXT_FIELDS = ("optimizer", "shuffle")
+_FLOAT_FIELDS = ("lr", "label_smoothing", "clip_norm")
+# The optimizer's options (torch.optim's names), which a run config holds as keys of their own:
+# added to `optimizer` ("sgd" when not given) as its `name:k=v,...` text.
+OPTIMIZER_OPTION_FIELDS = tuple(dict.fromkeys(f.name for options in (SGDOptions, AdamOptions)
+                                              for f in dataclasses.fields(options)))
 
 
 @dataclass
@@ -47,9 +61,11 @@ class CapturedUpdate:
     node_id: int
     partition_id: int | None
     sent: dict[str, torch.Tensor]  # the global weights the server sent (state dict)
-    update: Update  # sent - returned, for the model's parameters
+    update: Update  # sent - returned, for the model's parameters; the returned buffers
     inputs: torch.Tensor
     labels: torch.Tensor
+    training: TrainingSpec  # this client's declared training in this round (its shuffling seed)
+    training_check: "TrainingCheck | None" = None  # whether that training reproduces `update`
 
 
 @dataclass
@@ -58,11 +74,20 @@ class FlowerAudit:
 
     model_fn:      builds the app's model (architecture only; weights come from the server).
     ground_truth:  `(context, message) -> (inputs, labels)`: the examples this client
-                   trains on in this round, in training order (the app's own data code).
+                   trains on in this round, in the order its data loader indexes them (the
+                   app's own data code; the shuffling is declared separately).
     training_keys: gradleak training field → the app's run-config key (`lr`,
                    `local_epochs`, `local_steps`, `local_batch_size`, `optimizer` as
-                   `name[:k=v,...]`, e.g. "sgd:momentum=0.9", `shuffle_seed`: the seed of the
-                   clients' shuffling DataLoader generator); the server knows these.
+                   `name[:k=v,...]`, e.g. "sgd:momentum=0.9", its options as keys of their
+                   own: `momentum`, `dampening`, `nesterov`, `weight_decay`, `beta1`, `beta2`,
+                   `eps`; `shuffle_seed`: one seed of every client's shuffling DataLoader
+                   generator; `shuffle` ("unknown": a shuffle the server cannot replay),
+                   `augment` ("crop,flip"), `crop_padding`, `label_smoothing`, `clip_norm`:
+                   docs/client-training.md); the server knows these.
+    shuffle_seed_rule: `(run_config, server_round, client) -> seed`: the seed of a client's
+                   shuffling DataLoader generator in a round, as the app derives it (`client`
+                   is the node's partition-id, its node id without one). The server is taken
+                   to know the rule and the client: the "known order" case.
     rounds:        server rounds to audit; clients: how many clients per audited round
                    (by node id), None for all.
     gallery:       `() -> inputs`: examples of the clients' data distribution that the
@@ -77,6 +102,7 @@ class FlowerAudit:
     model_fn: Callable[[], nn.Module]
     ground_truth: Callable[[Any, Any], tuple[torch.Tensor, torch.Tensor]]
     training_keys: dict[str, str] = field(default_factory=lambda: {"lr": "lr"})
+    shuffle_seed_rule: Callable[[Mapping[str, Any], int, int], int] | None = None
     rounds: tuple[int, ...] = (1,)
     clients: int | None = 2
     gallery: Callable[[], torch.Tensor] | None = None
@@ -92,10 +118,13 @@ class FlowerAudit:
     _gallery: torch.Tensor | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        unknown = [k for k in self.training_keys if k not in TRAINING_FIELDS]
+        unknown = [k for k in self.training_keys if k not in TRAINING_FIELDS + OPTIMIZER_OPTION_FIELDS]
         if unknown:
             raise GradleakError(f"FlowerAudit: training_keys names '{unknown[0]}'; valid: "
-                                f"{', '.join(TRAINING_FIELDS)}")
+                                f"{', '.join(TRAINING_FIELDS + OPTIMIZER_OPTION_FIELDS)}")
+        if self.shuffle_seed_rule is not None and "shuffle_seed" in self.training_keys:
+            raise GradleakError("FlowerAudit: give the clients' shuffling seed either as training_keys "
+                                "'shuffle_seed' (one seed) or as shuffle_seed_rule (per client and round), not both")
         if "lr" not in self.training_keys:
             raise GradleakError("FlowerAudit: training_keys must name the run-config key of the learning rate "
                                 "('lr')")
@@ -132,20 +161,39 @@ class FlowerAudit:
         """Wrap the app's strategy; `run_config` is the ServerApp's `context.run_config`."""
         from .strategy import AuditStrategy
 
-        return AuditStrategy(strategy, self, self.training_from(run_config))
+        return AuditStrategy(strategy, self, self.training_from(run_config), dict(run_config))
 
     def training_from(self, run_config) -> TrainingSpec:
+        """The clients' training as the run config declares it (without a per-client seed)."""
         values: dict[str, Any] = {}
+        options: list[str] = []
         for name, key in self.training_keys.items():
             if key not in run_config:
                 raise GradleakError(f"FlowerAudit: the run config has no '{key}' (for {name}); "
                                     f"keys: {', '.join(sorted(run_config))}")
             value = run_config[key]
-            values[name] = float(value) if name == "lr" else str(value) if name == "optimizer" else int(value)
+            if name in OPTIMIZER_OPTION_FIELDS:
+                options.append(f"{name}={value}")
+            else:
+                values[name] = _config_value(name, value)
+        if options:
+            base = values.get("optimizer", "sgd")
+            values["optimizer"] = base + ("," if ":" in base else ":") + ",".join(options)
         return TrainingSpec(**values)
 
+    def client_training(self, training: TrainingSpec, run_config: Mapping[str, Any], server_round: int,
+                        client: int) -> TrainingSpec:
+        """`training` with this client's shuffling seed in this round, by `shuffle_seed_rule`."""
+        if self.shuffle_seed_rule is None:
+            return training
+        seed = self.shuffle_seed_rule(run_config, server_round, client)
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise GradleakError(f"FlowerAudit: shuffle_seed_rule returned {seed!r} for round {server_round}, "
+                                f"client {client}; expected a seed >= 0")
+        return dataclasses.replace(training, shuffle_seed=seed)
+
     def audit_round(self, server_round: int, sent: dict[str, torch.Tensor], replies: list,
-                    training: TrainingSpec) -> None:
+                    training: TrainingSpec, run_config: Mapping[str, Any]) -> None:
         """Attack the audited replies of one round and store the results."""
         from ..api import audit_update
 
@@ -170,16 +218,20 @@ class FlowerAudit:
             if samples is not None and samples != len(inputs):
                 raise GradleakError(f"FlowerAudit: node {node} reports num-examples={samples} but trained on "
                                     f"{len(inputs)} examples (check ground_truth)")
-            update = _received_update(model, sent, reply, training, samples or len(inputs))
-            self.captured.append(CapturedUpdate(server_round, node, partition, sent, update, inputs, labels))
-            result = audit_update(model, update, inputs, labels, training=training, attacks=self.attacks,
+            client = partition if partition is not None else node
+            client_training = self.client_training(training, run_config, server_round, client)
+            update = _received_update(model, sent, reply, client_training, samples or len(inputs))
+            # a reply carrying the model's buffers (a whole state dict) sends them to the server
+            client_training = dataclasses.replace(client_training, sends_buffers=bool(update.buffers))
+            captured = CapturedUpdate(server_round, node, partition, sent, update, inputs, labels, client_training)
+            self.captured.append(captured)
+            result = audit_update(model, update, inputs, labels, training=client_training, attacks=self.attacks,
                                   threat=self.threat, knows=self.knows, seed=self.seed, budget=self.budget,
                                   lpips=self.lpips, model_label=type(model).__name__,
                                   data_label=f"flower round {server_round}", gallery=self.gallery_inputs())
+            captured.training_check = result.training_check
             # Rows keyed by round and client (not the run's random node id): a re-run replaces nothing.
-            client = partition if partition is not None else node
             result.save(self.store_path, sweep="flower", labels={"round": server_round, "client": client})
-
 
     def gallery_inputs(self) -> torch.Tensor | None:
         """The gallery's examples, read once per run."""
@@ -232,9 +284,11 @@ def _load(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
 
 def _received_update(model: nn.Module, sent: dict[str, torch.Tensor], reply, training: TrainingSpec,
                      samples: int) -> Update:
-    """sent - returned for every parameter: a FedAvg delta in gradleak's sign convention."""
+    """sent - returned for every parameter: a FedAvg delta in gradleak's sign convention; the
+    returned buffers (batch-norm running statistics, num_batches_tracked) as they came back."""
     returned = _state_dict_of(reply)
     names = [n for n, _ in model.named_parameters()]
+    buffers = {n: returned[n].detach().clone() for n, _ in model.named_buffers() if n in returned}
     missing = [n for n in names if n not in returned]
     if missing:
         raise GradleakError(f"FlowerAudit: the reply from node {reply.metadata.src_node_id} lacks "
@@ -247,7 +301,7 @@ def _received_update(model: nn.Module, sent: dict[str, torch.Tensor], reply, tra
         tensors[n] = (sent[n].float() - returned[n].float()).detach()
     update = Update(tensors=tensors, kind="delta", lr=training.lr, steps=training.num_steps(samples),
                     batch_size=training.step_batch_size(samples), samples=samples,
-                    epochs=training.local_epochs)
+                    epochs=training.local_epochs, buffers=buffers)
     update.check_finite()
     return update
 
@@ -287,3 +341,16 @@ def sample_count(reply) -> int | None:
             value = record["num-examples"]
             return int(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
     return None
+
+
+def _config_value(name: str, value: Any) -> Any:
+    """A run-config value as the TrainingSpec field `name` takes it; one line if it is not one."""
+    try:
+        if name == "augment":
+            return tuple(a.strip() for a in str(value).split(",") if a.strip())
+        if name in _TEXT_FIELDS:
+            return str(value)
+        return float(value) if name in _FLOAT_FIELDS else int(value)
+    except (TypeError, ValueError):
+        raise GradleakError(f"FlowerAudit: the run config's value for {name} is {value!r}, not a "
+                            f"{'number' if name in _FLOAT_FIELDS else 'whole number'}") from None

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..api import TrainingMismatchWarning
 from ..errors import GradleakError
 from ..fl import TrainingSpec
 from ..options import path_kind
@@ -34,7 +35,9 @@ class FlowerRun:
     num_supernodes: int
     run_config: dict
     captured: list[CapturedUpdate] = field(default_factory=list)  # every audited update, in order
-    training: TrainingSpec | None = None  # the clients' training, as the threat model read it
+    # the clients' training, as the run config declares it (each captured update carries its
+    # client's own, with that client's shuffling seed)
+    training: TrainingSpec | None = None
 
     @property
     def store(self) -> Path:
@@ -112,6 +115,8 @@ def run_app(app_dir: str | Path, *, out: str | Path = "gradleak-flower", num_sup
         with warnings.catch_warnings():
             if not verbose:  # Ray's start-up FutureWarnings are not the user's concern
                 warnings.simplefilter("ignore")
+            # but a declared training that does not reproduce a captured update is, every time
+            warnings.filterwarnings("always", category=TrainingMismatchWarning)
             _simulate(server_app, client_app, supernodes, config, root, verbose)
         captured = [c for a in audits for c in a.captured]
         training = audits[0].training_from(config)

@@ -10,10 +10,11 @@ class AuditStrategy(Strategy):
     """Delegates every step to the wrapped strategy; on audited rounds it keeps the
     arrays sent for training and attacks the replies before they are aggregated."""
 
-    def __init__(self, strategy: Strategy, audit, training: TrainingSpec):
+    def __init__(self, strategy: Strategy, audit, training: TrainingSpec, run_config: dict):
         self.strategy = strategy
         self.audit = audit
         self.training = training
+        self.run_config = run_config  # what each client's shuffling seed is derived from
         self._sent: dict[int, dict] = {}
 
     def __repr__(self) -> str:
@@ -31,7 +32,7 @@ class AuditStrategy(Strategy):
         replies = list(replies)
         sent = self._sent.pop(server_round, None)
         if sent is not None:
-            self.audit.audit_round(server_round, sent, replies, self.training)
+            self.audit.audit_round(server_round, sent, replies, self.training, self.run_config)
         return self.strategy.aggregate_train(server_round, replies)
 
     def configure_evaluate(self, server_round, arrays, config, grid):

@@ -39,8 +39,10 @@ def execute_cell(kind: str, spec: dict, progress: Callable[[int, int, float], No
 def attack_run_spec(spec: dict) -> AttackRunSpec:
     """A cell's stored (JSON-shaped) attack spec as the AttackRunSpec it was made from."""
     fields = dict(spec)
-    for key in ("defenses", "knows"):
+    for key in ("defenses", "knows", "augment"):
         fields[key] = tuple(fields.get(key) or ())
+    if isinstance(spec.get("augment"), str):  # "crop,flip", as on the command line
+        fields["augment"] = tuple(a.strip() for a in spec["augment"].split(",") if a.strip())
     return AttackRunSpec(**fields)
 
 

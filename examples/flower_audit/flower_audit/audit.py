@@ -1,9 +1,10 @@
 """The one gradleak hook of this app: which model, where each client's
 training examples come from (for scoring only; never sent to the server), and
-which run-config keys tell the server how clients train."""
+how the clients train: the run-config keys of their optimizer, epochs and batch
+size, and the rule that seeds each client's shuffling in each round."""
 from __future__ import annotations
 
-from flower_audit.task import Net, client_data, held_out_examples
+from flower_audit.task import Net, client_data, held_out_examples, shuffle_seed
 from gradleak.flower import FlowerAudit
 
 
@@ -15,4 +16,6 @@ def _ground_truth(context, message):
 # The gallery: MNIST test examples, which no client trains on; a reconstruction that picks out
 # its original among them is a re-identification.
 audit = FlowerAudit(model_fn=Net, ground_truth=_ground_truth, gallery=held_out_examples,
-                    training_keys={"lr": "lr", "local_epochs": "local-epochs", "local_batch_size": "batch-size"})
+                    training_keys={"lr": "lr", "momentum": "momentum", "weight_decay": "weight-decay",
+                                   "local_epochs": "local-epochs", "local_batch_size": "batch-size"},
+                    shuffle_seed_rule=shuffle_seed)

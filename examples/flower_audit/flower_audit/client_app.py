@@ -6,7 +6,7 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import LocalDpMod
 
 from flower_audit.audit import audit
-from flower_audit.task import Net, client_data, evaluate, train
+from flower_audit.task import Net, client_data, evaluate, shuffle_seed, train
 
 
 def local_dp(msg: Message, context: Context, call_next) -> Message:
@@ -34,8 +34,9 @@ def train_fn(msg: Message, context: Context) -> Message:
     model = Net()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     x, y = _data(context)
-    cfg = context.run_config
-    loss = train(model, x, y, float(cfg["lr"]), int(cfg["local-epochs"]), int(cfg["batch-size"]))
+    server_round = int(msg.content["config"]["server-round"])
+    seed = shuffle_seed(context.run_config, server_round, int(context.node_config["partition-id"]))
+    loss = train(model, x, y, context.run_config, seed)
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
                           "metrics": MetricRecord({"train_loss": loss, "num-examples": len(x)})})
     return Message(content=content, reply_to=msg)

@@ -1,14 +1,18 @@
 """The model, the clients' data and the local training of this Flower app.
 
 Every client holds a Dirichlet(alpha) non-IID share of MNIST (read offline by
-gradleak's loader) and, in each round, trains with plain SGD on its
-`examples-per-client` examples in a fixed order.
+gradleak's loader) and, in each round, trains on its `examples-per-client` examples
+as a PyTorch app usually does: a shuffling DataLoader, SGD with momentum and weight
+decay, several local epochs.
 """
 from __future__ import annotations
+
+from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from gradleak.data import DatasetSpec, load_dataset
 from gradleak.utility import dirichlet_partition
@@ -35,7 +39,7 @@ def initial_model(seed: int) -> Net:
 
 
 def client_data(partition_id: int, num_partitions: int, config) -> tuple[torch.Tensor, torch.Tensor]:
-    """This client's training examples, in the order it trains on them."""
+    """This client's training examples, in the order its DataLoader indexes them."""
     train = load_dataset(DatasetSpec("mnist", split="train"))
     seed, alpha = int(config["seed"]), float(config["dirichlet-alpha"])
     shards = dirichlet_partition(train.labels, num_partitions, alpha, seed)
@@ -50,18 +54,30 @@ def held_out_examples(count: int = 1000) -> torch.Tensor:
     return load_dataset(DatasetSpec("mnist", split="test")).inputs[:count]
 
 
-def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float, epochs: int, batch_size: int) -> float:
-    """Plain SGD over mini-batches in order; returns the last batch's loss."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+def shuffle_seed(config: Mapping[str, Any], server_round: int, partition_id: int) -> int:
+    """The seed of a client's shuffling DataLoader in a round: the run config's seed, the round
+    and the partition (fewer than 1,000), so that a rerun shuffles alike and whoever knows the
+    app's config knows every client's order."""
+    return int(config["seed"]) * 1_000_000 + server_round * 1_000 + partition_id
+
+
+def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: Mapping[str, Any], seed: int) -> float:
+    """`local-epochs` passes of SGD with momentum and weight decay over mini-batches of
+    `batch-size` (a client with fewer examples takes them all at once), reshuffled every
+    epoch by a DataLoader seeded with `seed`; returns the last batch's loss."""
+    loader = DataLoader(TensorDataset(x, y), batch_size=int(config["batch-size"]), shuffle=True,
+                        generator=torch.Generator().manual_seed(seed))
+    optimizer = torch.optim.SGD(model.parameters(), lr=float(config["lr"]), momentum=float(config["momentum"]),
+                                weight_decay=float(config["weight-decay"]))
     model.train()
     loss = torch.tensor(0.0)
-    for _ in range(epochs):
-        for start in range(0, len(x), batch_size):
+    for _ in range(int(config["local-epochs"])):
+        for inputs, labels in loader:
             optimizer.zero_grad()
-            loss = F.cross_entropy(model(x[start:start + batch_size]), y[start:start + batch_size])
+            loss = F.cross_entropy(model(inputs), labels)
             loss.backward()
             optimizer.step()
-    return float(loss)
+    return float(loss.detach())
 
 
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
