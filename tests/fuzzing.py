@@ -688,7 +688,8 @@ def generate_cases() -> list[Case]:
 
 def subprocess_sample(cases: list[Case], count: int = 20) -> list[Case]:
     """A fixed, spread-out sample (every kind of case) to run as real processes."""
-    picks = [c for c in cases if c.xfail is None]
+    # the OS refuses a NUL byte in a process's arguments: such cases run in process only
+    picks = [c for c in cases if c.xfail is None and not any("\x00" in a for a in c.argv)]
     wanted = ("tensor-attack-payload.pt", "cifar-payload", "checkpoint-payload.pt", "store-labels_not_json.db",
               "images-truncated-test", "idx-overflow", "device-attack-mps", "out-attack-file",
               "bound-epsilon-subnormal", "utility-dpsgd-sigma0", "model-size-convnet:width=100000",
