@@ -46,6 +46,8 @@ def _client_row(dataset: str, model_name: str, batch: int, local_batch: int, epo
     pick = torch.randperm(len(test.labels), generator=torch.Generator().manual_seed(seed))[:batch]
     x, y = test.inputs[pick], test.labels[pick]
     gallery = train.inputs[torch.randperm(len(train.labels), generator=torch.Generator().manual_seed(99))[:1000]]
+    # the offline cifar10 samples are one set of 20 for both splits: never the client's own examples
+    gallery = gallery[torch.tensor([not any(torch.equal(g, t) for t in x) for g in gallery])]
     model = build_named_model(model_name, tuple(test.input_shape), test.num_classes, seed=seed)
     known = TrainingSpec(lr=lr, local_epochs=epochs, local_batch_size=local_batch, optimizer=optimizer,
                          shuffle_seed=seed + 1)
