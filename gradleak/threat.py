@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .errors import GradleakError
-from .fl.buffers import statistics_from_buffers, why_no_batch_statistics
+from .fl.buffers import batchnorm_layers, statistics_from_buffers, why_no_batch_statistics
 from .fl.training import TrainingSpec
 from .fl.update import Update
 from .knowledge import KNOWLEDGE, PRESETS  # noqa: F401  (re-exported: the threat model's vocabulary)
@@ -178,8 +178,7 @@ def capture_bn_statistics(model: nn.Module, x: torch.Tensor) -> list[tuple[torch
         dims = [0] + list(range(2, h.dim()))
         stats.append((h.mean(dims), h.var(dims, unbiased=False)))
 
-    handles = [m.register_forward_hook(hook) for m in model.modules()
-               if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    handles = [layer.register_forward_hook(hook) for _, layer in batchnorm_layers(model)]
     if not handles:
         return []
     saved = {n: b.clone() for n, b in model.named_buffers()}

@@ -10,7 +10,8 @@ import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from gradleak.attacks.fedavg import LaidOutSimulator, client_layout, combine_copies
+from gradleak.attacks.fedavg import client_layout, combine_copies
+from gradleak.attacks.matching import UpdateSimulator
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.models import ModelSpec, build_model
 from gradleak.threat import make_threat_model, observe
@@ -37,7 +38,7 @@ def test_the_true_examples_in_the_clients_order_reproduce_the_update(mnist_test,
     layout = client_layout(obs, "epochs")
     assert layout.copies == 2 and len(layout.example) == 10 and [len(s) for s in layout.steps] == [2, 2, 1] * 2
     rows = torch.tensor(layout.example)
-    assert _worst(LaidOutSimulator(obs, layout)(x[rows], y[rows]), update) < 1e-6
+    assert _worst(UpdateSimulator(obs, steps=layout.steps)(x[rows], y[rows]), update) < 1e-6
     # order unknown: the layout cuts each epoch as the client did; the client's own order fills it
     unknown = dataclasses.replace(known, shuffle="unknown")
     update = compute_update(model, x, y, unknown)
@@ -46,9 +47,9 @@ def test_the_true_examples_in_the_clients_order_reproduce_the_update(mnist_test,
     assert [len(s) for s in layout.steps] == [2, 2, 1] * 2 and layout.copies == 2
     order = [i for step in known.step_indices(5) for i in step]  # the client's secret order
     rows = torch.tensor(order)
-    assert _worst(LaidOutSimulator(obs, layout)(x[rows], y[rows]), update) < 1e-6
+    assert _worst(UpdateSimulator(obs, steps=layout.steps)(x[rows], y[rows]), update) < 1e-6
     shifted = torch.tensor(order[1:] + order[:1])
-    assert _worst(LaidOutSimulator(obs, layout)(x[shifted], y[shifted]), update) > 1e-4
+    assert _worst(UpdateSimulator(obs, steps=layout.steps)(x[shifted], y[shifted]), update) > 1e-4
 
 
 def test_epoch_copies_are_registered_back_to_one_example_each(mnist_test):

@@ -29,7 +29,6 @@ from typing import Literal
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from ..fl.local import local_update
 from ..fl.training import TrainingSpec
 from ..options import check
 from ..threat import Observation
@@ -129,22 +128,6 @@ def client_layout(obs: Observation, copies: str) -> Layout:
                   [e for e in range(epochs) for _ in range(samples)])
 
 
-class LaidOutSimulator(UpdateSimulator):
-    """The client's local training over candidate rows in `layout`'s mini-batches."""
-
-    def __init__(self, obs: Observation, layout: Layout, device: torch.device | str = "cpu"):
-        super().__init__(obs, device, second_order="exact")
-        self.layout = layout
-
-    def __call__(self, x: torch.Tensor, y: torch.Tensor):
-        buffers = {k: v.clone() for k, v in self.buffers.items()}
-        if self.cheap_double_backward and x.grad_fn is None:
-            x = x.view_as(x)
-        _, update = local_update(self.model, self.params, buffers, x, y, self.training, create_graph=True,
-                                 steps=self.layout.steps)
-        return self.as_sent(update)
-
-
 @dataclass
 class EpochOrderInvariance(Prior):
     """Dimitrov et al.'s epoch-order-invariant prior: the mean of every epoch's copies
@@ -218,7 +201,7 @@ class FedAvgAttack(ResumableAttack):
     def rungs(self, obs: Observation, ctx: AttackContext) -> Iterator[Reconstruction]:
         opt = self.options
         layout = client_layout(obs, opt.copies)
-        sim = LaidOutSimulator(obs, layout, ctx.device)
+        sim = UpdateSimulator(obs, ctx.device, steps=layout.steps)
         labels = recover_labels(obs, opt.label_method, ctx.generator(17))
         example = torch.tensor(layout.example)
         row_labels = labels[example].to(ctx.device)

@@ -14,11 +14,14 @@ is negative is counted at least once.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 import torch
 
+from ..fl.local import optimizer_step
 from ..models import last_linear
+from ..options import ComponentSpec
 from ..threat import Observation
 
 Method = Literal["auto", "bias", "weight"]
@@ -77,17 +80,16 @@ def _sgd_step_weights(obs: Observation) -> list[float] | None:
     steps = training.num_steps(obs.batch_size)
     if steps < 2:
         return None
-    opt = training.optimizer_options
-    weights = []
-    for s in range(steps):  # the displacement from a unit gradient at step s alone
-        buffer, moved = 0.0, 0.0
-        for t in range(s, steps):
-            g = 1.0 if t == s else 0.0
-            buffer = g if t == 0 else opt.momentum * buffer + (1 - opt.dampening) * g
-            step = (g + opt.momentum * buffer if opt.nesterov else buffer) if opt.momentum else g
-            moved += step
-        weights.append(moved)
-    return weights
+    options = training.optimizer_options
+    unit = dataclasses.replace(training, lr=1.0, optimizer=str(ComponentSpec("sgd", {
+        "momentum": options.momentum, "dampening": options.dampening, "nesterov": options.nesterov})))
+    # The client's own optimizer, by linearity run once over a parameter with one coordinate
+    # per step whose gradient at step s is the unit vector e_s: coordinate s ends displaced by c_s.
+    params = {"c": torch.zeros(steps, dtype=torch.float64)}
+    state: dict[str, dict[str, torch.Tensor]] = {}
+    for s in range(steps):
+        params = optimizer_step(unit, s, params, {"c": torch.eye(steps, dtype=torch.float64)[s]}, state)
+    return (-params["c"]).tolist()
 
 
 @torch.no_grad()
@@ -99,35 +101,21 @@ def _trajectory_counts(obs: Observation, head_name: str, head: torch.nn.Module, 
     proportion to how far the client had moved by then, and the step gradients' head entries
     Σ_s c_s (p̄_s − n_s/B_s) are solved for the counts, each example seen in a step in
     proportion to that step's share of the batch."""
-    from torch.func import functional_call
-
     batch, training = obs.batch_size, obs.training
     delta = obs.update.tensors
     params = {n: p.detach() for n, p in obs.model.named_parameters()}
-    buffers = {n: b.detach() for n, b in obs.model.named_buffers()}
     x = _dummy_inputs(obs, generator)
-    features: list[torch.Tensor] = []
-    handle = head.register_forward_hook(lambda _m, inp, _o: features.append(inp[0]))
     total = sum(weights)
     probs_sum = torch.zeros(())
     feature_weighted = torch.zeros(())
     done = 0.0
-    model = obs.model
-    was_training = model.training
-    model.eval()
-    try:
-        for c in weights:
-            fraction = done / total
-            moved = {n: p - fraction * delta[n] if n in delta else p for n, p in params.items()}
-            features.clear()
-            probs = torch.softmax(functional_call(model, (moved, buffers), (x,)), -1).mean(0)
-            feature_sum = float(features[0].sum(1).mean())
-            probs_sum = probs_sum + c * probs * (feature_sum if not use_bias else 1.0)
-            feature_weighted = feature_weighted + c * (feature_sum if not use_bias else 1.0)
-            done += c
-    finally:
-        handle.remove()
-        model.train(was_training)
+    for c in weights:
+        fraction = done / total
+        moved = {n: p - fraction * delta[n] if n in delta else p for n, p in params.items()}
+        probs, feature_sum = _head_statistics(obs.model, head, x, moved)
+        probs_sum = probs_sum + c * probs * (feature_sum if not use_bias else 1.0)
+        feature_weighted = feature_weighted + c * (feature_sum if not use_bias else 1.0)
+        done += c
     lr = training.lr
     if use_bias:
         observed = delta[f"{head_name}.bias"] / lr
@@ -146,17 +134,25 @@ def _dummy_inputs(obs: Observation, generator: torch.Generator | None) -> torch.
     return torch.randn((64, *obs.input_shape), generator=g) if obs.modality == "tabular" else x
 
 
-@torch.no_grad()
 def _dummy_statistics(obs: Observation, head: torch.nn.Module, generator: torch.Generator | None
                       ) -> tuple[torch.Tensor, float]:
-    x = _dummy_inputs(obs, generator)
+    return _head_statistics(obs.model, head, _dummy_inputs(obs, generator))
+
+
+@torch.no_grad()
+def _head_statistics(model: torch.nn.Module, head: torch.nn.Module, x: torch.Tensor,
+                     params: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, float]:
+    """The mean softmax of `x` and the mean feature sum entering the head, with the model in
+    eval mode, at its own weights or at `params`."""
+    from torch.func import functional_call
+
     features: list[torch.Tensor] = []
     handle = head.register_forward_hook(lambda _m, inp, _o: features.append(inp[0]))
-    model = obs.model
     was_training = model.training
     model.eval()
     try:
-        probs = torch.softmax(model(x), -1).mean(0)
+        logits = model(x) if params is None else functional_call(model, params, (x,))
+        probs = torch.softmax(logits, -1).mean(0)
     finally:
         handle.remove()
         model.train(was_training)

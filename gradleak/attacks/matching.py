@@ -37,8 +37,12 @@ class UpdateSimulator:
     """Candidate data → the update the client would send (differentiable)."""
 
     def __init__(self, obs: Observation, device: torch.device | str = "cpu", *,
-                 cheap_double_backward: bool = True, second_order: SecondOrder = "exact"):
+                 cheap_double_backward: bool = True, second_order: SecondOrder = "exact",
+                 steps: list[tuple[int, ...]] | None = None):
         self.obs = obs
+        # the candidate rows of every local step, when an attack lays its candidates out
+        # otherwise than one row per example (`local_update`'s `steps`; the fedavg attack)
+        self.steps = steps
         # The declared local training when revealed (a FedAvg delta cannot be replayed
         # without it: `obs.training` refuses); otherwise a FedSGD gradient is one plain
         # step at the update's learning rate.
@@ -46,7 +50,7 @@ class UpdateSimulator:
             self.training = obs.training
         else:
             self.training = TrainingSpec(lr=obs.update.lr)
-        differenced = (second_order != "exact" and obs.update.kind == "gradient"
+        differenced = (second_order != "exact" and steps is None and obs.update.kind == "gradient"
                        and self.training.is_fedsgd and self.training.plain_loss and supports(obs.model)
                        and (second_order == "difference" or has_convolutions(obs.model)))
         # A private copy whose conv / batch-norm layers get the cheaper second
@@ -70,7 +74,7 @@ class UpdateSimulator:
         # an all-linear model's gradient as its factors (`factored`): exact, and
         # its second derivative never touches parameter-sized tensors
         self.factored = (factored.FactoredGradient(self.model, self.names)
-                         if (self.cheap_double_backward and obs.update.kind == "gradient"
+                         if (self.cheap_double_backward and steps is None and obs.update.kind == "gradient"
                              and self.training.is_fedsgd and self.training.plain_loss
                              and factored.supports(self.model, self.names, obs.input_shape))
                          else None)
@@ -87,7 +91,7 @@ class UpdateSimulator:
             # gradient while the update is simulated (see double_backward)
             x = x.view_as(x)
         _, update = local_update(self.model, self.params, buffers, x, y, self.training,
-                                 create_graph=True)
+                                 create_graph=True, steps=self.steps)
         return self.as_sent(update)
 
     def as_sent(self, update: Tensors) -> Tensors:
