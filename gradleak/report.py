@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import html
 import json
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import jinja2
 
 from .analysis import (
     HOLDS_MIN_SEEDS,
@@ -29,36 +30,11 @@ from .errors import GradleakError
 from .store import ResultStore
 from .viz import pairs_thumbnail
 
-_CSS = """
-body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1400px}
-table{border-collapse:collapse;margin:1em 0;font-size:13px}
-th,td{border:1px solid #ccc;padding:3px 7px;text-align:right}
-th{background:#f0f0f0} td.l,th.l{text-align:left}
-tr.frontier td{background:#eaf6ea}
-figure{display:inline-block;margin:6px;vertical-align:top;font-size:12px;max-width:360px}
-figure img{image-rendering:pixelated;border:1px solid #ddd;max-width:340px}
-figure.plot{max-width:none} figure.plot img{max-width:660px;image-rendering:auto}
-.note{color:#666;font-size:13px}
-table.matrix td,table.matrix th{text-align:center;vertical-align:top;font-size:12px}
-table.matrix th.l{text-align:left} table.matrix tr.group th{background:#fafafa;text-align:left}
-img.thumb{image-rendering:pixelated;max-width:200px;max-height:110px;border:1px solid #ddd;display:block;
-margin:0 auto 2px}
-td.empty{color:#999;font-style:italic;max-width:200px} .warn{color:#a60}
-details{margin:.4em 0} summary{cursor:pointer;font-weight:600}
-ul.answer li{font-weight:600;margin:.3em 0} div.scroll{overflow-x:auto;max-width:100%}
-"""
-
-# Counts loaded and broken images and script errors into the title, so a headless
-# browser (and the test) can check the page rendered completely.
-_CHECK_SCRIPT = """
-window.__errors=0;window.addEventListener('error',function(e){if(!(e.target&&e.target.tagName==='IMG')){window.__errors++;}},true);
-window.addEventListener('load',function(){var ok=0,bad=0;var imgs=document.images;
-for(var i=0;i<imgs.length;i++){if(imgs[i].complete&&imgs[i].naturalWidth>0){ok++;}else{bad++;}}
-var thumbs=document.querySelectorAll('img.thumb'),tok=0;
-for(var j=0;j<thumbs.length;j++){if(thumbs[j].complete&&thumbs[j].naturalWidth>0){tok++;}}
-document.title=document.title+' [images ok='+ok+' broken='+bad+' errors='+window.__errors
-+' matrix='+tok+'/'+thumbs.length+']';});
-"""
+# The page's markup lives in templates/report.html. Autoescaping is on and every value handed to
+# the template is plain text, so whatever a store holds (labels, errors, sentences of a text
+# dataset) prints as text, never as markup or template code.
+_TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("gradleak", "templates"), autoescape=True,
+                                undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 
 
 def _fmt(value, digits: int = 4) -> str:
@@ -71,17 +47,28 @@ def _fmt(value, digits: int = 4) -> str:
     return str(value)
 
 
-def _table(rows: list[dict], columns: list[tuple[str, str]], row_class=None) -> str:
-    head = "".join(f"<th class='l'>{html.escape(t)}</th>" if i < 1 else f"<th>{html.escape(t)}</th>"
-                   for i, (_, t) in enumerate(columns))
-    body = []
-    for r in rows:
-        cls = f" class='{row_class(r)}'" if row_class and row_class(r) else ""
-        cells = "".join(f"<td class='l'>{html.escape(_fmt(r.get(k)))}</td>" if isinstance(r.get(k), str)
-                        else f"<td>{html.escape(_fmt(r.get(k)))}</td>" for k, _ in columns)
-        body.append(f"<tr{cls}>{cells}</tr>")
-    # a wide table scrolls inside its own box; the page keeps its width
-    return f"<div class='scroll'><table><tr>{head}</tr>{''.join(body)}</table></div>"
+@dataclass
+class TableCell:
+    text: str
+    left: bool  # text aligns left, numbers right
+
+
+@dataclass
+class TableRow:
+    cells: list[TableCell]
+    css_class: str = ""
+
+
+@dataclass
+class Table:
+    titles: list[str]
+    rows: list[TableRow]
+
+
+def _table(rows: list[dict], columns: list[tuple[str, str]], row_class=None) -> Table:
+    return Table([title for _, title in columns],
+                 [TableRow([TableCell(_fmt(r.get(k)), isinstance(r.get(k), str)) for k, _ in columns],
+                           row_class(r) if row_class else "") for r in rows])
 
 
 STRONGEST_COLUMNS = [("dataset", "dataset"), ("model", "model"), ("batch_size", "batch"),
@@ -321,16 +308,48 @@ class _Images:
         return self.grid(cell)
 
 
-def _matrix_cell(slot: dict | None, images: _Images) -> str:
+@dataclass
+class MatrixLine:
+    text: str
+    warning: bool = False
+
+
+@dataclass
+class MatrixCell:
+    """An empty cell says why (`empty`); a filled one shows the best seed's thumbnail and its scores."""
+
+    empty: str | None = None
+    lines: list[MatrixLine] = field(default_factory=list)
+    thumb: str | None = None
+    alt: str = ""
+
+
+@dataclass
+class MatrixRow:
+    label: str
+    cells: list[MatrixCell]
+    group: str | None = None  # the batch size and local steps this row starts, where a matrix mixes them
+
+
+@dataclass
+class Matrix:
+    title: str
+    setting: str | None  # the one batch size and local steps of all rows, said once above the table
+    corner: str  # the top-left heading, "defense \ attack" or "attack \ defense"
+    columns: list[str]
+    rows: list[MatrixRow]
+
+
+def _matrix_cell(slot: dict | None, images: _Images) -> MatrixCell:
     if slot is None:
-        return "<td class='empty'>not in the sweep</td>"
+        return MatrixCell(empty="not in the sweep")
     best = slot["best"]
     if best is None:
         if slot["not_run"]:
-            return f"<td class='empty'>not run: {html.escape(slot['not_run'])}</td>"
+            return MatrixCell(empty=f"not run: {slot['not_run']}")
         error = slot["failed"][0] if slot["failed"] else "no result"
         error = error if len(error) <= 160 else error[:157] + "…"
-        return f"<td class='empty'>failed: {html.escape(error)}</td>"
+        return MatrixCell(empty=f"failed: {error}")
     m, lab = best.metrics, best.labels
     if m.get("psnr") is not None:
         score = f"PSNR {_fmt(m.get('psnr'), 3)} dB · SSIM {_fmt(m.get('ssim'), 2)}"
@@ -338,49 +357,48 @@ def _matrix_cell(slot: dict | None, images: _Images) -> str:
         score = f"MSE {_fmt(m.get('mse'), 3)}"
     if m.get("asr"):
         score += f" · ASR {_fmt(m.get('asr'), 2)}"
-    lines = [html.escape(score)]
+    lines = [MatrixLine(score)]
     if slot["seeds"] > 1:
-        lines.append(html.escape(f"best of {slot['seeds']} seeds (seed {lab.get('seed')})"))
+        lines.append(MatrixLine(f"best of {slot['seeds']} seeds (seed {lab.get('seed')})"))
     ladder = cell_ladder(best)
     if ladder.get("decision") == "undecided":
-        lines.append(f"<span class='warn'>not saturated at {int(ladder.get('iterations') or 0):,} iterations"
-                     "</span>")
+        lines.append(MatrixLine(f"not saturated at {int(ladder.get('iterations') or 0):,} iterations", True))
     scores = [m.get("reid"), m.get("examples")]
     if all(isinstance(v, (int, float)) for v in scores):
-        lines.append(html.escape(f"re-identified {round(scores[0] * scores[1])} of {int(scores[1])}"))
+        lines.append(MatrixLine(f"re-identified {round(scores[0] * scores[1])} of {int(scores[1])}"))
     if slot["failed"]:
-        lines.append(f"<span class='warn'>{len(slot['failed'])} run(s) failed</span>")
-    name = images.thumb(best)
+        lines.append(MatrixLine(f"{len(slot['failed'])} run(s) failed", True))
     alt = f"{lab.get('attack_spec')} under {lab.get('defense')} {lab.get('strength') or ''}: {score}"
-    img = f"<img class='thumb' src='{name}' alt='{html.escape(alt)}'>" if name else ""
-    return f"<td>{img}{'<br>'.join(lines)}</td>"
+    return MatrixCell(lines=lines, thumb=images.thumb(best), alt=alt)
 
 
-def _matrix_html(matrices: list[dict], images: _Images) -> list[str]:
-    parts = []
+def _setting_words(setting: tuple) -> str:
+    return f"batch {_fmt(setting[0])}, {_fmt(setting[1])} local step(s)"
+
+
+def _matrices(matrices: list[dict], images: _Images) -> list[Matrix]:
+    views = []
     for m in matrices:
-        parts.append(f"<h3>{html.escape(_threat_title(m['threat']))} · {html.escape(str(m['dataset']))} · "
-                     f"{html.escape(str(m['model']))}</h3>")
         # rows are sorted by (batch size, local steps) first: one header per setting, never mixed
         settings = list(dict.fromkeys(r[:2] for r in m["rows"]))
-        if len(settings) == 1:
-            parts.append(f"<p class='note'>batch {html.escape(_fmt(settings[0][0]))}, "
-                         f"{html.escape(_fmt(settings[0][1]))} local step(s)</p>")
+        title = f"{_threat_title(m['threat'])} · {m['dataset']} · {m['model']}"
+        setting = _setting_words(settings[0]) if len(settings) == 1 else None
         if len(m["columns"]) > len(m["rows"]):
-            parts.append(_matrix_by_attack(m, images, multiple=len(settings) > 1))
+            # more attacks than defense settings (an audit runs a dozen on one setting): attacks
+            # as rows, so the matrix grows down the page instead of off its side
+            rows = [MatrixRow(c, [_matrix_cell(m["cells"].get((r, c)), images) for r in m["rows"]])
+                    for c in m["columns"]]
+            views.append(Matrix(title, setting, "attack \\ defense",
+                                [_row_label(r, len(settings) > 1) for r in m["rows"]], rows))
             continue
-        head = ("<tr><th class='l'>defense \\ attack</th>"
-                + "".join(f"<th>{html.escape(c)}</th>" for c in m["columns"]) + "</tr>")
-        body, previous = [], None
+        rows, previous = [], None
         for row in m["rows"]:
-            if len(settings) > 1 and row[:2] != previous:
-                body.append(f"<tr class='group'><th colspan='{len(m['columns']) + 1}'>batch "
-                            f"{html.escape(_fmt(row[0]))}, {html.escape(_fmt(row[1]))} local step(s)</th></tr>")
-                previous = row[:2]
-            body.append(f"<tr><th class='l'>{html.escape(_row_label(row))}</th>"
-                        + "".join(_matrix_cell(m["cells"].get((row, c)), images) for c in m["columns"]) + "</tr>")
-        parts.append(f"<table class='matrix'>{head}{''.join(body)}</table>")
-    return parts
+            group = _setting_words(row[:2]) if len(settings) > 1 and row[:2] != previous else None
+            previous = row[:2]
+            rows.append(MatrixRow(_row_label(row), [_matrix_cell(m["cells"].get((row, c)), images)
+                                                    for c in m["columns"]], group))
+        views.append(Matrix(title, setting, "defense \\ attack", list(m["columns"]), rows))
+    return views
 
 
 def _row_label(row: tuple, with_setting: bool = False) -> str:
@@ -388,15 +406,80 @@ def _row_label(row: tuple, with_setting: bool = False) -> str:
     return f"{label} (batch {_fmt(row[0])}, {_fmt(row[1])} step(s))" if with_setting else label
 
 
-def _matrix_by_attack(m: dict, images: "_Images", multiple: bool) -> str:
-    """More attacks than defense settings (an audit runs a dozen on one setting): attacks as
-    rows, so the matrix grows down the page instead of off its side."""
-    head = ("<tr><th class='l'>attack \\ defense</th>"
-            + "".join(f"<th>{html.escape(_row_label(r, multiple))}</th>" for r in m["rows"]) + "</tr>")
-    body = [f"<tr><th class='l'>{html.escape(c)}</th>"
-            + "".join(_matrix_cell(m["cells"].get((r, c)), images) for r in m["rows"]) + "</tr>"
-            for c in m["columns"]]
-    return f"<table class='matrix'>{head}{''.join(body)}</table>"
+@dataclass
+class Figure:
+    src: str
+    alt: str
+    caption: str | None = None
+
+
+@dataclass
+class GalleryGroup:
+    defense: str
+    figures: list[Figure]
+
+
+def _gallery(cells, images: _Images) -> list[GalleryGroup]:
+    """Every attack cell's grid, grouped by defense (undefended first), then ordered as the
+    tables are: threat model, scenario, strength, attack, seed."""
+    grids = sorted((c for c in cells if c.kind == "attack" and c.grid_png is not None),
+                   key=lambda c: (c.labels.get("defense") != "none", str(c.labels.get("defense")),
+                                  *[str(c.labels.get(k, "")) for k in SCENARIO_KEYS],
+                                  str(c.labels.get("strength")), str(c.labels.get("attack_spec")),
+                                  str(c.labels.get("seed"))))
+    by_defense: dict[str, list[Figure]] = defaultdict(list)
+    for cell in grids:
+        lab = cell.labels
+        caption = (f"{lab.get('threat', '')} · {lab.get('attack_spec')} · {lab.get('defense')} "
+                   f"{lab.get('strength')} · batch {lab.get('batch_size')} · T={lab.get('local_steps')} · "
+                   f"seed {lab.get('seed')} · PSNR {_fmt(cell.metrics.get('psnr'), 3)}")
+        by_defense[str(lab.get("defense"))].append(Figure(images.grid(cell), caption, caption))
+    return [GalleryGroup(defense, figures) for defense, figures in by_defense.items()]
+
+
+ROUND_COLUMNS = [("round", "round"), ("client", "client"), ("attack", "attack"), ("mse", "MSE"), ("psnr", "PSNR"),
+                 ("ssim", "SSIM"), ("lpips", "LPIPS"), ("asr", "ASR")]
+ATTACK_COLUMNS = [("attack_spec", "attack"), ("dataset", "dataset"), ("batch_size", "batch"),
+                  ("local_steps", "local steps"), ("defense", "defense"), ("strength", "strength"),
+                  *[(m, m.upper()) for m in ("mse", "psnr", "ssim", "lpips", "label_acc", "asr", "iterations")],
+                  ("seconds", "seconds")]
+SKIPPED_COLUMNS = [("attack", "attack"), ("model", "model"), ("defense", "defense"), ("reason", "reason")]
+FAILED_COLUMNS = [("kind", "cell"), ("what", "attack"), ("dataset", "dataset"), ("model", "model"),
+                  ("defense", "defense"), ("batch", "batch"), ("error", "error")]
+
+
+def _study_columns(factor: str) -> list[tuple[str, str]]:
+    return [("threat", "threat"), ("dataset", "dataset"), ("model", "model"), ("attack", "attack"),
+            (factor, factor), ("asr", "ASR"), ("iterations", "iterations"), ("psnr", "PSNR"), ("cells", "cells")]
+
+
+def _skipped_table(cells) -> Table | None:
+    skipped = [{"attack": c.labels.get("attack_spec"), "model": c.labels.get("model"),
+                "defense": c.labels.get("defense"), "reason": c.labels.get("reason")}
+               for c in cells if c.kind == "skipped"]
+    return _table(skipped, SKIPPED_COLUMNS) if skipped else None
+
+
+def _failed_table(cells) -> Table | None:
+    failed = [{"kind": c.labels.get("cell_kind"), "what": c.labels.get("attack_spec"),
+               "dataset": c.labels.get("dataset"), "model": c.labels.get("model"),
+               "defense": c.labels.get("defense"), "batch": c.labels.get("batch_size"),
+               "error": c.extras.get("error") if isinstance(c.extras, dict) else None}
+              for c in cells if c.kind == "failed"]
+    return _table(failed, FAILED_COLUMNS) if failed else None
+
+
+def _tradeoff_figures(entries: list[dict], out: Path) -> list[Figure]:
+    """One trade-off plot per scenario (the ones with something to plot)."""
+    scenarios: dict[tuple, list[dict]] = defaultdict(list)
+    for e in entries:
+        scenarios[tuple(e[k] for k in SCENARIO_KEYS)].append(e)
+    figures = []
+    for i, (key, members) in enumerate(scenarios.items()):
+        name = f"tradeoff-{i}.png"
+        if _tradeoff_plot(members, out / name, _scenario_title(key)):
+            figures.append(Figure(name, f"trade-off {i}", _scenario_title(key)))
+    return figures
 
 
 def write_report(store_path: str | Path, out: str | Path) -> dict:
@@ -410,145 +493,31 @@ def write_report(store_path: str | Path, out: str | Path) -> dict:
         (out / "images").mkdir(parents=True, exist_ok=True)
         entries = strongest_attacks(cells)
         rows = attack_rows(cells)
-        studies = study_tables(cells)
         images = _Images(out, store)
-        parts = [f"<h1>gradleak report</h1><p class='note'>store {html.escape(str(store_path))}: "
-                 f"{sum(c.kind == 'attack' for c in cells)} attack cells, "
-                 f"{sum(c.kind == 'utility' for c in cells)} utility runs, "
-                 f"{sum(c.kind == 'skipped' for c in cells)} attacks not run, "
-                 f"{sum(c.kind == 'failed' for c in cells)} cells failed. Exports: "
-                 "<a href='strongest.csv'>strongest.csv</a>, <a href='attacks.csv'>attacks.csv</a>, "
-                 "<a href='utility.csv'>utility.csv</a>, <a href='results.json'>results.json</a>.</p>"]
-
-        parts.append("<h2 id='verdict'>Verdict</h2>")
-        for section in verdict_sections(entries):
-            parts.append(f"<h3>{html.escape(section.title)}</h3><ul class='answer'>"
-                         + "".join(f"<li>{html.escape(line)}</li>" for line in section.answers) + "</ul>"
-                         + "<p class='note'>Each defense setting:</p><ul>"
-                         + "".join(f"<li>{html.escape(line)}</li>" for line in section.settings) + "</ul>"
-                         + "".join(f"<p class='note'>{html.escape(line)}</p>" for line in section.notes))
-
-        matrices = best_reconstructions(cells)
-        if matrices:
-            parts.append("<h2 id='matrix'>Best reconstruction per defense and attack</h2><p class='note'>One "
-                         "matrix per threat model, dataset and model. Each cell shows the seed in which that "
-                         "attack reconstructed best (lowest MSE) under that defense: originals on top, "
-                         "reconstructions below (the first "
-                         f"{THUMB_IMAGES} of a larger batch), with that run's PSNR and SSIM (MSE for tabular "
-                         "data). An empty cell says why: the attack was not run (the threat model or the "
-                         "architecture rules it out) or it failed.</p>")
-            parts.extend(_matrix_html(matrices, images))
-
-        parts.append("<h2>Strongest attack per defense (Liu et al., Eq. 3)</h2><p class='note'>For each defense "
-                     "and strength, the best value over all attacks of each metric, and the attack that "
-                     "reached it, one table per threat model; ± is the half-width of the 95% interval over seeds. "
-                     "A setting <em>leaks</em> when some attack copied an example exactly (MSE ≤ 1e-3) or "
-                     "re-identified more examples among the gallery than chance gives (the 95% interval of the "
-                     "rate, pooled over seeds, lies above chance). It <em>holds</em> only when "
-                     f"{HOLDS_MIN_SEEDS}+ seeds ran, every attack saturated on its budget ladder (the last "
-                     "doubling of its iterations changed neither PSNR by more than 0.5 dB nor the examples "
-                     "re-identified) or is analytic, and no more examples were re-identified than chance. "
-                     "'budget' is the iterations the ladders ended at. Green rows lie on the utility–privacy "
-                     "frontier.</p>")
-        for threat, members in _by_threat(entries).items():
-            parts.append(f"<h3>{html.escape(_threat_title(threat))}</h3>")
-            parts.append(_table([_with_words(e, full=True) for e in members], STRONGEST_COLUMNS,
-                                lambda e: "frontier" if e.get("frontier") else ""))
-
-        parts.append("<h2>Utility–privacy trade-off</h2><p class='note'>Per defense and strength: utility "
-                     "loss against the best attack's PSNR (higher = more leaked; exact copies drawn at "
-                     f"{PLOT_PSNR_CAP:g} dB), frontier dashed. Where the utility model did not train, the "
-                     "x axis lists the defenses instead of a loss.</p>")
-        scenarios: dict[tuple, list[dict]] = defaultdict(list)
-        for e in entries:
-            scenarios[tuple(e[k] for k in SCENARIO_KEYS)].append(e)
-        for i, (key, members) in enumerate(scenarios.items()):
-            name = f"tradeoff-{i}.png"
-            if _tradeoff_plot(members, out / name, _scenario_title(key)):
-                parts.append(f"<figure class='plot'><img src='{name}' alt='trade-off {i}'>"
-                             f"<figcaption>{html.escape(_scenario_title(key))}</figcaption></figure>")
-
         rounds = leakage_by_round(cells)
-        if rounds:
-            parts.append("<h2>Leakage per round</h2><p class='note'>Each audited client update of the "
-                         "federation, by server round: the strongest attack's PSNR (mean over the audited "
-                         "clients; higher = more leaked).</p>")
-            if _rounds_plot(rounds, out / "rounds.png"):
-                parts.append("<figure class='plot'><img src='rounds.png' alt='leakage per round'></figure>")
-            parts.append(_table(rounds, [("round", "round"), ("client", "client"), ("attack", "attack"),
-                                         ("mse", "MSE"), ("psnr", "PSNR"), ("ssim", "SSIM"), ("lpips", "LPIPS"),
-                                         ("asr", "ASR")]))
-
-        if studies:
-            parts.append("<h2>Studies (Wei et al. style)</h2>")
-            for title, table in studies.items():
-                parts.append(f"<h3>ASR and iterations vs {html.escape(title)}</h3>")
-                parts.append(_table(table, [("threat", "threat"), ("dataset", "dataset"), ("model", "model"),
-                                            ("attack", "attack"), (title, title), ("asr", "ASR"),
-                                            ("iterations", "iterations"), ("psnr", "PSNR"), ("cells", "cells")]))
-
-        parts.append("<h2>All attack results</h2>")
-        metric_cols = [(m, m.upper()) for m in ("mse", "psnr", "ssim", "lpips", "label_acc", "asr", "iterations")]
-        parts.append(_table(rows, [("attack_spec", "attack"), ("dataset", "dataset"), ("batch_size", "batch"),
-                                   ("local_steps", "local steps"), ("defense", "defense"),
-                                   ("strength", "strength"), *metric_cols, ("seconds", "seconds")]))
-
-        skipped = [c for c in cells if c.kind == "skipped"]
-        if skipped:
-            parts.append("<h2>Attacks not run</h2><p class='note'>Each attack the threat model or the "
-                         "architecture rules out, with the reason.</p>")
-            parts.append(_table([{"attack": c.labels.get("attack_spec"), "model": c.labels.get("model"),
-                                  "defense": c.labels.get("defense"), "reason": c.labels.get("reason")}
-                                 for c in skipped],
-                                [("attack", "attack"), ("model", "model"), ("defense", "defense"),
-                                 ("reason", "reason")]))
-
-        failed = [c for c in cells if c.kind == "failed"]
-        if failed:
-            parts.append("<h2>Cells that failed</h2><p class='note'>Each cell that raised, with its error; "
-                         "running the sweep again retries them. Their results are missing from every "
-                         "table above.</p>")
-            parts.append(_table([{"kind": c.labels.get("cell_kind"), "what": c.labels.get("attack_spec"),
-                                  "dataset": c.labels.get("dataset"), "model": c.labels.get("model"),
-                                  "defense": c.labels.get("defense"), "batch": c.labels.get("batch_size"),
-                                  "error": c.extras.get("error") if isinstance(c.extras, dict) else None}
-                                 for c in failed],
-                                [("kind", "cell"), ("what", "attack"), ("dataset", "dataset"), ("model", "model"),
-                                 ("defense", "defense"), ("batch", "batch"), ("error", "error")]))
-
-        parts.append("<h2 id='gallery'>All reconstructions</h2><p class='note'>Originals (top) vs "
-                     "reconstructions (bottom) of every attack cell, grouped by defense (click to open).</p>")
-        n_images = 0
-        # by defense (undefended first), then as the tables are: threat model, scenario, strength, attack, seed
-        grids = sorted((c for c in cells if c.kind == "attack" and c.grid_png is not None),
-                       key=lambda c: (c.labels.get("defense") != "none", str(c.labels.get("defense")),
-                                      *[str(c.labels.get(k, "")) for k in SCENARIO_KEYS],
-                                      str(c.labels.get("strength")), str(c.labels.get("attack_spec")),
-                                      str(c.labels.get("seed"))))
-        by_defense: dict[str, list] = defaultdict(list)
-        for c in grids:
-            by_defense[str(c.labels.get("defense"))].append(c)
-        for defense, grid_cells in by_defense.items():
-            figures = []
-            for cell in grid_cells:
-                image = images.grid(cell)
-                n_images += 1
-                lab = cell.labels
-                caption = (f"{lab.get('threat', '')} · {lab.get('attack_spec')} · {lab.get('defense')} "
-                           f"{lab.get('strength')} · batch {lab.get('batch_size')} · T={lab.get('local_steps')} · "
-                           f"seed {lab.get('seed')} · PSNR {_fmt(cell.metrics.get('psnr'), 3)}")
-                figures.append(f"<figure><img src='{image}' alt='{html.escape(caption)}'>"
-                               f"<figcaption>{html.escape(caption)}</figcaption></figure>")
-            parts.append(f"<details><summary>{html.escape(defense)} ({len(grid_cells)} reconstruction"
-                         f"{'s' if len(grid_cells) != 1 else ''})</summary>{''.join(figures)}</details>")
-
-        page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>gradleak report</title>"
-                f"<style>{_CSS}</style><script>{_CHECK_SCRIPT}</script></head><body>"
-                + "\n".join(parts) + "</body></html>")
+        gallery = _gallery(cells, images)
+        page = _TEMPLATES.get_template("report.html").render(
+            store_path=str(store_path),
+            counts={kind: sum(c.kind == kind for c in cells) for kind in ("attack", "utility", "skipped", "failed")},
+            thumb_images=THUMB_IMAGES, holds_min_seeds=HOLDS_MIN_SEEDS, psnr_cap=_fmt(PLOT_PSNR_CAP),
+            verdicts=verdict_sections(entries),
+            matrices=_matrices(best_reconstructions(cells), images),
+            strongest=[(_threat_title(threat), _table([_with_words(e, full=True) for e in members], STRONGEST_COLUMNS,
+                                                      lambda e: "frontier" if e.get("frontier") else ""))
+                       for threat, members in _by_threat(entries).items()],
+            tradeoffs=_tradeoff_figures(entries, out),
+            rounds=_table(rounds, ROUND_COLUMNS) if rounds else None,
+            rounds_plot=(Figure("rounds.png", "leakage per round")
+                         if rounds and _rounds_plot(rounds, out / "rounds.png") else None),
+            studies=[(factor, _table(table, _study_columns(factor))) for factor, table in study_tables(cells).items()],
+            attacks=_table(rows, ATTACK_COLUMNS),
+            skipped=_skipped_table(cells),
+            failed=_failed_table(cells),
+            gallery=gallery)
         (out / "index.html").write_text(page)
         _exports(out, cells, entries, rows, store)
-        return {"out": str(out), "html": str(out / "index.html"), "cells": len(cells), "grids": n_images,
-                "strongest": entries}
+        return {"out": str(out), "html": str(out / "index.html"), "cells": len(cells),
+                "grids": sum(len(group.figures) for group in gallery), "strongest": entries}
     finally:
         store.close()
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import io
 import re
+from html.parser import HTMLParser
+from pathlib import Path
 
+import jinja2
+import pytest
 from PIL import Image
 
 from gradleak.report import write_report
@@ -58,3 +62,137 @@ def test_large_batch_thumbnail_is_a_hashed_file(tmp_path):
     assert len(thumbs) == 1 and (tmp_path / "report" / thumbs[0]).exists()
     assert len(list((tmp_path / "report" / "images").glob("*.png"))) == 2  # the grid and its thumbnail
     assert not list(tmp_path.glob("*.png"))
+
+
+# Markup, an attribute break-out and template syntax in one: a label, an error or a sentence of a
+# text dataset may hold any of them, and each must print as the text it is.
+PAYLOAD = ("</td><script>alert(1)</script>\"><img src=x onerror=alert(1)>{{ 7*7 }}{% raw %}{{ 6*111111 }}"
+           "' title='x' onmouseover='alert(1)")
+
+
+def _hostile(field: str) -> str:
+    return f"{field}:{PAYLOAD}"
+
+
+class _Elements(HTMLParser):
+    """Each element of a page as (tag, attributes, text inside), attributes and text decoded."""
+
+    VOID = {"br", "img", "meta"}
+
+    def __init__(self, page: str):
+        super().__init__(convert_charrefs=True)
+        self.found: list[tuple[str, dict, str]] = []
+        self.open: list[tuple[str, dict, list[str]]] = []
+        self.feed(page)
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        if tag in self.VOID:
+            self.found.append((tag, dict(attrs), ""))
+        else:
+            self.open.append((tag, dict(attrs), []))
+
+    def handle_endtag(self, tag):
+        if tag in self.VOID or not self.open:
+            return
+        name, attrs, text = self.open.pop()
+        assert name == tag, f"<{tag}> closes <{name}>: the page's structure broke"
+        self.found.append((name, attrs, "".join(text)))
+        if self.open:
+            self.open[-1][2].append("".join(text))
+
+    def handle_data(self, data):
+        if self.open:
+            self.open[-1][2].append(data)
+
+    def texts(self, tag: str, css_class: str | None = None) -> list[str]:
+        return [text for name, attrs, text in self.found
+                if name == tag and (css_class is None or css_class in attrs.get("class", "").split())]
+
+
+def _hostile_store(path):
+    """A store whose every free-text field holds the payload: labels, a skip reason, an error, the
+    re-identification gallery, a client name, an initialisation, and utility runs that did not
+    train (so the verdict's notes name the dataset and model)."""
+    from gradleak.store import ImageRecord
+
+    def labels(seed, **extra):
+        return {"threat": _hostile("threat"), "dataset": _hostile("dataset"), "model": _hostile("model"),
+                "batch_size": 16, "local_steps": 1, "seed": seed, "defense": _hostile("defense"),
+                "strength": _hostile("strength"), "defenses": [], "attack": "ig", "attack_spec": _hostile("attack"),
+                "init": None, **extra}
+
+    ladder = {"decision": "undecided", "saturated": False, "iterations": 400, "gallery": _hostile("gallery"),
+              "batches": []}
+    metrics = {"mse": 0.1, "psnr": 10.0, "ssim": 0.2, "examples": 16, "reid": 0.0, "reid_chance": 0.002}
+    with ResultStore(path) as store:
+        for seed in (0, 1):
+            store.add_cell(CellRecord(f"attack{seed}", "attack", "s", {}, labels(seed), metrics, {"ladder": ladder},
+                                      1.0, _png()),
+                           [ImageRecord(i, {"mse": 0.1}, _png(), _png()) for i in range(16)])
+        # another initialisation of the same attack: the study of initialisations names it
+        store.add_cell(CellRecord("init", "attack", "s", {}, labels(0, attack_spec="ig", init=_hostile("init")),
+                                  metrics, {"ladder": ladder}, 1.0, _png()))
+        store.add_cell(CellRecord("round", "attack", "s", {}, labels(0, round=1, client=_hostile("client")), metrics,
+                                  {"ladder": ladder}, 1.0, _png()))
+        store.add_cell(CellRecord("skipped", "skipped", "s", {}, labels(0, reason=_hostile("reason")), {}, {}, 0.0))
+        store.add_cell(CellRecord("failed", "failed", "s", {}, labels(0, attack_spec="cpl", cell_kind="attack"), {},
+                                  {"error": _hostile("error")}, 0.0))
+        for defense, strength in (("none", ""), (_hostile("defense"), _hostile("strength"))):
+            utility = {"dataset": _hostile("dataset"), "model": _hostile("model"), "defense": defense,
+                       "strength": strength, "seed": 0}
+            store.add_cell(CellRecord(f"utility {defense}", "utility", "s", {}, utility,
+                                      {"test_accuracy": 0.1, "num_classes": 10}, {}, 1.0))
+
+
+# a title the length of the payload leaves the trade-off plot no room for its margins
+@pytest.mark.filterwarnings("ignore:Tight layout not applied")
+def test_user_text_prints_literally_wherever_it_appears(tmp_path):
+    folder = tmp_path / "store '<i>{{ 7*7 }}"
+    folder.mkdir()
+    _hostile_store(folder / "store.db")
+    write_report(folder / "store.db", tmp_path / "report")
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "<script>alert" not in page and "<img src=x" not in page and "<i>" not in page
+    assert "666666" not in page  # template syntax is text, never evaluated
+
+    elements = _Elements(page)
+    assert not elements.open  # every element closed where the report closed it
+    assert [name for name, _, _ in elements.found].count("script") == 1  # the page's own image counter
+    assert not [a for _, attrs, _ in elements.found for a in attrs if a.startswith("on") or a == "title"]
+    images = [attrs for name, attrs, _ in elements.found if name == "img"]
+    assert all(re.fullmatch(r"images/[0-9a-f]{32}\.png|tradeoff-\d+\.png|rounds\.png", attrs["src"])
+               for attrs in images)
+
+    def shows(texts: list[str], *fields: str) -> bool:
+        return all(any(_hostile(f) in t for t in texts) for f in fields)
+
+    cells = elements.texts("td")
+    assert str(folder) in elements.texts("p", "note")[0]  # the header names the store
+    assert shows(elements.texts("h3"), "threat", "dataset", "model")  # the matrix's title
+    assert shows(elements.texts("th"), "attack", "defense", "strength")  # matrix row and column labels
+    assert shows(elements.texts("td", "empty"), "error")  # failed: ...
+    assert shows(cells, "dataset", "model", "defense", "strength", "attack", "init", "client", "reason", "error")
+    assert shows(elements.texts("li"), "dataset", "model", "defense", "strength")  # the verdict
+    assert shows(elements.texts("p", "note"), "dataset", "model", "gallery")  # the verdict's notes
+    assert shows(elements.texts("summary"), "defense")  # the gallery's groups
+    assert shows(elements.texts("figcaption"), "threat", "attack", "defense", "strength")
+    thumbs = [attrs["alt"] for attrs in images if attrs.get("class") == "thumb"]
+    grids = [attrs["alt"] for attrs in images if "class" not in attrs and attrs["src"].startswith("images/")]
+    assert shows(thumbs, "attack", "defense", "strength") and shows(grids, "threat", "attack", "defense", "strength")
+    assert "{{ 7*7 }}" in page and "{% raw %}" in page  # printed as written, not as 49 or an error
+
+
+def test_report_module_leaves_escaping_to_the_template_engine():
+    """Escaping by hand misses a spot sooner or later; marking data as safe switches it off."""
+    import gradleak.report as report
+
+    source = Path(report.__file__).read_text()
+    templates = [p.read_text() for p in (Path(report.__file__).parent / "templates").glob("*")]
+    assert templates
+    assert "html.escape" not in source and "import html" not in source
+    assert "Markup" not in source and not re.search(r"autoescape\s*=\s*False", source)
+    assert report._TEMPLATES.autoescape is True and report._TEMPLATES.undefined is jinja2.StrictUndefined
+    for text in templates:
+        code = re.sub(r"\{#.*?#\}", "", text, flags=re.S)  # comments may name what they forbid
+        assert not re.search(r"\|\s*safe\b", code) and "autoescape false" not in code.lower()
