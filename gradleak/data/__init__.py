@@ -15,6 +15,8 @@ DATASETS: Registry = Registry("dataset", {
     "digits": "gradleak.data.tabular:load_digits",
     "breast-cancer": "gradleak.data.tabular:load_breast_cancer",
     "adult": "gradleak.data.adult:load_adult",
+    "news": "gradleak.data.text:load_news",
+    "polarity": "gradleak.data.text:load_polarity",
     "cifar-batches": "gradleak.data.user_files:load_cifar_batches",
     "mnist-idx": "gradleak.data.user_files:load_mnist_idx",
     "image-folder": "gradleak.data.user_files:load_image_folder",

@@ -13,13 +13,14 @@ class Dataset:
 
     Images: `inputs` is float32 (N, C, H, W) in [0, 1].
     Tabular: `inputs` is float32 (N, D), standardized (zero mean, unit variance per column).
+    Text: `inputs` is int64 (N, seq_len) token ids (see gradleak.data.text).
     """
 
     name: str
     inputs: torch.Tensor
     labels: torch.Tensor
     class_names: list[str]
-    modality: Literal["image", "tabular"] = "image"
+    modality: Literal["image", "tabular", "text"] = "image"
     # True for the small shipped sample sets (20 foolbox PNGs): usable as attack
     # targets, too small to train a model on.
     samples_only: bool = False
@@ -60,4 +61,5 @@ class DatasetSpec:
     crop: int | None = None
     path: str | None = None
     channels: int | None = None  # force 1 (grayscale) or 3 (replicate) channels
+    seq_len: int | None = None  # tokens per sequence of a text dataset (None: 32)
     options: dict = field(default_factory=dict, hash=False, compare=False)

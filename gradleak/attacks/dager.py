@@ -1,0 +1,328 @@
+"""DAGER: exact gradient inversion for decoder language models (Petrov, Dimitrov, Baader,
+Müller, Vechev, NeurIPS 2024), for gradleak's GPT-2 (gradleak.models.gpt2) under FedSGD.
+
+Span test. A linear layer's weight gradient is Σ δ xᵀ over every (sequence, position) the
+layer saw, so its rows lie in the span of those inputs x. The inputs of the first block's
+Q/K/V projection are h = LN₁(E[token] + P[position]): at most B·T distinct vectors, a
+subspace of rank r ≤ B·T. While r stays well below the width d, a vocabulary token v at
+position p was in the batch when h(v, p) lies in that span: its distance to the span
+relative to its norm is rounding-level, while an unrelated token's is of order √((d − r)/d).
+The span comes from the gradient's SVD: as many leading right singular vectors as singular
+values above `rank_tolerance` of the largest, at most B·T and d − `rank_margin` (DAGER's
+rank cutoff). Missing a weak true direction breaks exactness while a few spurious ones barely
+move anyone's distance, so the tolerance sits just above float32's rounding floor.
+
+1. Layer 1, per position p: the tokens whose h(v, p) passes (distance < `l1_threshold`) are
+   the candidates C_p. Every vocabulary token is tested through the layer norm's algebra: one
+   (V × d)·(d × 64) product, shared by all positions, gives a lower bound of each token's
+   distance (its part along 64 directions orthogonal to the span); only tokens whose bound
+   is small are tested exactly, in float64.
+2. Layer 2, DAGER's greedy extension for decoders: the second block's Q/K/V gradient spans
+   the second block's inputs LN₁'(block₁(·)), which at position p depend on tokens 0..p only
+   (causal attention). Starting from the empty prefix, every surviving prefix is extended by
+   every token of C_p; block 1 runs on the new position against the prefix's cached keys and
+   values, and the extensions whose block-2 input lies in the span (distance <
+   `l2_threshold`) survive. The prefixes alive at p = T − 1 are the recovered sequences.
+   The second block must not be the last one of a classifier (whose gradient only sees the
+   last position): such a model needs three blocks.
+
+When fewer than B sequences survive (a duplicate sequence in the batch, a token the span test
+missed, a noised gradient), a second search also carries the B best failing extensions along
+(ranked by mean distance) and fills the missing rows from them; those rows are flagged not
+exact. When a span fills d − rank_margin dimensions (more distinct inputs than the width
+allows) no token can be told apart: the result is flagged `saturated` and row b holds, at
+each position, the b-th nearest token to the span, without a search.
+
+Padding is no special case: GPT-2 pads with `<|endoftext|>`, an ordinary token at its
+positions, recovered like any other (drop trailing pads when decoding). Every sequence of the
+batch has the same length T, as a padded batch does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import GradleakError
+from ..models.gpt2 import GPT2
+from ..options import check
+
+PREFILTER_DIRECTIONS = 64  # directions orthogonal to the layer-1 span in the cheap lower bound
+# the lower bound is computed in float32: accept up to twice the threshold there so rounding
+# cannot drop a true token before the exact float64 test
+PREFILTER_SLACK = 2.0
+CHUNK_FLOATS = 1 << 25  # MLP activations per block call (128 MB of float32)
+
+
+def qkv_gradient_name(layer: int) -> str:
+    """Parameter name of block `layer`'s fused Q/K/V projection weight in gradleak's GPT-2."""
+    return f"blocks.{layer}.attn.qkv.weight"
+
+
+@dataclass(frozen=True)
+class DagerOptions:
+    # distance to the span / norm below which a layer-1 input (token at a position) is in the batch;
+    # measured on float32 gradients: true inputs ≤ 1e-4 (≤ 3e-6 with an LM head), others ≥ 1e-2
+    l1_threshold: float = field(default=1e-3, metadata={"range": (0.0, 1.0)})
+    # the same for the layer-2 input of a prefix extended by one token
+    l2_threshold: float = field(default=1e-3, metadata={"range": (0.0, 1.0)})
+    # singular values below this fraction of the largest count as rounding noise, not rank
+    # (measured: float32 gradients' floor 1–4e-8; weakest true direction 7.5e-6, a classifier's)
+    rank_tolerance: float = field(default=1e-7, metadata={"range": (0.0, 1.0)})
+    # keep every span at least this many dimensions short of the width (DAGER's rank cutoff)
+    rank_margin: int = field(default=20, metadata={"range": (1, 4096)})
+    # layer-1 candidates kept per position (nearest first); 0: batch · length, as many tokens as
+    # the batch holds (a batch token passes at every position linked to its own, see
+    # `_FirstLayerInputs`)
+    max_candidates: int = field(default=0, metadata={"range": (0, 1_000_000)})
+    # prefixes that pass the layer-2 test kept per position (nearest first); 0: 4·batch + 16
+    max_prefixes: int = field(default=0, metadata={"range": (0, 1_000_000)})
+
+    def __post_init__(self) -> None:
+        check(self.l1_threshold > 0, "attack 'dager': l1_threshold must be > 0")
+        check(self.l2_threshold > 0, "attack 'dager': l2_threshold must be > 0")
+        check(self.rank_tolerance > 0, "attack 'dager': rank_tolerance must be > 0")
+
+    def candidate_limit(self, batch_size: int, seq_len: int) -> int:
+        return self.max_candidates or batch_size * seq_len
+
+    def prefix_limit(self, batch_size: int) -> int:
+        return self.max_prefixes or 4 * batch_size + 16
+
+
+@dataclass
+class DagerResult:
+    tokens: torch.Tensor  # (B, T) recovered token ids, exact rows first
+    exact: torch.Tensor  # (B,) bool: the row passed the layer-2 span test at every position
+    distances: torch.Tensor  # (B,) mean layer-2 distance ratio of the row (NaN when saturated)
+    ranks: tuple[int, int]  # span dimensions used for layers 1 and 2
+    saturated: bool  # a span reached d − rank_margin: no token can be told apart, no search ran
+    candidates: list[int]  # layer-1 candidates per position
+
+
+@dataclass
+class InputSpan:
+    """Orthonormal bases (float64, columns) of a layer's input span and of its complement."""
+
+    basis: torch.Tensor  # (d, r)
+    complement: torch.Tensor  # (d, d − r)
+    estimated_rank: int  # singular values above the tolerance
+    saturated: bool
+
+    @property
+    def rank(self) -> int:
+        return self.basis.shape[1]
+
+    def distance(self, x: torch.Tensor) -> torch.Tensor:
+        """Distance of each row of x to the span, relative to the row's norm (float64)."""
+        x = x.to(self.complement)
+        return (x @ self.complement).norm(dim=-1) / x.norm(dim=-1).clamp_min(1e-300)
+
+
+def input_span(gradient: torch.Tensor, max_rank: int, options: DagerOptions) -> InputSpan:
+    """The span of a linear layer's inputs from its weight gradient (out × in): the leading
+    right singular vectors, as many as singular values above the tolerance, capped at
+    `max_rank` (B·T) and at in − rank_margin."""
+    g = gradient.detach().to("cpu", torch.float64)
+    if not torch.isfinite(g).all():
+        raise GradleakError("dager: the gradient holds NaN or infinite values")
+    _, singular, vh = torch.linalg.svd(g, full_matrices=True)
+    if singular.numel() == 0 or singular[0] == 0:
+        raise GradleakError("dager: the Q/K/V projection's gradient is zero; there is nothing to invert")
+    width = g.shape[1]
+    estimated = int((singular > options.rank_tolerance * singular[0]).sum())
+    limit = width - options.rank_margin
+    rank = min(estimated, max_rank, limit)
+    v = vh.T
+    return InputSpan(v[:, :rank].contiguous(), v[:, rank:].contiguous(), estimated,
+                     saturated=min(estimated, max_rank) >= limit)
+
+
+class _FirstLayerInputs:
+    """h(v, p) = LN₁(E[v] + P[p]) for every vocabulary token v, tested against the layer-1 span.
+
+    LN(x) = γ ⊙ (x − mean x) / σ(x) + β is affine in the centred x up to the scalar 1/σ, and
+    x = E[v] + P[p] is a sum, so the components of h(v, p) along any fixed directions, σ and ‖h‖
+    come from per-token tables computed once and per-position vectors: O(V·d) per position.
+
+    The same algebra limits what layer 1 can tell: the batch's inputs span (up to β)
+    γ ⊙ span{E[v_i] + P[p_i]}, which also holds E[v] + P[q] for a batch token v at any position
+    q linked to one of v's positions through other batch tokens (E[v] + P[q] = (E[v] + P[p])
+    − (E[w] + P[p]) + (E[w] + P[q])). Once two sequences share a token, layer 1 passes most
+    of the batch's tokens at most positions; layer 2, whose inputs mix positions through
+    attention, sorts them out.
+    """
+
+    def __init__(self, model: GPT2, span: InputSpan):
+        ln = model.blocks[0].ln_1
+        self.eps = ln.eps
+        self.gamma = ln.weight.detach().float()
+        self.beta = ln.bias.detach().float()
+        self.tokens = model.token_embedding.weight.detach().float()
+        self.positions = model.position_embedding.weight.detach().float()
+        self.span = span
+        self.width = self.tokens.shape[1]
+        centred = self.tokens - self.tokens.mean(dim=1, keepdim=True)
+        self.centred = centred
+        # lower bound: the part of h along the first directions orthogonal to the span
+        self.directions = span.complement[:, :PREFILTER_DIRECTIONS].to(self.tokens)
+        self.token_part = (centred * self.gamma) @ self.directions  # (V, k)
+        self.beta_part = self.beta @ self.directions
+        self.square = centred.pow(2).sum(dim=1)
+        self.gamma_square = (centred.pow(2) * self.gamma.pow(2)).sum(dim=1)
+        self.gamma_beta = centred @ (self.gamma * self.beta)
+
+    def exact_distances(self, token_ids: torch.Tensor, position: int) -> torch.Tensor:
+        x = self.tokens[token_ids].double() + self.positions[position].double()
+        h = F.layer_norm(x, (self.width,), self.gamma.double(), self.beta.double(), self.eps)
+        return self.span.distance(h)
+
+    def candidates(self, position: int, threshold: float, limit: int, fallback: int) -> torch.Tensor:
+        """Token ids (CPU) whose input at `position` lies in the span, nearest first (at most
+        `limit`); when none does, the `fallback` nearest tokens."""
+        p = self.positions[position] - self.positions[position].mean()
+        cross = self.centred @ p
+        sigma = ((self.square + 2 * cross + p.pow(2).sum()) / self.width + self.eps).sqrt()
+        gamma_p = self.gamma * p
+        norm_sq = ((self.gamma_square + 2 * (self.centred @ (self.gamma * gamma_p)) + gamma_p.pow(2).sum())
+                   / sigma.pow(2)
+                   + 2 * (self.gamma_beta + (self.gamma * self.beta) @ p) / sigma + self.beta.pow(2).sum())
+        part = (self.token_part + gamma_p @ self.directions) / sigma[:, None] + self.beta_part
+        bound = part.norm(dim=1) / norm_sq.clamp_min(1e-30).sqrt()
+        survivors = torch.nonzero(bound < PREFILTER_SLACK * threshold).flatten()
+        if survivors.numel() == 0:
+            survivors = bound.topk(min(4 * fallback, bound.numel()), largest=False).indices
+        exact = self.exact_distances(survivors, position)
+        order = exact.argsort()
+        passing = order[exact[order] < threshold]
+        chosen = passing[:limit] if passing.numel() else order[:fallback]
+        return survivors.cpu()[chosen]
+
+
+def _check_inputs(model, gradients: dict[str, torch.Tensor], batch_size: int, seq_len: int,
+                  options: DagerOptions) -> None:
+    if not isinstance(model, GPT2):
+        raise GradleakError(f"dager needs gradleak's GPT-2 (gradleak.models.gpt2.GPT2), got {type(model).__name__}")
+    if len(model.blocks) < 2:
+        raise GradleakError("dager needs at least 2 transformer blocks (the second one checks whole prefixes)")
+    if batch_size < 1 or not 1 <= seq_len <= model.positions:
+        raise GradleakError(f"dager: batch_size must be ≥ 1 and seq_len within 1..{model.positions}; "
+                            f"got {batch_size}, {seq_len}")
+    if options.rank_margin >= model.width:
+        raise GradleakError(f"dager: rank_margin {options.rank_margin} leaves no span in width {model.width}")
+    for layer in (0, 1):
+        name = qkv_gradient_name(layer)
+        if name not in gradients:
+            raise GradleakError(f"dager needs the gradient of '{name}'")
+        expected = (3 * model.width, model.width)
+        if tuple(gradients[name].shape) != expected:
+            raise GradleakError(f"dager: gradient '{name}' has shape {tuple(gradients[name].shape)}, "
+                                f"expected {expected}")
+
+
+@dataclass
+class _Beam:
+    """Prefixes alive after a position, with the first block's cached keys and values."""
+
+    tokens: torch.Tensor  # (n, p) token ids
+    keys: torch.Tensor  # (n, heads, p, d / heads)
+    values: torch.Tensor
+    distance_sum: torch.Tensor  # (n,) float64: layer-2 distances summed over positions
+    exact: torch.Tensor  # (n,) bool: every position passed the layer-2 test
+
+    def take(self, parents: torch.Tensor, tokens: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+             distances: torch.Tensor, exact: torch.Tensor) -> "_Beam":
+        """The beam one position on: prefixes `parents` extended by `tokens` (new keys and values
+        (n, heads, 1, d / heads), their layer-2 distances and test outcomes)."""
+        on_device = parents.to(self.keys.device)
+        return _Beam(torch.cat([self.tokens[parents], tokens[:, None]], dim=1),
+                     torch.cat([self.keys[on_device], keys], dim=2),
+                     torch.cat([self.values[on_device], values], dim=2),
+                     self.distance_sum[parents] + distances, self.exact[parents] & exact)
+
+
+def _layer2_distances(model: GPT2, beam: _Beam, candidates: torch.Tensor, position: int,
+                      span: InputSpan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Layer-2 distances (prefixes × candidates, float64 on the CPU) of every prefix extended
+    by every candidate token at `position`, and the candidates' keys and values there
+    ((heads, m, d / heads): the new position's Q/K/V do not depend on the prefix)."""
+    embeddings = model.token_embedding.weight
+    x = (embeddings[candidates.to(embeddings.device)] + model.position_embedding.weight[position]).unsqueeze(0)
+    block, next_norm = model.blocks[0], model.blocks[1].ln_1
+    rows = max(1, CHUNK_FLOATS // (4 * model.width * candidates.numel()))  # the MLP's hidden layer
+    distances, keys, values = [], None, None
+    for start in range(0, beam.tokens.shape[0], rows):
+        out, keys, values = block.extend(x, beam.keys[start:start + rows], beam.values[start:start + rows])
+        distances.append(span.distance(next_norm(out).double().cpu()))
+    return torch.cat(distances), keys[0], values[0]
+
+
+def _search(model: GPT2, candidates: list[torch.Tensor], span: InputSpan, threshold: float,
+            prefix_limit: int, approximate: int) -> _Beam:
+    """DAGER's greedy left-to-right extension; with `approximate` > 0 the best failing
+    extensions (by mean distance) also live on, at most that many per position."""
+    weight = model.token_embedding.weight
+    empty = weight.new_zeros(1, model.heads, 0, model.width // model.heads)
+    beam = _Beam(torch.zeros(1, 0, dtype=torch.long), empty, empty.clone(),
+                 torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.bool))
+    for position, tokens in enumerate(candidates):
+        distances, keys, values = _layer2_distances(model, beam, tokens, position, span)
+        mean = (beam.distance_sum[:, None] + distances) / (position + 1)
+        passing = beam.exact[:, None] & (distances < threshold)
+        flat_mean, flat_passing = mean.flatten(), passing.flatten()
+        keep = torch.nonzero(flat_passing).flatten()
+        keep = keep[flat_mean[keep].argsort()][:prefix_limit]
+        if approximate:
+            failing = torch.nonzero(~flat_passing).flatten()
+            keep = torch.cat([keep, failing[flat_mean[failing].argsort()][:approximate]])
+        parents, chosen = keep // tokens.numel(), keep % tokens.numel()
+        on_device = chosen.to(keys.device)
+        beam = beam.take(parents, tokens[chosen], keys[:, on_device].transpose(0, 1).unsqueeze(2),
+                         values[:, on_device].transpose(0, 1).unsqueeze(2), distances.flatten()[keep],
+                         flat_passing[keep])
+        if beam.tokens.shape[0] == 0:
+            break
+    return beam
+
+
+def dager_search(model: GPT2, gradients: dict[str, torch.Tensor], batch_size: int, seq_len: int,
+                 options: DagerOptions | None = None) -> DagerResult:
+    """Recover the `batch_size` token sequences of length `seq_len` behind a FedSGD gradient of
+    `model` (parameter name → gradient; the first two blocks' Q/K/V weights are read)."""
+    options = options or DagerOptions()
+    _check_inputs(model, gradients, batch_size, seq_len, options)
+    max_rank = batch_size * seq_len
+    span1 = input_span(gradients[qkv_gradient_name(0)], max_rank, options)
+    span2 = input_span(gradients[qkv_gradient_name(1)], max_rank, options)
+    saturated = span1.saturated or span2.saturated
+    with torch.no_grad():
+        first = _FirstLayerInputs(model, span1)
+        limit = options.candidate_limit(batch_size, seq_len)
+        candidates = [first.candidates(p, options.l1_threshold, limit, fallback=batch_size)
+                      for p in range(seq_len)]
+        counts = [int(c.numel()) for c in candidates]
+        if saturated:
+            # every token lies (nearly) in the span: report the nearest ones, no search
+            rows = torch.stack([c[torch.arange(batch_size) % c.numel()] for c in candidates], dim=1)
+            return DagerResult(rows, torch.zeros(batch_size, dtype=torch.bool),
+                               torch.full((batch_size,), float("nan"), dtype=torch.float64),
+                               (span1.rank, span2.rank), True, counts)
+        prefix_limit = options.prefix_limit(batch_size)
+        beam = _search(model, candidates, span2, options.l2_threshold, prefix_limit, approximate=0)
+        if beam.tokens.shape[0] < batch_size:
+            beam = _search(model, candidates, span2, options.l2_threshold, prefix_limit, approximate=batch_size)
+    if beam.tokens.shape[0] == 0:
+        raise GradleakError("dager: no sequence survived the search")
+    mean = beam.distance_sum / seq_len
+    # exact rows first, each group nearest first
+    order = sorted(range(beam.tokens.shape[0]), key=lambda i: (not bool(beam.exact[i]), float(mean[i])))
+    # fewer distinct sequences than rows (only possible when candidates are scarce): repeat them
+    index = torch.tensor([order[i % len(order)] for i in range(batch_size)])
+    return DagerResult(beam.tokens[index], beam.exact[index], mean[index], (span1.rank, span2.rank), False, counts)
+
+
+def dager_reconstruct(model: GPT2, gradients: dict[str, torch.Tensor], batch_size: int, seq_len: int,
+                      options: DagerOptions | None = None) -> torch.Tensor:
+    """The (batch_size, seq_len) token ids DAGER recovers from a FedSGD gradient (see `dager_search`)."""
+    return dager_search(model, gradients, batch_size, seq_len, options).tokens

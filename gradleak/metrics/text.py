@@ -1,0 +1,119 @@
+"""Scoring a recovered batch of token sequences against the client's batch.
+
+As for images, batch order is not identifiable from an update: recovered sequences are first
+assigned to originals by the Hungarian algorithm (scipy's linear_sum_assignment), maximising
+either the summed ROUGE-1 F-measure of the decoded texts (default) or the summed token
+agreement (the fraction of positions holding the same token id), and only then scored:
+
+* `rouge1`, `rouge2`, `rougeL`: mean ROUGE F-measures over the matched pairs, computed by
+  Google's rouge-score package on the decoded texts (right padding dropped) with its default
+  tokenizer (lower-cased runs of ASCII letters and digits) and no stemming, the setting DAGER
+  and LAMP report;
+* `token_accuracy`: the fraction of the originals' non-padding positions whose matched
+  sequence holds the same token id at the same position;
+* `exact_sequence_accuracy`: the fraction of originals recovered token for token.
+
+rouge-score imports nltk (for its optional Porter stemmer, about 1.5 s at first import, no
+data download); it is imported only when a score is computed.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+
+from ..data.text import PAD_TOKEN, decode
+
+ROUGE_KEYS = ("rouge1", "rouge2", "rougeL")
+
+
+@functools.lru_cache(maxsize=1)
+def _scorer():
+    from rouge_score import rouge_scorer
+
+    return rouge_scorer.RougeScorer(list(ROUGE_KEYS), use_stemmer=False)
+
+
+def rouge(prediction: str, reference: str) -> dict[str, float]:
+    """ROUGE-1, ROUGE-2 and ROUGE-L F-measures of one prediction against one reference."""
+    scores = _scorer().score(reference, prediction)
+    return {key: float(scores[key].fmeasure) for key in ROUGE_KEYS}
+
+
+@dataclass
+class TextScore:
+    rouge1: float
+    rouge2: float
+    rougeL: float  # the name ROUGE reports use
+    token_accuracy: float
+    exact_sequence_accuracy: float
+    # assignment[i]: the recovered row matched to original i
+    assignment: list[int]
+    per_sequence: list[dict[str, float]]  # the same scores for each original
+
+    def to_dict(self) -> dict:
+        """JSON form: the five headline scores, the assignment and the per-sequence scores."""
+        return {"rouge1": self.rouge1, "rouge2": self.rouge2, "rougeL": self.rougeL,
+                "token_accuracy": self.token_accuracy, "exact_sequence_accuracy": self.exact_sequence_accuracy,
+                "assignment": list(self.assignment), "per_sequence": [dict(s) for s in self.per_sequence]}
+
+
+def _token_agreement(originals: torch.Tensor, recovered: torch.Tensor, pad_token: int | None) -> np.ndarray:
+    """(originals × recovered) fraction of each original's non-pad positions that agree."""
+    same = (originals[:, None, :] == recovered[None, :, :]).double()
+    counted = torch.ones_like(originals, dtype=torch.float64)
+    if pad_token is not None:
+        counted = _content_mask(originals, pad_token).double()
+    return ((same * counted[:, None, :]).sum(-1) / counted.sum(-1, keepdim=True).clamp_min(1)).numpy()
+
+
+def _content_mask(tokens: torch.Tensor, pad_token: int) -> torch.Tensor:
+    """True at every position before a row's trailing run of padding."""
+    is_pad = tokens == pad_token
+    trailing = is_pad.flip(-1).long().cumprod(-1).flip(-1).bool()
+    return ~trailing
+
+
+def score_text(originals: torch.Tensor, recovered: torch.Tensor, pad_token: int | None = PAD_TOKEN,
+               match_on: Literal["rouge1", "tokens"] = "rouge1") -> TextScore:
+    """Match `recovered` (M, T) token rows to `originals` (B, T) and score them (see module doc).
+
+    An original left without a match (M < B) scores 0 everywhere. `pad_token` (default
+    `<|endoftext|>`) marks right padding, dropped before decoding and not counted in token
+    accuracy; None counts every position.
+    """
+    if originals.dim() != 2 or recovered.dim() != 2 or originals.shape[1] != recovered.shape[1]:
+        raise ValueError(f"score_text needs (B, T) and (M, T) token ids; got {tuple(originals.shape)} "
+                         f"and {tuple(recovered.shape)}")
+    originals, recovered = originals.detach().cpu().long(), recovered.detach().cpu().long()
+    texts_o = [decode(row, pad_token) for row in originals]
+    texts_r = [decode(row, pad_token) for row in recovered]
+    agreement = _token_agreement(originals, recovered, pad_token)
+    pair_rouge = [[rouge(r, o) for r in texts_r] for o in texts_o]
+    if match_on == "rouge1":
+        gain = np.array([[pair["rouge1"] for pair in row] for row in pair_rouge]) + 1e-6 * agreement
+    elif match_on == "tokens":
+        gain = agreement + 1e-6 * np.array([[pair["rouge1"] for pair in row] for row in pair_rouge])
+    else:
+        raise ValueError(f"match_on must be rouge1 or tokens, got {match_on!r}")
+    rows, cols = linear_sum_assignment(-gain)
+    assignment = [-1] * originals.shape[0]
+    for r, c in zip(rows, cols):
+        assignment[int(r)] = int(c)
+    per_sequence = []
+    for i, j in enumerate(assignment):
+        if j < 0:
+            per_sequence.append({**{k: 0.0 for k in ROUGE_KEYS}, "token_accuracy": 0.0, "exact": 0.0})
+            continue
+        exact = float(torch.equal(originals[i], recovered[j]))
+        per_sequence.append({**pair_rouge[i][j], "token_accuracy": float(agreement[i, j]), "exact": exact})
+
+    def mean(key: str) -> float:
+        return float(np.mean([s[key] for s in per_sequence])) if per_sequence else 0.0
+
+    return TextScore(mean("rouge1"), mean("rouge2"), mean("rougeL"), mean("token_accuracy"), mean("exact"),
+                     assignment, per_sequence)
