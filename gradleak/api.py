@@ -237,7 +237,8 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
           batch_size: int = 1, images: int | None = None, seed: int | Sequence[int] = 0, budget: str = "quick",
           lpips: str = "alex", device: str = "auto", checkpoint: str | None = None,
           split: str = "test", resize: int | None = None, gallery: Any = None,
-          out: str | Path | None = None, progress: bool = False) -> AuditResult:
+          out: str | Path | None = None, progress: bool = False,
+          artifacts: str | Path | None = None) -> AuditResult:
     """Attack a simulated client that trains `model` on `data` and sends its update.
 
     model:   an `nn.Module` (not modified), a zero-argument factory, or a model
@@ -265,8 +266,12 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
              trains on (tensors, a Dataset or DataLoader): reconstructions are
              re-identified among them and the examples of `data` that were not attacked.
     out:     when given, the store and the HTML report are written there.
+    artifacts: the folder where attacks keep what they train once per setting (the learned
+             inverters), so that later calls with the same model, defenses and training reuse
+             it; default `out`/artifacts, else $GRADLEAK_CACHE/artifacts (~/.cache/gradleak).
     """
     start = time.perf_counter()
+    kept = _artifacts_folder(artifacts, out)
     training = training or TrainingSpec(lr=lr, local_steps=local_steps, local_epochs=local_epochs,
                                         local_batch_size=local_batch_size, batchnorm=bn_mode, optimizer=optimizer,
                                         shuffle_seed=shuffle_seed, sends_buffers=sends_buffers)
@@ -297,7 +302,7 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
         for text in selected:
             spec = dataclasses.replace(base, attack=text)
             try:
-                runs.append(_run_with_progress(spec, built, dataset, prior_loader, judge, progress))
+                runs.append(_run_with_progress(spec, built, dataset, prior_loader, judge, progress, kept))
             except GradleakError as exc:
                 if run_seed == seeds[0]:
                     skipped.append(SkippedAttack(text, str(exc)))
@@ -354,7 +359,8 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
                  threat: str = "honest", knows: Iterable[str] = (), defenses: Sequence[str] = (),
                  num_classes: int | None = None, seed: int = 0, budget: str = "quick",
                  lpips: str = "alex", device: str = "auto", model_label: str | None = None,
-                 data_label: str = "captured", gallery: torch.Tensor | None = None) -> AuditResult:
+                 data_label: str = "captured", gallery: torch.Tensor | None = None,
+                 artifacts: str | Path | None = None) -> AuditResult:
     """Attack one update the server received (e.g. captured from a Flower run).
 
     `model` is the global model the server sent, with the weights before local
@@ -367,7 +373,7 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
     the update was computed on the model the server actually sent. `gallery`:
     other examples of the clients' data distribution (not this batch), among which
     the auditor re-identifies the reconstructions; without one, only exact copies
-    can show a leak.
+    can show a leak. `artifacts`: as for `audit` (default $GRADLEAK_CACHE/artifacts).
     """
     from .data.tensors import dataset_from_tensors
 
@@ -404,7 +410,8 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
                              seed=seed, threat=threat,
                              knows=tuple(knows), lpips=lpips, device=device, doublings=BUDGET_DOUBLINGS[budget])
         try:
-            runs.append(_attack_captured(spec, attack, model, update, data, threat_model, training, judge))
+            runs.append(_attack_captured(spec, attack, model, update, data, threat_model, training, judge,
+                                         _artifacts_folder(artifacts, None)))
         except GradleakError as exc:
             skipped.append(SkippedAttack(text, str(exc)))
     setting = {"dataset": data_label, "model": label, "batch_size": len(data),
@@ -632,17 +639,27 @@ def _check_update_fits(model: nn.Module, update: Update) -> None:
                                 f"the model's parameter {tuple(params[name].shape)}")
 
 
-def _run_with_progress(spec: AttackRunSpec, model, data, prior_loader, gallery, progress: bool) -> AttackRunResult:
+def _artifacts_folder(artifacts: str | Path | None, out: str | Path | None) -> Path:
+    from .data.sources import cache_dir
+
+    if artifacts is not None:
+        return Path(artifacts)
+    return Path(out) / "artifacts" if out is not None else cache_dir() / "artifacts"
+
+
+def _run_with_progress(spec: AttackRunSpec, model, data, prior_loader, gallery, progress: bool,
+                       artifacts: Path | None = None) -> AttackRunResult:
     if not progress:
-        return run_scenario(spec, model, data, None, held_out=prior_loader, gallery=gallery)
+        return run_scenario(spec, model, data, None, held_out=prior_loader, gallery=gallery, artifacts=artifacts)
     from .progress import attack_progress
 
     with attack_progress(spec.attack) as bar:
-        return run_scenario(spec, model, data, bar, held_out=prior_loader, gallery=gallery)
+        return run_scenario(spec, model, data, bar, held_out=prior_loader, gallery=gallery, artifacts=artifacts)
 
 
 def _attack_captured(spec: AttackRunSpec, attack: Attack, model: nn.Module, update: Update, data: Dataset,
-                     threat: ThreatModel, training: TrainingSpec, gallery: Gallery | None) -> AttackRunResult:
+                     threat: ThreatModel, training: TrainingSpec, gallery: Gallery | None,
+                     artifacts: Path | None = None) -> AttackRunResult:
     start = time.perf_counter()
     device = pick_device(spec.device)
     x, y = data.inputs, data.labels
@@ -653,7 +670,7 @@ def _attack_captured(spec: AttackRunSpec, attack: Attack, model: nn.Module, upda
                   training=training, batch_size=update.samples, labels=y,
                   defenses=make_chain(spec.defenses).defenses,
                   modality=data.modality, bn_statistics=bn)
-    ctx = AttackContext(seed=batch_attack_seed(spec.seed, 0), device=device)
+    ctx = AttackContext(seed=batch_attack_seed(spec.seed, 0), device=device, artifacts=artifacts)
     rec, scores, aligned, ladder = climb(attack, obs, x, y, ctx, spec.lpips, gallery, spec.doublings)
     metrics = summarize(scores)
     metrics["iterations"] = float(rec.iterations)

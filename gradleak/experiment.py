@@ -317,30 +317,34 @@ def validate_run_spec(spec: AttackRunSpec, load: Callable[[DatasetSpec], Dataset
     check_scenario(spec, data)
 
 
-def run_attack(spec: AttackRunSpec, progress: Callable[[int, int, float], None] | None = None
-               ) -> AttackRunResult:
-    """Run one scenario named by registry names (or user references). Deterministic given `spec.seed`."""
+def run_attack(spec: AttackRunSpec, progress: Callable[[int, int, float], None] | None = None,
+               artifacts: Path | None = None) -> AttackRunResult:
+    """Run one scenario named by registry names (or user references). Deterministic given `spec.seed`.
+    `artifacts`: the study's folder for what attacks train once and reuse (`AttackContext.artifacts`)."""
     data = scenario_data(spec)
     model = scenario_model(spec, data)
     if spec.pretrain_steps:
         model = _pretrained(model, spec)
     return run_scenario(spec, model, data, progress,
                         held_out=lambda targets: prior_data(spec.dataset, spec.split, spec.resize, data, targets),
-                        gallery=lambda targets: gallery_for(spec.dataset, spec.split, spec.resize, data, targets))
+                        gallery=lambda targets: gallery_for(spec.dataset, spec.split, spec.resize, data, targets),
+                        artifacts=artifacts)
 
 
 def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
                  progress: Callable[[int, int, float], None] | None = None,
                  held_out: Callable[[torch.Tensor], Any] | None = None,
-                 gallery: Callable[[torch.Tensor], Gallery | None] | None = None) -> AttackRunResult:
+                 gallery: Callable[[torch.Tensor], Gallery | None] | None = None,
+                 artifacts: Path | None = None) -> AttackRunResult:
     """Attack the built `model` on `data` as `spec` describes (its dataset and
     model fields only label the result). The one path behind the CLI, sweeps
     and `gradleak.audit`. `model` is not modified; `held_out(targets)` gives
     held-out examples when the threat model grants them (default: every
     example of `data` that is not a target); `gallery(targets)` the examples the
     auditor re-identifies reconstructions among (default: up to GALLERY_SIZE
-    non-target examples of `data`). An iterative attack climbs its budget ladder
-    (`climb`) up to `spec.doublings` doublings."""
+    non-target examples of `data`); `artifacts` the folder where attacks keep what they
+    train once per setting (None: nothing is kept). An iterative attack climbs its budget
+    ladder (`climb`) up to `spec.doublings` doublings."""
     start = time.perf_counter()
     device = pick_device(spec.device)
     attack, chain, threat = check_scenario(spec, data)
@@ -356,7 +360,7 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
     prior = None
     if "prior_data" in threat.grants:
         prior = held_out(targets) if held_out is not None else _held_out(data, targets)
-    ctx = AttackContext(seed=spec.seed, device=device, progress=progress, prior_data=prior)
+    ctx = AttackContext(seed=spec.seed, device=device, progress=progress, prior_data=prior, artifacts=artifacts)
     judge = gallery(targets) if gallery is not None else gallery_from(data, targets, f"examples of {data.name}")
     server_secrets = None
     if attack.malicious:
@@ -386,7 +390,8 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
                       num_classes=data.num_classes, training=training, batch_size=batch_total,
                       labels=y, defenses=chain.defenses, modality=data.modality,
                       bn_statistics=bn, prior_data=prior, server_secrets=server_secrets)
-        batch_ctx = AttackContext(seed=batch_attack_seed(spec.seed, b), device=device, progress=progress)
+        batch_ctx = AttackContext(seed=batch_attack_seed(spec.seed, b), device=device, progress=progress,
+                                  artifacts=artifacts)
         rec, batch_scores, aligned, ladder = climb(attack, obs, x, y, batch_ctx, spec.lpips, judge, spec.doublings)
         ladders.append(ladder)
         for s in batch_scores:

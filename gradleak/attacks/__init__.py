@@ -21,6 +21,7 @@ ATTACKS: Registry = Registry("attack", {
     "rog": "gradleak.attacks.rog:ROG",
     "rog-sign": "gradleak.attacks.rog:ROGSign",
     "fedavg": "gradleak.attacks.fedavg:FedAvgAttack",
+    "learned": "gradleak.attacks.learned:LearnedInverter",
 })
 
 __all__ = ["ATTACKS", "Attack", "AttackContext", "Reconstruction", "make_attack"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 import torch
@@ -11,6 +12,10 @@ from torch import nn
 
 from ..fl.training import TrainingSpec
 from ..threat import Observation
+
+# What the learned inverter (gradleak.attacks.learned) needs to play the client on auxiliary data:
+# the batch, the client's training and its defenses.
+LEARNED_KNOWLEDGE = frozenset({"batch_size", "local_training", "defenses"})
 
 
 @dataclass
@@ -53,6 +58,9 @@ class AttackContext:
     progress: Callable[[int, int, float], None] | None = None
     # Held-out data for prepare_model, set only when the threat model grants prior_data.
     prior_data: Any = None
+    # A folder for what attacks train once and reuse across a study (the learned inverters);
+    # None: nothing is kept.
+    artifacts: Path | None = None
 
     def generator(self, offset: int = 0) -> torch.Generator:
         return torch.Generator().manual_seed(self.seed * 1_000_003 + offset)
@@ -77,8 +85,11 @@ class Attack(ABC):
 
     def needs(self) -> frozenset[str]:
         extra = {"malicious_model"} if self.malicious else set()
-        if getattr(self.options, "init", None) == "optimal":
+        init = getattr(self.options, "init", None)
+        if init == "optimal":
             extra.add("prior_data")  # the start is a held-out example of each recovered label
+        if init == "learned":
+            extra |= LEARNED_KNOWLEDGE  # the start is the learned inverter's output, trained as the client trains
         return self.requires | frozenset(extra)
 
     # Budget presets (see gradleak.api.BUDGETS): option overrides for "quick" and

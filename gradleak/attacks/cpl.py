@@ -95,7 +95,7 @@ class CPL(ResumableAttack):
             stop = min(stop, opt.relative * sum(float((t * scale).pow(2).sum()) for t in sim.target.values()))
         engine = Engine(
             matching=Matching(sim, sim.target, opt.distance, scale=scale), labels=FixedLabels(labels),
-            candidates=lambda r: Pixels(observed_start(opt.init, shape, ctx.generator(0), obs, labels,
+            candidates=lambda r: Pixels(observed_start(opt.init, shape, ctx.generator(0), obs, labels, ctx,
                                                        tile=opt.tile).to(ctx.device)),
             optimizer=Optimizer(opt.optimizer, opt.lr or DEFAULT_LR[opt.optimizer], inner=opt.inner,
                                 history=opt.history_size, line_search=opt.line_search),

@@ -72,6 +72,9 @@ class FedAvgOptions:
         check(self.tv >= 0, "attack 'fedavg': tv must be >= 0")
         check(self.order_prior >= 0, "attack 'fedavg': order_prior must be >= 0")
         check(self.restarts >= 1, "attack 'fedavg': restarts must be >= 1")
+        # the inverter draws one image per example, not the per-epoch copies this attack optimises
+        check(self.init != "learned", "attack 'fedavg': init=learned is not available (use it with ig, cpl, rog or "
+                                      "gradinversion)")
 
 
 @dataclass(frozen=True)
@@ -220,7 +223,7 @@ class FedAvgAttack(ResumableAttack):
         engine = Engine(
             matching=Matching(sim, sim.target, opt.distance, normalise=opt.distance == "l2"),
             labels=label_candidate,
-            candidates=lambda r: Pixels(observed_start(opt.init, shape, ctx.generator(r), obs, row_labels.cpu())
+            candidates=lambda r: Pixels(observed_start(opt.init, shape, ctx.generator(r), obs, row_labels.cpu(), ctx)
                                         .to(ctx.device), box=image),
             optimizer=Optimizer("signed-adam", opt.lr, schedule=opt.schedule),
             priors=[TotalVariation(opt.tv if image else 0.0),

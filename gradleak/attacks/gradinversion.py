@@ -90,8 +90,8 @@ class GradInversion(ResumableAttack):
                   GroupConsistency(opt.group if opt.restarts > 1 else 0.0, opt.group_start)]
         engine = Engine(
             matching=Matching(sim, sim.target, opt.distance), labels=FixedLabels(labels),
-            candidates=lambda r: Pixels(observed_start(opt.init, shape, ctx.generator(r), obs, labels).to(ctx.device),
-                                        box=True),
+            candidates=lambda r: Pixels(
+                observed_start(opt.init, shape, ctx.generator(r), obs, labels, ctx).to(ctx.device), box=True),
             optimizer=Optimizer("signed-adam" if opt.signed else "adam", opt.lr, schedule="step"), priors=priors,
             iterations=opt.iterations, restarts=opt.restarts, joint=True, final=opt.final, box=True,
             model=sim.model, forward=plain_forward(sim.model, sim.params, sim.buffers), progress=ctx.progress)

@@ -79,8 +79,8 @@ class InvertingGradients(ResumableAttack):
         image = obs.modality == "image"
         engine = Engine(
             matching=Matching(sim, sim.target, opt.distance), labels=FixedLabels(labels),
-            candidates=lambda r: Pixels(observed_start(opt.init, shape, ctx.generator(r), obs, labels).to(ctx.device),
-                                        box=image),
+            candidates=lambda r: Pixels(
+                observed_start(opt.init, shape, ctx.generator(r), obs, labels, ctx).to(ctx.device), box=image),
             optimizer=Optimizer("signed-adam" if opt.signed else "adam", opt.lr,
                                 schedule=opt.schedule),
             priors=[TotalVariation(opt.tv if image else 0.0)], iterations=opt.iterations, restarts=opt.restarts,

@@ -3,8 +3,9 @@
 One vocabulary for every optimisation attack: randn (Gaussian; `random` is the
 same, the name of DLG's and CPL's code), uniform (`rand` is the same), gray;
 and CPL's seeds, which every attack takes too: patterned (a random patch tiled tile×tile over the input),
-dark, light, solid red/green/blue, and optimal (a same-class example from the
-held-out data the threat model may grant as `prior_data`).
+dark, light, solid red/green/blue, optimal (a same-class example from the
+held-out data the threat model may grant as `prior_data`), and learned (the output of the
+inverter learned on the defended updates of auxiliary data, `gradleak.attacks.learned`).
 """
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import torch
 
 from ..errors import GradleakError
 from ..threat import Observation
+from .base import AttackContext
 
 InitKind = Literal["randn", "random", "uniform", "rand", "gray", "patterned", "dark", "light", "r", "g", "b",
-                   "optimal"]
+                   "optimal", "learned"]
 SOLID_CHANNEL = {"r": 0, "g": 1, "b": 2}
 
 
@@ -47,6 +49,8 @@ def initial_inputs(kind: InitKind, shape: tuple[int, ...], generator: torch.Gene
         return patterned(shape, tile, generator)
     if kind == "optimal":
         return same_class_examples(shape, labels, prior_data, generator)
+    if kind == "learned":
+        raise GradleakError("init=learned starts from the observed update: it is drawn by observed_start")
     raise GradleakError(f"unknown initialisation '{kind}'")
 
 
@@ -82,8 +86,14 @@ def same_class_examples(shape: tuple[int, ...], labels: torch.Tensor | None, pri
 
 
 def observed_start(kind: InitKind, shape: tuple[int, ...], generator: torch.Generator, obs: Observation,
-                   labels: torch.Tensor, *, tile: int = 2) -> torch.Tensor:
+                   labels: torch.Tensor, ctx: AttackContext, *, tile: int = 2) -> torch.Tensor:
     """`initial_inputs` for an attack on `obs`: `optimal` reads the held-out examples the
-    threat model grants (the attack's `needs` asks for them) and the recovered `labels`."""
+    threat model grants (the attack's `needs` asks for them) and the recovered `labels`;
+    `learned` is the learned inverter's reconstruction of `obs` for those labels (trained once
+    per setting and kept in `ctx.artifacts`), the same for every restart."""
+    if kind == "learned":
+        from .learned import learned_start
+
+        return learned_start(obs, labels, ctx).reshape(shape)
     prior = obs.get("prior_data") if kind == "optimal" else None
     return initial_inputs(kind, shape, generator, tile=tile, labels=labels.cpu(), prior_data=prior)

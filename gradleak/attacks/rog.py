@@ -126,7 +126,7 @@ class ROG(ResumableAttack):
         sim = make_simulator(obs, ctx.device)
         labels = recover_labels(obs, opt.label_method, ctx.generator(17)).to(ctx.device)
         latent = BicubicLatent(obs.input_shape, opt.scale)
-        noise = observed_start(opt.init, (obs.batch_size, *obs.input_shape), ctx.generator(0), obs, labels)
+        noise = observed_start(opt.init, (obs.batch_size, *obs.input_shape), ctx.generator(0), obs, labels, ctx)
         # one Matching for both stages: the refinement keeps the coarse stage's normalisation
         matching = Matching(sim, self.observed_target(sim), self.objective, normalise=self.normalise)
         if opt.optimizer == "lbfgs":

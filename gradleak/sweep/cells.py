@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 from typing import Callable
 
 from ..experiment import AttackRunSpec, jsonable
@@ -27,11 +28,13 @@ def utility_spec_type():
     return spec_type if dataclasses.is_dataclass(spec_type) else None
 
 
-def execute_cell(kind: str, spec: dict, progress: Callable[[int, int, float], None] | None = None) -> dict:
+def execute_cell(kind: str, spec: dict, progress: Callable[[int, int, float], None] | None = None,
+                 artifacts: Path | None = None) -> dict:
     """Run one cell and return a picklable, JSON-shaped result (PNG bytes included).
-    Deterministic given the spec."""
+    Deterministic given the spec; `artifacts` is the study's folder for what attacks train
+    once and reuse (the learned inverters)."""
     cpu_start = time.process_time()
-    result = _execute_utility(spec) if kind == "utility" else _execute_attack(spec, progress)
+    result = _execute_utility(spec) if kind == "utility" else _execute_attack(spec, progress, artifacts)
     result["cpu_seconds"] = time.process_time() - cpu_start
     return result
 
@@ -57,10 +60,10 @@ def utility_run_spec(spec: dict):
     return spec_type(**fields)
 
 
-def _execute_attack(spec: dict, progress) -> dict:
+def _execute_attack(spec: dict, progress, artifacts: Path | None) -> dict:
     from ..experiment import result_record, run_attack
 
-    return result_record(run_attack(attack_run_spec(spec), progress))
+    return result_record(run_attack(attack_run_spec(spec), progress, artifacts))
 
 
 def _execute_utility(spec: dict) -> dict:

@@ -11,6 +11,7 @@ import signal
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import GradleakError
 from .cells import execute_cell
@@ -39,11 +40,15 @@ def single_thread() -> None:
 
 
 class InProcessExecutor:
+    def __init__(self, artifacts: Path | None = None):
+        self.artifacts = artifacts
+
     def run(self, cells, bars: SweepBars):
         single_thread()
         for cell in cells:
             try:
-                result = execute_cell(cell.kind, cell.spec, lambda i, t, d, c=cell: bars.attack(c, i, t, d))
+                result = execute_cell(cell.kind, cell.spec, lambda i, t, d, c=cell: bars.attack(c, i, t, d),
+                                      self.artifacts)
             except Exception as exc:
                 result = CellFailure.of(exc)
             yield cell, result
@@ -64,7 +69,7 @@ def _init_worker(queue) -> None:
     _progress_queue = queue
 
 
-def _worker_cell(key: str, kind: str, spec: dict) -> dict:
+def _worker_cell(key: str, kind: str, spec: dict, artifacts: Path | None) -> dict:
     last = [0.0]
 
     def report(iteration: int, total: int, distance: float) -> None:
@@ -73,12 +78,13 @@ def _worker_cell(key: str, kind: str, spec: dict) -> dict:
             last[0] = now
             _progress_queue.put((key, iteration, total, float(distance)))
 
-    return execute_cell(kind, spec, report)
+    return execute_cell(kind, spec, report, artifacts)
 
 
 class ProcessExecutor:
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, artifacts: Path | None = None):
         self.workers = workers
+        self.artifacts = artifacts
 
     def run(self, cells, bars: SweepBars):
         if not cells:
@@ -94,7 +100,7 @@ class ProcessExecutor:
                                    initializer=_init_worker, initargs=(queue,))
         completed = False
         try:
-            pending = {pool.submit(_worker_cell, c.key, c.kind, c.spec): c for c in cells}
+            pending = {pool.submit(_worker_cell, c.key, c.kind, c.spec, self.artifacts): c for c in cells}
             while pending:
                 finished, _ = wait(pending, timeout=_THROTTLE_SECONDS, return_when=FIRST_COMPLETED)
                 self._drain(queue, by_key, bars)

@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import GradleakError
 from .cells import execute_cell
@@ -128,10 +129,10 @@ def probe_grpc_server(host: str, port: int, timeout: float, tls: bool = False) -
     return outcome[0] if outcome else ProbeFailure(f"no answer within {timeout:g} s", timed_out=True)
 
 
-def _ray_cell(kind: str, spec: dict) -> dict:
+def _ray_cell(kind: str, spec: dict, artifacts: Path | None) -> dict:
     single_thread()
 
-    return execute_cell(kind, spec)
+    return execute_cell(kind, spec, artifacts=artifacts)
 
 
 class RayExecutor:
@@ -145,10 +146,12 @@ class RayExecutor:
     GradleakError line within `connect_timeout` seconds. A gRPC server that is
     not a GCS still passes the check; Ray's own retries (~20 s) then fail it."""
 
-    def __init__(self, address: str | None, workers: int, connect_timeout: float | None = None):
+    def __init__(self, address: str | None, workers: int, connect_timeout: float | None = None,
+                 artifacts: Path | None = None):
         self.target = parse_ray_address(address)
         self.address = self.target.text
         self.workers = workers
+        self.artifacts = artifacts
         self.connect_timeout = ray_connect_timeout() if connect_timeout is None else connect_timeout
         if not self.connect_timeout > 0:
             raise GradleakError(f"the Ray connect timeout must be > 0 seconds, got {self.connect_timeout}")
@@ -165,7 +168,8 @@ class RayExecutor:
         if owns_ray:
             self._init(ray)
         task = ray.remote(num_cpus=1)(_ray_cell)
-        pending = {task.remote(c.kind, c.spec): c for c in cells}
+        # a folder on this machine: workers of a cluster without a shared file system train their own
+        pending = {task.remote(c.kind, c.spec, self.artifacts): c for c in cells}
         try:
             while pending:
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from contextlib import closing
+from pathlib import Path
 
 from ..errors import GradleakError
 from .executors import CellFailure, InProcessExecutor, ProcessExecutor
@@ -12,13 +13,21 @@ from .progress import sweep_progress
 from .spec import Cell, Sweep, cell_key
 
 
-def make_executor(name: str, workers: int, address: str | None = None):
+def study_artifacts(store) -> Path | None:
+    """The folder beside a results store where attacks keep what they train once per setting
+    (content-addressed, so stores in one folder share it); None for a store without a file."""
+    path = getattr(store, "path", None)
+    return Path(path).parent / "artifacts" if path is not None else None
+
+
+def make_executor(name: str, workers: int, address: str | None = None, artifacts: Path | None = None):
+    """`artifacts`: the study's folder for what attacks train once and reuse across cells."""
     if name == "local":
-        return InProcessExecutor() if workers == 1 else ProcessExecutor(workers)
+        return InProcessExecutor(artifacts) if workers == 1 else ProcessExecutor(workers, artifacts)
     if name == "ray":
         from .ray_executor import RayExecutor  # lazy: Ray is imported only when asked for
 
-        return RayExecutor(address, workers)
+        return RayExecutor(address, workers, artifacts=artifacts)
     raise GradleakError(f"--executor must be local or ray, got '{name}'")
 
 
@@ -142,7 +151,7 @@ def run_sweep(sweep: Sweep, store, workers: int | None = None, executor: str = "
     failed: list[dict] = []
     refusal = None
     with sweep_progress(len(sweep.cells), len(sweep.cells) - len(todo), enabled=show_progress) as bars:
-        runner = make_executor(executor, workers, address)
+        runner = make_executor(executor, workers, address, study_artifacts(store))
         # closing: stopping early stops the executor's running cells at once
         with closing(runner.run(todo, bars)) as results:
             for cell, result in results:
