@@ -16,11 +16,11 @@ The attack adapts to any defense the server can simulate: the inverter sees exac
 the defense leaves (signs, the top entries, a quantised or noised update), where gradient
 matching optimises against a transformed target it can only approximate.
 
-The auditor's budget ladder doubles the training epochs, resuming the training. Trained
-inverters are kept (safetensors) in the study's artifacts folder under a key of everything
-that determines them (model weights, defenses, training, batch, options, auxiliary data,
-seed), so every cell and audit call with the same key reuses the first rung instead of
-training again; `init=learned` starts the optimisation attacks from its output.
+The auditor's budget ladder doubles the training epochs, resuming the training. The first
+rung's inverter is kept (safetensors) in the study's artifacts folder under a key of
+everything that determines it (model weights, defenses, training, batch, options, auxiliary
+data, seed), so every cell and audit call with the same key reuses it instead of training
+again; `init=learned` starts the optimisation attacks from its output.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import math
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,12 +52,13 @@ from .labels import recover_labels
 class LearnedOptions:
     # Chosen on fashion-mnist (LeNet, batch 1 and 4, signSGD / top-k / none); reported on MNIST and
     # cifar10 (docs/learned-inversion.md).
-    epochs: int = 20  # training epochs of the first rung; the auditor's ladder doubles them
-    samples: int = 1000  # auxiliary client updates the inverter learns from
-    hidden: int = 512
-    sketch: int = 2048  # buckets of the update's count sketch (all entries when the update is smaller)
+    epochs: int = field(default=20, metadata={"range": (1, 10_000)})  # of the first rung; the ladder doubles them
+    samples: int = field(default=1000, metadata={"range": (2, 100_000)})  # auxiliary updates learned from
+    hidden: int = field(default=256, metadata={"range": (1, 8192)})
+    # buckets of the update's count sketch (all entries when the update is smaller)
+    sketch: int = field(default=2048, metadata={"range": (1, 1_000_000)})
     lr: float = 1e-3
-    batch: int = 64  # updates per training step
+    batch: int = field(default=64, metadata={"range": (1, 4096)})  # updates per training step
     aux: Literal["auto", "prior", "public"] = "auto"  # auto: held-out examples when granted, else public photos
     label_method: Literal["auto", "bias", "weight"] = "auto"
 
@@ -68,6 +69,10 @@ class LearnedOptions:
         check(self.sketch >= 1, "attack 'learned': sketch must be >= 1")
         check(self.lr > 0, "attack 'learned': lr must be > 0")
         check(self.batch >= 1, "attack 'learned': batch must be >= 1")
+
+
+# The auxiliary updates and their images are held in memory while the inverter trains.
+TRAINING_SET_BYTES = 4 * 2**30
 
 
 class UpdateSketch:
@@ -248,8 +253,8 @@ def _train(state: TrainingState, data: AuxiliaryUpdates, until: int, batch: int,
 
 
 class InverterCache:
-    """Trained inverters (with their optimizer state, so training resumes exactly) in a folder:
-    `<key>-<epochs>.safetensors` plus a JSON record of what it cost. Written atomically."""
+    """Trained inverters' weights in a folder: `<key>-<epochs>.safetensors` plus a JSON record of
+    what they cost. Written atomically, so cells running side by side can share the folder."""
 
     def __init__(self, folder: Path | None):
         self.folder = folder
@@ -268,15 +273,7 @@ class InverterCache:
             record = json.loads(path.with_suffix(".json").read_text())
         except (OSError, ValueError) as exc:
             raise GradleakError(f"cached inverter {path} is unreadable ({exc}); delete it to train again") from None
-        state.inverter.load_state_dict({k[len("inverter."):]: v for k, v in tensors.items()
-                                        if k.startswith("inverter.")})
-        saved = state.optimizer.state_dict()
-        for index in saved["param_groups"][0]["params"]:
-            if f"adam.{index}.exp_avg" in tensors:
-                saved["state"][index] = {"step": tensors[f"adam.{index}.step"],
-                                         "exp_avg": tensors[f"adam.{index}.exp_avg"],
-                                         "exp_avg_sq": tensors[f"adam.{index}.exp_avg_sq"]}
-        state.optimizer.load_state_dict(saved)
+        state.inverter.load_state_dict(tensors)
         state.epochs, state.seconds = epochs, float(record["train_seconds"])
         state.inverter.eval()
         return record
@@ -288,10 +285,7 @@ class InverterCache:
         if path is None:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        tensors = {f"inverter.{k}": v.detach().cpu().contiguous() for k, v in state.inverter.state_dict().items()}
-        for index, slot in state.optimizer.state_dict()["state"].items():
-            for name in ("step", "exp_avg", "exp_avg_sq"):
-                tensors[f"adam.{index}.{name}"] = torch.as_tensor(slot[name]).detach().cpu().contiguous()
+        tensors = {k: v.detach().cpu().contiguous() for k, v in state.inverter.state_dict().items()}
         partial = path.with_name(f".{path.name}.{os.getpid()}")
         save_file(tensors, partial)
         os.replace(partial, path)
@@ -325,11 +319,22 @@ class LearnedInversion:
         if obs.modality != "image":
             raise GradleakError(f"attack 'learned' inverts images; this data is {obs.modality}")
         self.obs, self.options, self.ctx = obs, options, ctx
+        stored = options.samples * (obs.batch_size * math.prod(obs.input_shape) + options.sketch)  # floats
+        if 4 * stored > TRAINING_SET_BYTES:
+            raise GradleakError(f"attack 'learned': {options.samples} training updates of a batch of {obs.batch_size} "
+                                f"would hold {4 * stored / 2**30:.1f} GiB (at most {TRAINING_SET_BYTES / 2**30:.0f}); "
+                                "lower samples or sketch")
         self.seed = ctx.seed
         self.pool_inputs, self.pool_labels, self.aux_source = self._pool()
         self.sketch = UpdateSketch(obs.update.flat().numel(), options.sketch, self.seed)
         self.key = inverter_key(obs, options, self.aux_source, self.seed)
         self.cache = InverterCache(ctx.artifacts / "inverters" if ctx.artifacts is not None else None)
+        self.state = self._untrained()
+        self.data: AuxiliaryUpdates | None = None
+        self.cached = False
+
+    def _untrained(self) -> TrainingState:
+        obs, options = self.obs, self.options
         inverter = Inverter(self.sketch.buckets, obs.num_classes, obs.batch_size, obs.input_shape, options.hidden)
         with torch.no_grad():  # nn.Linear's initialisation, drawn from the attack's own stream
             generator = stream(self.seed, "learned", "init")
@@ -338,10 +343,8 @@ class LearnedInversion:
                     bound = 1 / math.sqrt(layer.in_features)
                     for p in (layer.weight, layer.bias):
                         p.copy_(torch.rand(p.shape, generator=generator) * 2 * bound - bound)
-        inverter.to(ctx.device)
-        self.state = TrainingState(inverter, torch.optim.Adam(inverter.parameters(), lr=options.lr))
-        self.data: AuxiliaryUpdates | None = None
-        self.cached = False
+        inverter.to(self.ctx.device)
+        return TrainingState(inverter, torch.optim.Adam(inverter.parameters(), lr=options.lr))
 
     def _pool(self) -> tuple[torch.Tensor, torch.Tensor | None, str]:
         aux = self.options.aux
@@ -363,20 +366,25 @@ class LearnedInversion:
         return images, None, "public-photos"
 
     def trained(self, epochs: int) -> TrainingState:
-        """The inverter after `epochs` epochs: from the cache when kept there, else trained on
-        (resuming the state in hand), and kept."""
-        if self.data is None and self.cache.load(self.key, epochs, self.state) is not None:
+        """The inverter after `epochs` epochs. The first rung (the options' epochs) is kept in the
+        artifacts folder and loaded from there when it is; a later rung resumes the training in
+        hand, or, past a loaded first rung (whose optimizer state is not kept, to keep the files
+        small), trains from the start: either way the same inverter as one uninterrupted run."""
+        first = epochs == self.options.epochs
+        if first and self.state.epochs == 0 and self.cache.load(self.key, epochs, self.state) is not None:
             self.cached = True
             return self.state
+        if self.cached:
+            self.state, self.cached = self._untrained(), False
         if self.data is None:
             self.data = auxiliary_updates(self.obs, self.pool_inputs, self.pool_labels, self.options.samples,
                                           self.sketch, self.seed)
-            if self.state.epochs == 0:  # a state loaded from the cache keeps its saved standardisation
-                self.state.inverter.mean.copy_(self.data.features.mean(0))
-                self.state.inverter.scale.copy_(self.data.features.std(0).clamp_min(1e-12))
+        if self.state.epochs == 0:
+            self.state.inverter.mean.copy_(self.data.features.mean(0))
+            self.state.inverter.scale.copy_(self.data.features.std(0).clamp_min(1e-12))
         _train(self.state, self.data, epochs, self.options.batch, self.seed, self.ctx.device)
-        self.cached = False
-        self.cache.save(self.key, self.state, self.record())
+        if first:
+            self.cache.save(self.key, self.state, self.record())
         return self.state
 
     def record(self) -> dict:
@@ -403,7 +411,7 @@ class LearnedInverter(Attack):
     budgets = {"quick": {"epochs": 10}, "thorough": {"epochs": 40, "samples": 4000}}
 
     # The inverter draws every pixel from its last hidden layer; past this many weights per image
-    # it would not train on a CPU in a study's time (a 64 × 64 RGB image at hidden 512 is 6.3M).
+    # it would not train on a CPU in a study's time (a 64 × 64 RGB image at hidden 256 is 3.1M).
     MAX_WEIGHTS_PER_IMAGE = 20_000_000
 
     def unsupported(self, model: nn.Module, input_shape: tuple[int, ...], num_classes: int,
