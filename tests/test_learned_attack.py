@@ -153,3 +153,13 @@ def test_the_batched_fedsgd_path_sends_what_the_client_sends(mnist_test, defense
         assert update.tensors.keys() == own.tensors.keys()
         scale = own.flat().abs().max()
         assert float((update.flat() - own.flat()).abs().max()) <= 1e-5 * float(scale) + 1e-7
+
+
+def test_a_damaged_kept_inverter_is_one_line(mnist_test, tmp_path):
+    x, y = mnist_test.inputs[:1], mnist_test.labels[:1]
+    obs = _observation(x, y)
+    LearnedInversion(obs, SMALL, AttackContext(seed=0, artifacts=tmp_path)).trained(2)
+    (kept,) = (tmp_path / "inverters").glob("*.safetensors")
+    kept.write_bytes(b"not a safetensors file")
+    with pytest.raises(GradleakError, match="delete it to train again"):
+        LearnedInversion(obs, SMALL, AttackContext(seed=0, artifacts=tmp_path)).trained(2)

@@ -263,17 +263,18 @@ class InverterCache:
         return None if self.folder is None else self.folder / f"{key}-{epochs}.safetensors"
 
     def load(self, key: str, epochs: int, state: TrainingState) -> dict | None:
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         path = self.path(key, epochs)
         if path is None or not path.is_file():
             return None
         try:
-            tensors = load_file(path)
+            state.inverter.load_state_dict(load_file(path))
             record = json.loads(path.with_suffix(".json").read_text())
-        except (OSError, ValueError) as exc:
-            raise GradleakError(f"cached inverter {path} is unreadable ({exc}); delete it to train again") from None
-        state.inverter.load_state_dict(tensors)
+        except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as exc:
+            raise GradleakError(f"kept inverter {path} is unreadable or not this setting's "
+                                f"({' '.join(str(exc).split())[:200]}); delete it to train again") from None
         state.epochs, state.seconds = epochs, float(record["train_seconds"])
         state.inverter.eval()
         return record
