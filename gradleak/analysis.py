@@ -158,6 +158,8 @@ def attack_rows(cells: list[CellRecord]) -> list[dict]:
             row["reid_low"] = row["reid_high"] = None
             identifies = False
         row["grade"] = "copies" if row["copies"] else ("identifies" if identifies else None)
+        # what "copied" means for this data: an exact sequence for text, ASR's MSE bound otherwise
+        row["copy_criterion"] = "token for token" if "exact_sequence_accuracy" in metric_names else "MSE ≤ 1e-3"
         rows.append(row)
     rows.sort(key=lambda r: (*[str(r[k]) for k in SCENARIO_KEYS], r["defense"] != "none", r["defense"],
                              r["strength"], r["attack_spec"]))
@@ -268,7 +270,8 @@ def _grade(members: list[dict]) -> dict:
     best = max(members, key=strength)
     judged = [m for m in members if m.get("identified") is not None]
     return {"grade": best.get("grade"), "grade_attack": _attack_name(best), "examples": best.get("examples"),
-            "copies": best.get("copies"), "identified": best.get("identified"),
+            "copies": best.get("copies"), "copy_criterion": best.get("copy_criterion"),
+            "identified": best.get("identified"),
             "identified_of": best.get("identified_of"), "reid_chance": best.get("reid_chance"),
             "reid": None if best.get("identified") is None else best["identified"] / best["identified_of"],
             "reid_low": best.get("reid_low"), "reid_high": best.get("reid_high"),
@@ -308,7 +311,7 @@ def verdict(entry: dict) -> tuple[str, str]:
     grade, attack = entry.get("grade"), entry.get("grade_attack")
     if grade == "copies":
         return "leaks", (f"leaks: {_count_text(entry['copies'], entry['examples'])} copied exactly "
-                         f"(MSE ≤ 1e-3) by {attack}")
+                         f"({entry.get('copy_criterion') or 'MSE ≤ 1e-3'}) by {attack}")
     if grade == "identifies":
         return "leaks", (f"leaks: {_count_text(entry['identified'], entry['identified_of'])} re-identified "
                          f"by {attack}; chance {percent(entry['reid_chance'])}")

@@ -596,7 +596,7 @@ def _resolve_model(model: Any, data: Dataset, seed: int) -> tuple[nn.Module, str
     if isinstance(model, nn.Module):
         return model, type(model).__name__
     if isinstance(model, str):
-        return build_named_model(model, data.input_shape, data.num_classes, seed), model
+        return build_named_model(model, data.input_shape, data.num_classes, seed, modality=data.modality), model
     if callable(model):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(seed))
@@ -618,7 +618,7 @@ def _fit_classes(model: nn.Module, data: Dataset) -> Dataset:
     when the model has more outputs than the data's labels reach."""
     from .models.user import check_model_fits
 
-    width = check_model_fits(model, data.input_shape, data.num_classes, "model")
+    width = check_model_fits(model, data.input_shape, data.num_classes, "model", data.modality)
     if width > data.num_classes:
         names = list(data.class_names) + [str(i) for i in range(data.num_classes, width)]
         data = dataclasses.replace(data, class_names=names)

@@ -20,6 +20,7 @@ from torch import nn
 
 from .attacks import Attack, AttackContext, Reconstruction, make_attack
 from .data import Dataset, DatasetSpec, load_dataset
+from .data.modality import modality as modality_of
 from .defenses import DefenseChain, make_chain
 from .errors import GradleakError
 from .fl import TrainingSpec, aggregate_updates, compute_update
@@ -71,6 +72,7 @@ class AttackRunSpec:
     checkpoint: str | None = None
     split: str = "test"
     resize: int | None = None
+    seq_len: int | None = None  # tokens per sequence of a text dataset (None: the dataset's default)
     lpips: str = "alex"
     device: str = "auto"
     # how many times the auditor may double an iterative attack's budget while its verdict is
@@ -153,6 +155,8 @@ class AttackRunResult:
         scores = []
         if m.get("psnr") is not None:
             scores.append(f"PSNR {m['psnr']:.1f} dB, SSIM {m.get('ssim') or 0:.2f}")
+        elif m.get("rouge1") is not None:
+            scores.append(f"ROUGE-1 {m['rouge1']:.3f}, ROUGE-2 {m.get('rouge2') or 0:.3f}")
         elif m.get("mse") is not None:
             scores.append(f"MSE {m['mse']:.3g}")
         n = int(m.get("examples") or len(self.per_image))
@@ -218,8 +222,10 @@ def _dataset_names():
     return DATASETS.names()
 
 
-def dataset_spec(text: str, split: str, resize: int | None) -> DatasetSpec:
+def dataset_spec(text: str, split: str, resize: int | None, seq_len: int | None = None) -> DatasetSpec:
     loader = dataset_path_form(text)
+    if seq_len is not None and loader is not None:
+        raise GradleakError("--seq-len applies to the text datasets (news, polarity), not to a file of inputs")
     if loader is not None:
         path = Path(text.strip()).expanduser()
         if path_kind(path, "dataset path") is None:
@@ -241,15 +247,15 @@ def dataset_spec(text: str, split: str, resize: int | None) -> DatasetSpec:
             raise GradleakError(f"dataset option '{key}' must be an integer, got '{opts[key]}'") from None
 
     return DatasetSpec(spec.name, split=split, resize=resize if resize is not None else as_int("resize"),
-                       crop=as_int("crop"), path=opts.get("path"), channels=as_int("channels"))
+                       crop=as_int("crop"), path=opts.get("path"), channels=as_int("channels"), seq_len=seq_len)
 
 
-def build_scenario_model(spec: AttackRunSpec, input_shape, num_classes):
-    return build_named_model(spec.model, input_shape, num_classes, spec.seed, spec.activation)
+def build_scenario_model(spec: AttackRunSpec, input_shape, num_classes, modality: str = "image"):
+    return build_named_model(spec.model, input_shape, num_classes, spec.seed, spec.activation, modality)
 
 
 def build_named_model(text: str, input_shape, num_classes: int, seed: int = 0,
-                      activation: str | None = None) -> nn.Module:
+                      activation: str | None = None, modality: str = "image") -> nn.Module:
     """A built-in model (`name[:k=v,...]`) or the user's own
     (`path/to/file.py:factory[:k=v,...]`, `package.module:factory[:k=v,...]`),
     seeded, checked to output at least one logit per class."""
@@ -265,17 +271,17 @@ def build_named_model(text: str, input_shape, num_classes: int, seed: int = 0,
         activation = activation or options.pop("activation", None)
         model = build_model(ModelSpec(model_spec.name, tuple(input_shape), num_classes,
                                       activation=activation, seed=seed, options=options))
-    check_model_fits(model, tuple(input_shape), num_classes, f"model '{text}'")
+    check_model_fits(model, tuple(input_shape), num_classes, f"model '{text}'", modality)
     return model
 
 
 def scenario_data(spec: AttackRunSpec, load: Callable[[DatasetSpec], Dataset] = load_dataset) -> Dataset:
-    return load(dataset_spec(spec.dataset, spec.split, spec.resize))
+    return load(dataset_spec(spec.dataset, spec.split, spec.resize, spec.seq_len))
 
 
 def scenario_model(spec: AttackRunSpec, data: Dataset) -> nn.Module:
     """The attacked model as `run_attack` builds it, with its checkpoint (before pre-training)."""
-    model = build_scenario_model(spec, data.input_shape, data.num_classes)
+    model = build_scenario_model(spec, data.input_shape, data.num_classes, data.modality)
     if spec.checkpoint:
         from .models.checkpoint import load_checkpoint
         load_checkpoint(model, spec.checkpoint)
@@ -308,7 +314,7 @@ def validate_run_spec(spec: AttackRunSpec, load: Callable[[DatasetSpec], Dataset
     to pre-train on, and `check_scenario` — without running anything. `load` reads datasets
     (a caching loader serves a whole sweep); `built` holds the models already built."""
     data = scenario_data(spec, load)
-    model_key = (spec.model, spec.activation, spec.checkpoint, spec.dataset, spec.split, spec.resize)
+    model_key = (spec.model, spec.activation, spec.checkpoint, spec.dataset, spec.split, spec.resize, spec.seq_len)
     if model_key not in built:
         scenario_model(spec, data)  # builds it: its options, activation and checkpoint are checked
         built.add(model_key)
@@ -326,7 +332,8 @@ def run_attack(spec: AttackRunSpec, progress: Callable[[int, int, float], None] 
     if spec.pretrain_steps:
         model = _pretrained(model, spec)
     return run_scenario(spec, model, data, progress,
-                        held_out=lambda targets: prior_data(spec.dataset, spec.split, spec.resize, data, targets),
+                        held_out=lambda targets: prior_data(spec.dataset, spec.split, spec.resize, data, targets,
+                                                            spec.seq_len),
                         gallery=lambda targets: gallery_for(spec.dataset, spec.split, spec.resize, data, targets),
                         artifacts=artifacts)
 
@@ -361,7 +368,9 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
     if "prior_data" in threat.grants:
         prior = held_out(targets) if held_out is not None else _held_out(data, targets)
     ctx = AttackContext(seed=spec.seed, device=device, progress=progress, prior_data=prior, artifacts=artifacts)
-    judge = gallery(targets) if gallery is not None else gallery_from(data, targets, f"examples of {data.name}")
+    judge = None
+    if modality_of(data.modality).reidentifies:
+        judge = gallery(targets) if gallery is not None else gallery_from(data, targets, f"examples of {data.name}")
     server_secrets = None
     if attack.malicious:
         prepared = attack.prepare_model(model, data.input_shape, data.num_classes, ctx)
@@ -407,6 +416,9 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
     metrics = summarize(scores)
     metrics["iterations"] = float(sum(iterations) / len(iterations))
     extras["ladder"] = ladder_summary(ladders, judge)
+    if not modality_of(data.modality).reidentifies:
+        extras["reidentification"] = (f"not done for {data.modality} data: an exactly recovered example counts "
+                                      "as copied (asr) instead")
     return AttackRunResult(spec, metrics, [s.to_dict() for s in scores], time.perf_counter() - start,
                            torch.cat(originals), torch.cat(recons), extras, convergence_summary(runs))
 
@@ -466,7 +478,7 @@ class Rung:
     iterations: int  # the attack's own count (all restarts together)
     budget: int | None  # iterations per restart this rung allowed
     seconds: float
-    mse: float
+    mse: float | None  # None for token sequences, which have no MSE
     psnr: float | None
     examples: int
     copies: int  # examples reconstructed exactly (ASR's criterion)
@@ -511,10 +523,11 @@ def climb(attack: Attack, obs: Observation, x: torch.Tensor, y: torch.Tensor, ct
 def rung_of(rec: Reconstruction, scores: list, budget: int | None, seconds: float) -> Rung:
     from .metrics.image import psnr_from_mse
 
-    mse = sum(s.mse for s in scores) / len(scores)
+    errors = [getattr(s, "mse", None) for s in scores]
+    mse = sum(errors) / len(errors) if errors and None not in errors else None
     judged = [s for s in scores if s.gallery_rank is not None]
     return Rung(iterations=int(rec.iterations), budget=budget, seconds=round(seconds, 3), mse=mse,
-                psnr=psnr_from_mse(mse) if scores and scores[0].psnr is not None else None,
+                psnr=psnr_from_mse(mse) if mse is not None and getattr(scores[0], "psnr", None) is not None else None,
                 examples=len(scores), copies=sum(bool(s.success) for s in scores),
                 identified=sum(bool(s.identified) for s in judged) if judged else None)
 
@@ -541,6 +554,8 @@ def rung_decision(rungs: list[Rung], analytic: bool, converged: bool | None, cha
     if len(rungs) < 2 or (last.budget or 0) < floor:
         return None
     before = rungs[-2]
+    if last.mse is None or before.mse is None:  # token sequences: only more exact copies count as progress
+        return "saturated" if last.copies <= before.copies else None
     gain_db = 10 * math.log10(max(before.mse, 1e-12) / max(last.mse, 1e-12))
     more_identified = (last.identified or 0) > (before.identified or 0)
     return "saturated" if gain_db <= SATURATION_MARGIN_DB and not more_identified else None
@@ -642,7 +657,7 @@ def _held_out(data: Dataset, targets: torch.Tensor) -> Dataset:
 
 def pretraining_data(spec: AttackRunSpec, load: Callable[[DatasetSpec], Dataset] = load_dataset) -> Dataset:
     """The train split `--pretrain-steps` trains on; refused for a set of sample images."""
-    train = load(dataset_spec(spec.dataset, "train", spec.resize))
+    train = load(dataset_spec(spec.dataset, "train", spec.resize, spec.seq_len))
     if train.samples_only:
         raise GradleakError(f"dataset '{train.name}' ships only sample images; it cannot pre-train a model "
                             "(use --checkpoint, or pre-train on mnist/fashion-mnist)")
@@ -656,13 +671,14 @@ def _pretrained(model, spec: AttackRunSpec):
     return model
 
 
-def prior_data(dataset: str, split: str, resize: int | None, data: Dataset, targets: torch.Tensor) -> Dataset:
+def prior_data(dataset: str, split: str, resize: int | None, data: Dataset, targets: torch.Tensor,
+               seq_len: int | None = None) -> Dataset:
     """Held-out examples for attacks that may use the data distribution: the
     other split of a named dataset, or the non-target examples of a sample set."""
     if data.samples_only:
         return _held_out(data, targets)
     other = "train" if split == "test" else "test"
-    return load_dataset(dataset_spec(dataset, other, resize))
+    return load_dataset(dataset_spec(dataset, other, resize, seq_len))
 
 
 def result_record(result: AttackRunResult, images: bool = True) -> dict:
@@ -697,20 +713,37 @@ def result_record(result: AttackRunResult, images: bool = True) -> dict:
 
 
 def write_outputs(result: AttackRunResult, out: str | Path) -> dict[str, Path]:
-    """result.json and grid.png in `out`, each written atomically."""
+    """result.json and, for images, grid.png in `out` (for token sequences, sequences.txt:
+    each original beside its recovery), each written atomically."""
     from .viz import save_grid
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "result.json", "grid": out / "grid.png"}
-    tmp = paths["json"].with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result.to_json(), indent=2))
-    tmp.replace(paths["json"])
+    paths = {"json": out / "result.json"}
+    _write_atomically(paths["json"], json.dumps(result.to_json(), indent=2))
     if result.originals.dim() == 4:
+        paths["grid"] = out / "grid.png"
         save_grid(paths["grid"], result.originals, result.reconstructions)
-    else:
-        paths.pop("grid")
+    elif result.per_image and "recovered" in result.per_image[0]:
+        paths["sequences"] = out / "sequences.txt"
+        _write_atomically(paths["sequences"], sequence_pairs_text(result.per_image))
     return paths
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def sequence_pairs_text(per_example: list[dict]) -> str:
+    """Each attacked sequence and what the attack recovered for it, as plain text."""
+    blocks = []
+    for score in per_example:
+        verdict = "exact" if score.get("success") else f"ROUGE-1 {score.get('rouge1', 0.0):.3f}"
+        blocks.append(f"#{score['index']} ({verdict})\noriginal:  {score.get('original', '')}\n"
+                      f"recovered: {score.get('recovered', '')}\n")
+    return "\n".join(blocks)
 
 
 def jsonable(value):

@@ -278,6 +278,7 @@ RUN_SPEC_BOUNDS: dict[str, tuple[float, float]] = {
     "seed": (0, MAX_SEED), "pretrain_steps": (0, MAX_ITERATIONS), "resize": (MIN_IMAGE_SIDE, MAX_IMAGE_SIDE),
     "doublings": (0, MAX_DOUBLINGS), "shuffle_seed": (0, MAX_SEED),
     "crop_padding": (0, 64), "label_smoothing": (0.0, 0.999), "clip_norm": (0.0, MAX_LR * 1e6),
+    "seq_len": (1, 1024),  # GPT-2's context
 }
 MAX_CLASSES = 100_000                  # classes a user's labels may imply
 

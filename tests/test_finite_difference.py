@@ -21,6 +21,9 @@ SHAPES = {"lenet": (1, 16, 16), "lenet5": (1, 28, 28), "lenet-rog": (3, 32, 32),
 # plain VGG-16 at initialisation passes an input gradient of ~1e-11, float32 noise
 # on either path; its batch-norm variant has the same kinks and a usable gradient
 OPTIONS = {"convnet": {"width": 16}, "vgg16": {"batchnorm": True, "width_divisor": 4}}
+# Models that read integer token ids: a candidate input has no gradient to difference, so the
+# simulator must keep the exact path (test_token_models_keep_the_exact_path).
+TOKEN_MODELS = {"gpt2": (8,)}
 
 
 def _observation(name: str, training=TrainingSpec(lr=0.1), batch: int = 3, activation=None):
@@ -50,7 +53,21 @@ def _cosine(a, b):
 
 
 def test_every_registered_model_is_covered():
-    assert set(SHAPES) == set(MODELS.names()), "add new models to SHAPES"
+    assert set(SHAPES) | set(TOKEN_MODELS) == set(MODELS.names()), "add new models to SHAPES or TOKEN_MODELS"
+
+
+@pytest.mark.parametrize("name", list(TOKEN_MODELS))
+def test_token_models_keep_the_exact_path(name):
+    shape = TOKEN_MODELS[name]
+    model = build_model(ModelSpec(name, shape, 10, seed=0, options={"width": 32, "heads": 4}))
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randint(1000, (3, *shape), generator=gen), torch.randint(10, (3,), generator=gen)
+    training = TrainingSpec(lr=0.1)
+    obs = observe(compute_update(model, x, y, training), model, make_threat_model("honest"), input_shape=shape,
+                  num_classes=10, training=training, batch_size=3, labels=y, defenses=[], modality="text")
+    assert not finite_difference.supports(model)
+    for second_order in ("auto", "difference"):
+        assert UpdateSimulator(obs, second_order=second_order).differenced is None
 
 
 @pytest.mark.parametrize("name", list(SHAPES))

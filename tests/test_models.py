@@ -21,9 +21,30 @@ from gradleak.models.training import evaluate, pretrain
 
 IMAGE_SHAPES = [(1, 28, 28), (3, 32, 32), (1, 25, 25), (3, 64, 64)]
 CONV_MODELS = ["lenet", "lenet5", "lenet-rog", "convnet", "resnet18", "resnet20", "vgg16"]
+# Models that read token ids (batch, length): every test below gives them token sequences of
+# these lengths where the others get images.
+TEXT_MODELS = ["gpt2"]
+TOKEN_LENGTHS = [(1,), (12,), (64,)]
+INPUT_MODELS = [name for name in MODELS if name not in TEXT_MODELS]
 # Cheaper variants where the test is about behaviour, not size.
 SMALL = {"convnet": {"width": "8"}, "vgg16": {"width_divisor": "8"}, "twolayer": {"width": "64"},
-         "mlp": {"hidden": "32;16"}}
+         "mlp": {"hidden": "32;16"}, "gpt2": {"width": "32", "heads": "4"}}
+
+
+def test_every_model_reads_images_or_tokens():
+    assert set(INPUT_MODELS) | set(TEXT_MODELS) == set(MODELS.names())
+
+
+def shape_for(name: str, image_shape=(3, 32, 32)) -> tuple[int, ...]:
+    """The input shape a test uses for `name`: token sequences for a text model."""
+    return (12,) if name in TEXT_MODELS else image_shape
+
+
+def inputs_for(name: str, batch: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """A batch for `name`: token ids for a text model, pixels in [0, 1] otherwise."""
+    if name in TEXT_MODELS:
+        return torch.randint(1000, (batch, *shape), generator=torch.Generator().manual_seed(batch))
+    return torch.rand(batch, *shape)
 
 
 def spec(name: str, shape=(3, 32, 32), classes: int = 7, small: bool = True, **kw) -> ModelSpec:
@@ -33,7 +54,7 @@ def spec(name: str, shape=(3, 32, 32), classes: int = 7, small: bool = True, **k
 
 
 @pytest.mark.parametrize("shape", IMAGE_SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", INPUT_MODELS)
 def test_forward_backward_shapes(name, shape):
     model = build_model(spec(name, shape))
     assert model.training and all(p.dtype == torch.float32 for p in model.parameters())
@@ -45,18 +66,36 @@ def test_forward_backward_shapes(name, shape):
     assert all(p.grad is not None for p in model.parameters())
 
 
+@pytest.mark.parametrize("shape", TOKEN_LENGTHS, ids=lambda s: str(s[0]))
+@pytest.mark.parametrize("name", TEXT_MODELS)
+def test_text_forward_backward_shapes(name, shape):
+    model = build_model(spec(name, shape))
+    assert model.training and all(p.dtype == torch.float32 for p in model.parameters())
+    out = model(inputs_for(name, 2, shape))
+    assert out.shape == (2, 7)  # 7 classes: a classifier head on the last position
+    F.cross_entropy(out, torch.tensor([0, 6])).backward()
+    used = {n for n, p in model.named_parameters() if p.grad is not None}
+    assert used == {n for n, _ in model.named_parameters()}
+    with pytest.raises(GradleakError, match="integer token ids"):
+        model(torch.rand(2, *shape))
+
+
 DEFAULT_PARAMS_3x32x32_10 = {"lenet": 15_826, "lenet5": 62_006, "lenet-rog": 2_155_968, "convnet": 733_642,
                              "resnet18": 11_173_962,
-                             "resnet20": 269_722, "vgg16": 15_245_130, "mlp": 855_050, "twolayer": 3_082_000}
+                             "resnet20": 269_722, "vgg16": 15_245_130, "mlp": 855_050, "twolayer": 3_082_000,
+                             # text: sequences of 16 tokens, a 10-class classifier head
+                             "gpt2": 23_245_450}
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_default_sizes(name):
-    """Default widths on CIFAR-shaped input (resnet18 11.2 M as in the literature; convnet at width 32)."""
-    model = build_model(ModelSpec(name, (3, 32, 32), 10))
+    """Default widths on CIFAR-shaped input (resnet18 11.2 M as in the literature; convnet at width 32),
+    text models on 16 tokens."""
+    shape = (16,) if name in TEXT_MODELS else (3, 32, 32)
+    model = build_model(ModelSpec(name, shape, 10))
     assert sum(p.numel() for p in model.parameters()) == DEFAULT_PARAMS_3x32x32_10[name]
     with torch.no_grad():
-        assert model(torch.rand(2, 3, 32, 32)).shape == (2, 10)
+        assert model(inputs_for(name, 2, shape)).shape == (2, 10)
 
 
 def test_vgg16_224_quick():
@@ -161,21 +200,22 @@ def test_twolayer_gaussian_init():
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("name", list(MODELS))
 def test_every_activation(name, activation):
-    model = build_model(spec(name, (1, 16, 16), activation=activation))
+    shape = shape_for(name, (1, 16, 16))
+    model = build_model(spec(name, shape, activation=activation))
     wanted = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "leakyrelu": nn.LeakyReLU}[activation]
     acts = [m for m in model.modules() if isinstance(m, (nn.ReLU, nn.Sigmoid, nn.Tanh, nn.LeakyReLU))]
     assert acts and all(type(m) is wanted for m in acts)
-    out = model(torch.rand(2, 1, 16, 16))
+    out = model(inputs_for(name, 2, shape))
     assert out.shape == (2, 7) and torch.isfinite(out).all()
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_seed_reproducible_and_global_rng_untouched(name):
     before = torch.get_rng_state()
-    a = build_model(spec(name, seed=3))
+    a = build_model(spec(name, shape_for(name), seed=3))
     assert torch.equal(before, torch.get_rng_state())
-    b = build_model(spec(name, seed=3))
-    c = build_model(spec(name, seed=4))
+    b = build_model(spec(name, shape_for(name), seed=3))
+    c = build_model(spec(name, shape_for(name), seed=4))
     pa, pb, pc = (torch.cat([p.flatten() for p in m.parameters()]) for m in (a, b, c))
     assert torch.equal(pa, pb)
     assert not torch.equal(pa, pc)
@@ -183,7 +223,7 @@ def test_seed_reproducible_and_global_rng_untouched(name):
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_last_module_is_the_linear_head(name):
-    model = build_model(spec(name, classes=9))
+    model = build_model(spec(name, shape_for(name), classes=9))
     last = [m for m in model.modules() if not list(m.children())][-1]
     assert isinstance(last, nn.Linear) and last.out_features == 9
     assert last_linear(model)[1] is last
@@ -191,8 +231,9 @@ def test_last_module_is_the_linear_head(name):
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_functional_call_matches_module(name):
-    model = build_model(spec(name, (3, 16, 16))).eval()  # eval: BatchNorm stats stay fixed
-    x, y = torch.rand(3, 3, 16, 16), torch.tensor([0, 1, 2])
+    shape = shape_for(name, (3, 16, 16))
+    model = build_model(spec(name, shape)).eval()  # eval: BatchNorm stats stay fixed
+    x, y = inputs_for(name, 3, shape), torch.tensor([0, 1, 2])
     params = {k: v.detach() for k, v in model.named_parameters()}
     buffers = dict(model.named_buffers())
 

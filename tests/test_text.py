@@ -20,10 +20,12 @@ from gradleak.options import build_options
 
 VOCAB = text_data.VOCAB_SIZE
 EOT = text_data.END_OF_TEXT
+SMALL_GPT2 = {"width": 128, "heads": 4}
 
 
 def gpt2(seq_len: int, classes: int = VOCAB, seed: int = 0, **options) -> GPT2:
-    return build(ModelSpec("gpt2", (seq_len,), classes, seed=seed, options=options), build_gpt2)
+    """GPT-2 at width 128 × 4 heads unless told otherwise: a third of the default's cost."""
+    return build(ModelSpec("gpt2", (seq_len,), classes, seed=seed, options={**SMALL_GPT2, **options}), build_gpt2)
 
 
 def client_gradient(model: GPT2, inputs: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -70,7 +72,7 @@ def test_news_windows_are_next_token_pairs_split_by_article():
     assert torch.equal(train.labels[:, :-1], train.inputs[:, 1:])  # labels: the next token
     assert int(train.inputs.max()) < EOT  # no special token inside news text
     default = load_dataset(DatasetSpec("news", split="test"))
-    assert default.inputs.shape[1] == text_data.DEFAULT_SEQ_LEN
+    assert default.inputs.shape[1] == text_data.NEWS_SEQ_LEN
     again = load_dataset(DatasetSpec("news", split="train", seq_len=16))
     assert torch.equal(again.inputs, train.inputs)  # deterministic
     assert set(text_data.article_split(293, "train")).isdisjoint(text_data.article_split(293, "test"))
@@ -156,6 +158,8 @@ def test_gpt2_shapes_heads_and_options():
         gpt2(64, positions=32)
     with pytest.raises(GradleakError, match="integer token ids"):
         model(torch.rand(2, 16))
+    default = build(ModelSpec("gpt2", (16,), VOCAB), build_gpt2)
+    assert (default.width, default.heads, len(default.blocks)) == (384, 6, 2)
     same = gpt2(16)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), same.parameters()))  # seeded
     assert not torch.equal(gpt2(16, seed=1).token_embedding.weight, model.token_embedding.weight)

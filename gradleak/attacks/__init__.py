@@ -22,6 +22,7 @@ ATTACKS: Registry = Registry("attack", {
     "rog-sign": "gradleak.attacks.rog:ROGSign",
     "fedavg": "gradleak.attacks.fedavg:FedAvgAttack",
     "learned": "gradleak.attacks.learned:LearnedInverter",
+    "dager": "gradleak.attacks.dager:DAGER",
 })
 
 __all__ = ["ATTACKS", "Attack", "AttackContext", "Reconstruction", "make_attack"]

@@ -39,6 +39,7 @@ batch has the same length T, as a padded batch does.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -47,6 +48,8 @@ import torch.nn.functional as F
 from ..errors import GradleakError
 from ..models.gpt2 import GPT2
 from ..options import check
+from ..threat import Observation
+from .base import Attack, AttackContext, Reconstruction, check_result
 
 PREFILTER_DIRECTIONS = 64  # directions orthogonal to the layer-1 span in the cheap lower bound
 # the lower bound is computed in float32: accept up to twice the threshold there so rounding
@@ -200,12 +203,21 @@ class _FirstLayerInputs:
         return survivors.cpu()[chosen]
 
 
-def _check_inputs(model, gradients: dict[str, torch.Tensor], batch_size: int, seq_len: int,
-                  options: DagerOptions) -> None:
+def _check_architecture(model) -> None:
     if not isinstance(model, GPT2):
-        raise GradleakError(f"dager needs gradleak's GPT-2 (gradleak.models.gpt2.GPT2), got {type(model).__name__}")
+        raise GradleakError(f"dager needs gradleak's GPT-2 (gradleak.models.gpt2.GPT2, model gpt2), "
+                            f"got {type(model).__name__}")
     if len(model.blocks) < 2:
         raise GradleakError("dager needs at least 2 transformer blocks (the second one checks whole prefixes)")
+    if model.classifier is not None and len(model.blocks) < 3:
+        # a classifier reads the last position only, so the last block's gradient sees no prefix
+        raise GradleakError("dager on a classifier head needs at least 3 transformer blocks (gpt2:layers=3): "
+                            "the last block's gradient sees only the last position")
+
+
+def _check_inputs(model, gradients: dict[str, torch.Tensor], batch_size: int, seq_len: int,
+                  options: DagerOptions) -> None:
+    _check_architecture(model)
     if batch_size < 1 or not 1 <= seq_len <= model.positions:
         raise GradleakError(f"dager: batch_size must be ≥ 1 and seq_len within 1..{model.positions}; "
                             f"got {batch_size}, {seq_len}")
@@ -326,3 +338,37 @@ def dager_reconstruct(model: GPT2, gradients: dict[str, torch.Tensor], batch_siz
                       options: DagerOptions | None = None) -> torch.Tensor:
     """The (batch_size, seq_len) token ids DAGER recovers from a FedSGD gradient (see `dager_search`)."""
     return dager_search(model, gradients, batch_size, seq_len, options).tokens
+
+
+class DAGER(Attack):
+    """Exact recovery of a batch of token sequences from one FedSGD gradient of gpt2.
+
+    DAGER's span checks (see the module doc); analytic: more budget cannot change its result."""
+
+    name = "dager"
+    Options = DagerOptions
+    requires = frozenset({"batch_size"})
+    modalities = ("text",)
+
+    def unsupported(self, model, input_shape, num_classes, modality):
+        return (super().unsupported(model, input_shape, num_classes, modality)
+                or check_result(lambda: _check_architecture(model)))
+
+    def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
+        _check_architecture(obs.model)
+        if obs.update.kind != "gradient":
+            # the span test reads one gradient; a FedAvg delta sums several at moving weights
+            raise GradleakError("attack 'dager' recovers text from one FedSGD gradient (--local-steps 1); "
+                                "FedAvg updates are not supported yet")
+        batch_size, seq_len = obs.batch_size, int(obs.input_shape[0])
+        model = copy.deepcopy(obs.model).to(ctx.device)
+        result = dager_search(model, obs.update.as_gradient(), batch_size, seq_len, self.options)
+        extras = {"exact_rows": int(result.exact.sum()), "span_ranks": list(result.ranks),
+                  "candidates_per_position": result.candidates}
+        if result.saturated:
+            limit = model.width - self.options.rank_margin
+            extras["saturated"] = (f"the batch's {batch_size} × {seq_len} = {batch_size * seq_len} layer inputs "
+                                   f"fill the {model.width}-wide model's span (DAGER needs fewer than width − "
+                                   f"{self.options.rank_margin} = {limit}): no token can be told apart; attack a "
+                                   "wider gpt2 (gpt2:width=N) or shorter sequences (--seq-len)")
+        return Reconstruction(inputs=result.tokens.cpu(), labels=None, extras=extras)

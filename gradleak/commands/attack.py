@@ -108,11 +108,14 @@ def spec_from_args(args: argparse.Namespace, attack: str) -> AttackRunSpec:
         seed=args.seed, threat=args.threat,
         knows=tuple(k.strip() for k in args.knows.split(",") if k.strip()),
         activation=args.activation, pretrain_steps=args.pretrain_steps, checkpoint=args.checkpoint,
-        split=args.split, resize=args.resize, lpips=args.lpips, device=args.device)
+        split=args.split, resize=args.resize, seq_len=getattr(args, "seq_len", None), lpips=args.lpips,
+        device=args.device)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_scenario_arguments(p)
+    p.add_argument("--seq-len", type=run_flag("seq_len"), default=None,
+                   help="tokens per sequence of a text dataset (default: news 16, polarity 32)")
     p.add_argument("--attack", required=True, help="attack name[:key=value,...]")
     p.add_argument("--doublings", type=run_flag("doublings"), default=0,
                    help="times the auditor may double an iterative attack's budget while its verdict is "
@@ -139,14 +142,20 @@ def run(args: argparse.Namespace) -> int:
         fmt = lambda v: "n/a" if v is None else f"{v:.4g}"  # noqa: E731
         print(f"{spec.attack} on {spec.dataset}/{spec.model}, batch {spec.batch_size}, "
               f"{len(result.per_image)} images, defenses: {', '.join(spec.defenses) or 'none'}")
-        headline = psnr_line(m, len(result.per_image), result.extras)
-        if headline.startswith("nothing reconstructed"):  # said first, and no PSNR row
-            print(f"  {headline}")
-        for key in ("mse", "psnr", "ssim", "lpips", "label_acc", "asr", "iterations"):
-            if key != "psnr":
-                print(f"  {key:10s} {fmt(m.get(key))}")
-            elif not headline.startswith("nothing reconstructed"):
+        text = m.get("rouge1") is not None  # token sequences: no pixel metrics
+        width = 24 if text else 10  # the longest key's
+        if text:
+            for key in ("rouge1", "rouge2", "rougeL", "token_accuracy", "exact_sequence_accuracy", "label_acc"):
+                print(f"  {key:{width}s} {fmt(m.get(key))}")
+        else:
+            headline = psnr_line(m, len(result.per_image), result.extras)
+            if headline.startswith("nothing reconstructed"):  # said first, and no PSNR row
                 print(f"  {headline}")
+            for key in ("mse", "psnr", "ssim", "lpips", "label_acc", "asr", "iterations"):
+                if key != "psnr":
+                    print(f"  {key:10s} {fmt(m.get(key))}")
+                elif not headline.startswith("nothing reconstructed"):
+                    print(f"  {headline}")
         if m.get("reid") is not None:
             n = int(m.get("examples") or len(result.per_image))
             print(f"  {'reid':10s} {round(m['reid'] * n)} of {n} re-identified among {int(m['gallery']):,} "
@@ -155,8 +164,8 @@ def run(args: argparse.Namespace) -> int:
         if ladder:
             iterations = int(ladder.get("iterations") or 0)
             at = f" at {iterations:,} iterations" if iterations else ""
-            print(f"  {'ladder':10s} {ladder.get('decision')}{at}")
-        print(f"  {'seconds':10s} {result.seconds:.1f}")
+            print(f"  {'ladder':{width}s} {ladder.get('decision')}{at}")
+        print(f"  {'seconds':{width}s} {result.seconds:.1f}")
         if args.out:
             print(f"  written to {args.out}", file=sys.stderr)
     return 0

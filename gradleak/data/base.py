@@ -61,5 +61,5 @@ class DatasetSpec:
     crop: int | None = None
     path: str | None = None
     channels: int | None = None  # force 1 (grayscale) or 3 (replicate) channels
-    seq_len: int | None = None  # tokens per sequence of a text dataset (None: 32)
+    seq_len: int | None = None  # tokens per sequence of a text dataset (None: the dataset's default)
     options: dict = field(default_factory=dict, hash=False, compare=False)

@@ -11,8 +11,10 @@
   classification.
 
 Token ids are int64 tensors of shape (N, seq_len); `seq_len` comes from the
-DatasetSpec (default 32). GPT-2 has no padding token: short sentences are padded on
-the right with `<|endoftext|>`, as GPT-2 fine-tuning code (and DAGER's) does.
+DatasetSpec (default 16 for `news`, so that a batch of 16 windows fits DAGER's limit on the
+default `gpt2`; 32 for `polarity`, which holds most sentences whole). GPT-2 has no padding
+token: short sentences are padded on the right with `<|endoftext|>`, as GPT-2 fine-tuning
+code (and DAGER's) does.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ VOCAB_SIZE = 50257
 END_OF_TEXT = 50256  # `<|endoftext|>`, also the padding token
 PAD_TOKEN = END_OF_TEXT
 DEFAULT_SEQ_LEN = 32
+NEWS_SEQ_LEN = 16
 MAX_SEQ_LEN = 1024  # GPT-2's context
 # GPT-2's pre-tokenizer (tiktoken's r50k_base pattern): contractions, letter runs,
 # digit runs, other symbol runs, whitespace.
@@ -108,9 +111,9 @@ def decode(tokens: torch.Tensor | list[int], pad_token: int | None = PAD_TOKEN) 
     return gpt2_tokenizer().decode(ids, errors="replace")
 
 
-def sequence_length(spec: DatasetSpec) -> int:
-    """`spec.seq_len`, or 32 when unset; refused outside 1..1024 (GPT-2's context)."""
-    value = spec.seq_len if spec.seq_len is not None else DEFAULT_SEQ_LEN
+def sequence_length(spec: DatasetSpec, default: int = DEFAULT_SEQ_LEN) -> int:
+    """`spec.seq_len`, or `default` when unset; refused outside 1..1024 (GPT-2's context)."""
+    value = spec.seq_len if spec.seq_len is not None else default
     if isinstance(value, bool) or not isinstance(value, int):
         raise GradleakError(f"dataset '{spec.name}': seq_len must be an integer, got {value!r}")
     if not 1 <= value <= MAX_SEQ_LEN:
@@ -146,7 +149,7 @@ def load_news(spec: DatasetSpec) -> Dataset:
     articles (the file holds 7 twice), 234 train / 59 test.
     """
     check_split(spec.name, spec.split)
-    seq_len = sequence_length(spec)
+    seq_len = sequence_length(spec, NEWS_SEQ_LEN)
     distribution, relative = NEWS_FILE
     # the file repeats 7 of its articles verbatim: keep each once, so no article is in both splits
     articles = list(dict.fromkeys(_read_text(distribution, relative, spec.name, "utf-8")))

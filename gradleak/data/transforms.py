@@ -77,12 +77,14 @@ def apply_spec_transforms(ds: Dataset, spec: DatasetSpec) -> Dataset:
     if spec.channels is not None and spec.channels not in (1, 3):
         raise GradleakError(
             f"dataset '{spec.name}': channels must be 1 or 3, got {spec.channels!r}")
+    if spec.seq_len is not None and ds.modality != "text":
+        raise GradleakError(f"dataset '{spec.name}' is {ds.modality}: seq_len only applies to text")
     if crop is None and size is None and spec.channels is None:
         return ds
     if ds.modality != "image":
         used = [n for n, v in (("crop", crop), ("resize", size), ("channels", spec.channels))
                 if v is not None]
-        raise GradleakError(f"dataset '{spec.name}' is tabular: {', '.join(used)} only apply "
+        raise GradleakError(f"dataset '{spec.name}' is {ds.modality}: {', '.join(used)} only apply "
                             "to images")
     x = ds.inputs
     if crop is not None:

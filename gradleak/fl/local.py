@@ -24,7 +24,11 @@ Tensors = dict[str, torch.Tensor]
 
 def batch_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
     """Mean cross-entropy; `targets` are class indices or (soft) label distributions;
-    `label_smoothing` ε as `F.cross_entropy`'s (the target (1 − ε)·y + ε/K)."""
+    `label_smoothing` ε as `F.cross_entropy`'s (the target (1 − ε)·y + ε/K). Per-position
+    logits (B, T, K) with index targets (B, T) (a language model's next tokens) average over
+    every position."""
+    if logits.dim() == 3 and not targets.dtype.is_floating_point and targets.shape == logits.shape[:2]:
+        logits, targets = logits.flatten(0, 1), targets.flatten()
     if targets.dtype.is_floating_point and targets.dim() == logits.dim():
         if label_smoothing:
             targets = targets * (1 - label_smoothing) + label_smoothing / logits.shape[-1]

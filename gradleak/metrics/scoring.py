@@ -21,6 +21,10 @@ median and the range of the per-image PSNRs come alongside.
 Given a gallery of other examples of the same distribution (`reidentify.Gallery`), each
 reconstruction is also asked whether it re-identifies its original among them
 (`gallery_rank` 0); `summarize` reports the rate with its chance level.
+
+Token sequences (a modality whose `tokens` is set, gradleak.data.modality) are scored by
+gradleak.metrics.text instead: ROUGE, token and exact-sequence accuracy, ASR = exact.
+`score_batch` and `summarize` pick the scorer, so callers need not.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from typing import Literal
 import torch
 from scipy.optimize import linear_sum_assignment
 
+from ..data.modality import modality as modality_of
 from .image import mse, psnr, psnr_from_mse, ssim
 from .reidentify import Gallery, chance_rate, gallery_ranks, reid_distances
 
@@ -78,16 +83,22 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
                 recovered_labels: torch.Tensor | None, modality: str = "image",
                 lpips: Literal["alex", "vgg", "none"] = "alex",
                 asr_mse: float = ASR_MSE_THRESHOLD, gallery: Gallery | None = None
-                ) -> tuple[list[ImageScore], torch.Tensor]:
+                ) -> tuple[list, torch.Tensor]:
     """Per-example scores of one attacked batch after Hungarian matching, and the
     reconstruction reordered to the originals (zeros where nothing matched); with a
-    `gallery`, whether each reconstruction re-identifies its original among it."""
+    `gallery`, whether each reconstruction re-identifies its original among it. Token
+    sequences get `SequenceScore`s (gradleak.metrics.text; no gallery)."""
+    kind = modality_of(modality)
+    if kind.tokens:
+        from .text import score_sequences
+
+        return score_sequences(originals, labels, reconstruction, recovered_labels)
     originals = originals.detach().float().cpu()
     candidates = reconstruction.detach().float().cpu()
     if candidates.shape[1:] != originals.shape[1:]:
         raise ValueError(f"reconstruction shape {tuple(candidates.shape[1:])} does not match "
                          f"the data shape {tuple(originals.shape[1:])}")
-    image = modality == "image"
+    image = kind.pixels
     if image:
         candidates = candidates.clamp(0, 1)
     # A reconstruction with NaN or infinite values (an attack that divided by a zeroed update,
@@ -155,7 +166,7 @@ def _assign_labels_by_count(scores: list[ImageScore], recovered: torch.Tensor | 
             pool.pop(0)
 
 
-def summarize(scores: list[ImageScore]) -> dict:
+def summarize(scores: list) -> dict:
     """Aggregates over all attacked examples, with the key names of the CLI contract.
 
     mse, rmse, ssim, lpips: means. psnr: the PSNR of the mean MSE (a failed image
@@ -164,7 +175,13 @@ def summarize(scores: list[ImageScore]) -> dict:
     asr: fraction with MSE at most the ASR threshold. matched: fraction the
     attack returned a reconstruction for (0: it reconstructed nothing). With a gallery:
     reid, the fraction that re-identify their original; reid_chance, the rate chance gives;
-    gallery, its size. examples: how many examples were scored."""
+    gallery, its size. examples: how many examples were scored. Scores of token sequences
+    are summarised by `metrics.text.summarize_sequences`."""
+    from .text import SequenceScore, summarize_sequences
+
+    if scores and isinstance(scores[0], SequenceScore):
+        return summarize_sequences(scores)
+
     def avg(key):
         values = [getattr(s, key) for s in scores if getattr(s, key) is not None]
         return float(mean(values)) if values else None

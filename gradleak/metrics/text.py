@@ -19,7 +19,7 @@ data download); it is imported only when a score is computed.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 import numpy as np
@@ -117,3 +117,79 @@ def score_text(originals: torch.Tensor, recovered: torch.Tensor, pad_token: int 
 
     return TextScore(mean("rouge1"), mean("rouge2"), mean("rougeL"), mean("token_accuracy"), mean("exact"),
                      assignment, per_sequence)
+
+
+@dataclass
+class SequenceScore:
+    """One attacked sequence, scored against its matched recovery (the text counterpart of
+    `scoring.ImageScore`, with the fields the auditor's ladder and summaries read)."""
+
+    index: int  # position of the original in the attacked batch
+    label: int | list[int]  # its class, or the next token at each position (a language model's targets)
+    recovered_label: int | None
+    rouge1: float
+    rouge2: float
+    rougeL: float
+    token_accuracy: float
+    success: bool  # recovered token for token: the text form of ASR's "copied"
+    matched: bool = True  # False: the attack returned no sequence for this example
+    original: str = ""
+    recovered: str = ""
+    # sequences are not re-identified among a gallery (see gradleak.data.modality); the fields
+    # stay so that every score answers the same questions
+    gallery_rank: int | None = None
+    gallery_size: int | None = None
+    reid_chance: float | None = None
+
+    @property
+    def identified(self) -> bool | None:
+        return None
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "identified": None}
+
+
+def score_sequences(originals: torch.Tensor, labels: torch.Tensor, recovered: torch.Tensor,
+                    recovered_labels: torch.Tensor | None, pad_token: int | None = PAD_TOKEN
+                    ) -> tuple[list[SequenceScore], torch.Tensor]:
+    """Per-sequence scores of one attacked batch after matching (`score_text`), and the
+    recovery reordered to the originals (`pad_token` rows where nothing matched)."""
+    originals = originals.detach().cpu().long()
+    recovered = recovered.detach().cpu().long()
+    matched_scores = score_text(originals, recovered, pad_token)
+    aligned = torch.full_like(originals, PAD_TOKEN if pad_token is None else pad_token)
+    scores = []
+    for i, (j, per) in enumerate(zip(matched_scores.assignment, matched_scores.per_sequence)):
+        if j >= 0:
+            aligned[i] = recovered[j]
+        label = labels[i].tolist()
+        scores.append(SequenceScore(index=i, label=label, recovered_label=None, rouge1=per["rouge1"],
+                                    rouge2=per["rouge2"], rougeL=per["rougeL"],
+                                    token_accuracy=per["token_accuracy"], success=bool(per["exact"]),
+                                    matched=j >= 0, original=decode(originals[i], pad_token),
+                                    recovered=decode(recovered[j], pad_token) if j >= 0 else ""))
+    if recovered_labels is not None and labels.dim() == 1:
+        pool = [int(v) for v in recovered_labels]
+        for s in scores:  # as for images: a label counts when its class is still in the recovered multiset
+            s.recovered_label = s.label if s.label in pool else (pool[0] if pool else None)
+            if s.recovered_label in pool:
+                pool.remove(s.recovered_label)
+    return scores, aligned
+
+
+def summarize_sequences(scores: list[SequenceScore]) -> dict:
+    """Aggregates over all attacked sequences, with the CLI's key names: `rouge1`, `rouge2`,
+    `rougeL`, `token_accuracy`, `exact_sequence_accuracy` (means), `asr` (the fraction
+    recovered exactly), `label_acc` (None when the attack recovers no labels), `matched`,
+    `examples`. Image metrics (MSE, PSNR, SSIM, LPIPS) do not apply and are absent."""
+    n = len(scores)
+
+    def avg(key: str) -> float | None:
+        return float(np.mean([getattr(s, key) for s in scores])) if scores else None
+
+    labelled = [s for s in scores if s.recovered_label is not None]
+    exact = sum(s.success for s in scores) / n if n else None
+    return {"rouge1": avg("rouge1"), "rouge2": avg("rouge2"), "rougeL": avg("rougeL"),
+            "token_accuracy": avg("token_accuracy"), "exact_sequence_accuracy": exact,
+            "label_acc": (sum(s.recovered_label == s.label for s in labelled) / len(labelled)) if labelled else None,
+            "asr": exact, "matched": sum(s.matched for s in scores) / n if n else None, "examples": n}

@@ -15,6 +15,7 @@ MODELS: Registry = Registry("model", {
     "vgg16": "gradleak.models.vgg:build_vgg16",
     "mlp": "gradleak.models.mlp:build_mlp",
     "twolayer": "gradleak.models.twolayer:build_twolayer",
+    "gpt2": "gradleak.models.gpt2:build_gpt2",
 })
 
 __all__ = ["MODELS", "ModelSpec", "ACTIVATIONS", "make_activation", "build_model", "last_linear"]

@@ -13,7 +13,9 @@ added to the residual stream), a final LayerNorm and either
 Initialisation follows GPT-2: N(0, 0.02) weights, zero biases, and the two residual
 output projections of every block scaled by 1/√(2·layers). No dropout: a FedSGD
 update is one deterministic gradient. GPT-2 small is layers=12, width=768, heads=12;
-the defaults are a CPU-sized 2 × 128 × 4 (7.0 M parameters, 94 % of them embeddings).
+the defaults are a CPU-sized 2 × 384 × 6 (23 M parameters, 85 % of them embeddings, 64 per
+head as GPT-2): wide enough that DAGER recovers a batch of 16 sequences of 16 tokens (it
+needs batch · length < width − 20, see gradleak.attacks.dager).
 
 Attention is written out (no fused kernel) so that it has second derivatives, and
 `Block.extend` runs the position after a prefix from the prefix's cached keys and values,
@@ -42,8 +44,8 @@ INIT_STD = 0.02
 @dataclass(frozen=True)
 class GPT2Options:
     layers: int = field(default=2, metadata={"range": (1, 48)})
-    width: int = field(default=128, metadata={"range": (1, 4096)})  # d, the residual stream
-    heads: int = field(default=4, metadata={"range": (1, 64)})
+    width: int = field(default=384, metadata={"range": (1, 4096)})  # d, the residual stream
+    heads: int = field(default=6, metadata={"range": (1, 64)})
     vocab: int = field(default=GPT2_VOCAB, metadata={"range": (2, 1_000_000)})
     positions: int = field(default=GPT2_POSITIONS, metadata={"range": (1, 65_536)})  # longest sequence
     tied: bool = True  # LM head shares the token embedding matrix (as GPT-2)
@@ -134,7 +136,7 @@ class GPT2(nn.Module):
     with a classifier head."""
 
     def __init__(self, *, vocab: int = GPT2_VOCAB, positions: int = GPT2_POSITIONS, layers: int = 2,
-                 width: int = 128, heads: int = 4, tied: bool = True, classes: int | None = None,
+                 width: int = 384, heads: int = 6, tied: bool = True, classes: int | None = None,
                  activation: nn.Module | None = None):
         super().__init__()
         self.vocab, self.positions, self.width, self.heads = vocab, positions, width, heads
@@ -195,8 +197,10 @@ def language_model_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Te
 
 @size_checked
 def build_gpt2(spec: ModelSpec) -> nn.Module:
-    """GPT-2 for token sequences of length spec.input_shape[0]; an LM head when
-    spec.num_classes equals the vocabulary (head=auto), else a classifier head."""
+    """GPT-2-style causal LM over token sequences (next-token or classifier head).
+
+    Sequences of length spec.input_shape[0]; an LM head when spec.num_classes equals the
+    vocabulary (head=auto), else a classifier head."""
     opts: GPT2Options = build_options(GPT2Options, spec.options, "model 'gpt2'")
     shape = tuple(int(d) for d in spec.input_shape)
     if len(shape) != 1:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..data.modality import modality as modality_of
 from ..errors import GradleakError
 from ..options import path_kind
 
@@ -90,30 +91,36 @@ def build_user_model(text: str, input_shape: tuple[int, ...], num_classes: int, 
     return model.float().train()
 
 
-def check_model_fits(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, where: str = "model") -> int:
-    """Run one zero example through `model` (its state untouched): the output must
-    be (1, K) logits with K >= num_classes. Returns K."""
+def check_model_fits(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, where: str = "model",
+                     modality: str = "image") -> int:
+    """Run one zero example of the modality's input type through `model` (its state untouched):
+    the output must be (1, K) logits with K >= num_classes, or (1, T, K) next-token logits for
+    token sequences of length T. Returns K."""
+    kind = modality_of(modality)
     training = model.training
     saved = {n: b.clone() for n, b in model.named_buffers()}
     try:
         model.eval()
         with torch.no_grad():
-            out = model(torch.zeros((1, *input_shape)))
+            out = model(kind.example(tuple(input_shape)))
     except GradleakError:
         raise
     except Exception as exc:
-        raise GradleakError(f"{where} cannot take inputs of shape {tuple(input_shape)}: "
+        hint = " (the data is integer token ids: use a text model such as gpt2)" if kind.tokens else ""
+        raise GradleakError(f"{where} cannot take inputs of shape {tuple(input_shape)}{hint}: "
                             f"{type(exc).__name__}: {_first_line(exc)}") from None
     finally:
         model.train(training)
         with torch.no_grad():
             for n, b in model.named_buffers():
                 b.copy_(saved[n])
-    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != 1:
+    per_token = kind.tokens and isinstance(out, torch.Tensor) and out.dim() == 3 and \
+        tuple(out.shape[:2]) == (1, *input_shape)
+    if not isinstance(out, torch.Tensor) or (out.dim() != 2 and not per_token) or out.shape[0] != 1:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise GradleakError(f"{where} must return (batch, classes) logits; for one input of shape "
                             f"{tuple(input_shape)} it returned {shape}")
-    width = int(out.shape[1])
+    width = int(out.shape[-1])
     if width < num_classes:
         raise GradleakError(f"{where} outputs {width} logits but the data has {num_classes} classes")
     return width
