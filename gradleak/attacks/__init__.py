@@ -23,6 +23,8 @@ ATTACKS: Registry = Registry("attack", {
     "fedavg": "gradleak.attacks.fedavg:FedAvgAttack",
     "learned": "gradleak.attacks.learned:LearnedInverter",
     "dager": "gradleak.attacks.dager:DAGER",
+    "tag": "gradleak.attacks.tag:TAG",
+    "lamp": "gradleak.attacks.lamp:LAMP",
 })
 
 __all__ = ["ATTACKS", "Attack", "AttackContext", "Reconstruction", "make_attack"]

@@ -178,16 +178,32 @@ class GPT2(nn.Module):
 
     def features(self, tokens: torch.Tensor) -> torch.Tensor:
         """Final-LayerNorm features (B, T, D)."""
-        x = self.embed(tokens)
+        return self._run_blocks(self.embed(tokens))
+
+    def _run_blocks(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
             x = block(x)
         return self.final_norm(x)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.features(tokens)
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
         if self.classifier is not None:
             return self.classifier(h[:, -1])
         return self.lm_head(h)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self._head(self.features(tokens))
+
+    def forward_embeddings(self, embeds: torch.Tensor) -> torch.Tensor:
+        """The model's output from token embeddings (B, T, D) given in place of the lookup
+        (position embeddings are still added): what optimisation attacks on text (TAG, LAMP)
+        differentiate through. `forward(tokens)` equals `forward_embeddings(token_embedding(tokens))`."""
+        if embeds.dim() != 3 or embeds.shape[-1] != self.width:
+            raise GradleakError(f"gpt2 takes embeddings of shape (batch, length, {self.width}); "
+                                f"got {tuple(embeds.shape)}")
+        if embeds.shape[1] > self.positions:
+            raise GradleakError(f"gpt2: {embeds.shape[1]} positions exceed its {self.positions}")
+        positions = torch.arange(embeds.shape[1], device=embeds.device)
+        return self._head(self._run_blocks(embeds + self.position_embedding(positions)))
 
 
 def language_model_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
