@@ -100,6 +100,11 @@ def test_a_saturated_span_is_reported_not_hidden():
     (("--dataset", "polarity", "--model", SMALL_GPT2, "--attack", "dager"),
      "classifier head needs at least 3 transformer blocks"),
     (("--dataset", "news", "--model", "mlp", "--attack", "dager"), "use a text model such as gpt2"),
+    (("--dataset", "news", "--model", SMALL_GPT2, "--attack", "tag", "--local-steps", "2"),
+     "attack 'tag' matches one FedSGD gradient"),
+    (("--dataset", "news", "--model", SMALL_GPT2, "--attack", "lamp", "--local-steps", "2"),
+     "attack 'lamp' matches one FedSGD gradient"),
+    (("--dataset", "mnist", "--model", "lenet", "--attack", "tag"), "attack 'tag' does not support image data"),
 ])
 def test_mismatched_inputs_are_refused_in_one_line(capsys, args, message):
     code, out, err = cli(capsys, *args, "--json")

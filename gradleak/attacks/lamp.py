@@ -18,9 +18,7 @@ unigram (Kneser-Ney's lower-order distribution, itself add-one smoothed).
 """
 from __future__ import annotations
 
-import copy
 import functools
-import time
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -30,8 +28,8 @@ from ..data import DatasetSpec, load_dataset
 from ..data.text import VOCAB_SIZE
 from ..options import check
 from ..threat import Observation
-from .base import Attack, AttackContext, Reconstruction, check_result
-from .tag import EmbeddingGradients, check_fedsgd, check_text_model, trace_every
+from .base import AttackContext, Reconstruction
+from .tag import EmbeddingGradients, EmbeddingMatchingAttack, MatchingTrace
 
 DISCOUNT = 0.75  # Kneser-Ney's usual absolute discount
 
@@ -116,37 +114,24 @@ class LampOptions:
         check(self.lr > 0, "attack 'lamp': lr must be > 0")
 
 
-class LAMP(Attack):
+class LAMP(EmbeddingMatchingAttack):
     """LAMP: cosine matching with an embedding-norm prior, alternating with discrete
     rearrangements ranked by gradient distance plus a bigram language prior."""
 
     name = "lamp"
     Options = LampOptions
-    requires = frozenset({"batch_size"})
-    modalities = ("text",)
-    iterative = True
-
-    def unsupported(self, model, input_shape, num_classes, modality):
-        return (super().unsupported(model, input_shape, num_classes, modality)
-                or check_result(lambda: check_text_model(model, "lamp")))
 
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
-        check_text_model(obs.model, "lamp")
-        check_fedsgd(obs, "lamp")
         opt = self.options
-        started = time.perf_counter()
+        progress = MatchingTrace(opt.iterations, ctx)
+        sim = self.simulator(obs, ctx)
         prior = news_bigram_prior()
-        model = copy.deepcopy(obs.model).to(ctx.device)
-        sim = EmbeddingGradients.for_options(model, obs.update.as_gradient(), ctx.device, opt)
         vocab_norm = sim.vocabulary.norm(dim=1).mean()
         batch, length = obs.batch_size, int(obs.input_shape[0])
         embeds = sim.random_embeddings((batch, length), ctx.generator(29)).requires_grad_(True)
         optimizer = torch.optim.Adam([embeds], lr=opt.lr)
         generator = ctx.generator(31)
-        trace, trace_iterations, trace_seconds = [], [], []
-        every = trace_every(opt.iterations)
         labels = sim.next_token_labels(sim.nearest_tokens(embeds))
-        distance = float("nan")
         for step in range(opt.iterations):
             if step and step % opt.discrete_every == 0 and length > 1:
                 with torch.no_grad():
@@ -160,16 +145,8 @@ class LAMP(Attack):
             loss = matching + opt.norm_weight * scale.pow(2)
             loss.backward(inputs=[embeds])
             optimizer.step()
-            distance = float(matching.detach())
-            if ctx.progress is not None:
-                ctx.progress(step + 1, opt.iterations, distance)
-            if step % every == 0 or step == opt.iterations - 1:
-                trace.append(distance)
-                trace_iterations.append(step + 1)
-                trace_seconds.append(round(time.perf_counter() - started, 3))
-        tokens = sim.nearest_tokens(embeds)
-        return Reconstruction(inputs=tokens.cpu(), labels=None, iterations=opt.iterations, final_distance=distance,
-                              trace=trace, trace_iterations=trace_iterations, trace_seconds=trace_seconds)
+            progress.step(step, float(matching.detach()))
+        return progress.reconstruction(sim.nearest_tokens(embeds))
 
     def _discrete_step(self, sim: EmbeddingGradients, prior: BigramPrior, embeds: torch.Tensor,
                        generator: torch.Generator) -> torch.Tensor:

@@ -130,8 +130,32 @@ def l2_l1_distance(grads: list[torch.Tensor], target: list[torch.Tensor], alpha:
     return total
 
 
-def trace_every(iterations: int) -> int:
-    return max(1, iterations // TRACE_POINTS)
+class MatchingTrace:
+    """The matching distance every few steps (with the step and the seconds since the start),
+    reported to the progress bar at every step, and the reconstruction it ends in."""
+
+    def __init__(self, iterations: int, ctx: AttackContext):
+        self.iterations, self.ctx = iterations, ctx
+        self.every = max(1, iterations // TRACE_POINTS)
+        self.started = time.perf_counter()
+        self.distance = float("nan")
+        self.trace: list[float] = []
+        self.trace_iterations: list[int] = []
+        self.trace_seconds: list[float] = []
+
+    def step(self, step: int, distance: float) -> None:
+        self.distance = distance
+        if self.ctx.progress is not None:
+            self.ctx.progress(step + 1, self.iterations, distance)
+        if step % self.every == 0 or step == self.iterations - 1:
+            self.trace.append(distance)
+            self.trace_iterations.append(step + 1)
+            self.trace_seconds.append(round(time.perf_counter() - self.started, 3))
+
+    def reconstruction(self, tokens: torch.Tensor) -> Reconstruction:
+        return Reconstruction(inputs=tokens.cpu(), labels=None, iterations=self.iterations,
+                              final_distance=self.distance, trace=self.trace, trace_iterations=self.trace_iterations,
+                              trace_seconds=self.trace_seconds)
 
 
 @dataclass(frozen=True)
@@ -149,33 +173,40 @@ class TagOptions:
         check(self.lr > 0, "attack 'tag': lr must be > 0")
 
 
-class TAG(Attack):
-    """TAG: L2 + α·L1 gradient matching on continuous input embeddings, then nearest tokens."""
+class EmbeddingMatchingAttack(Attack):
+    """What TAG and LAMP share: a GPT-2 text model, one FedSGD gradient, and candidates that are
+    input embeddings. One rung each: iterative, so the auditor never calls them saturated."""
 
-    name = "tag"
-    Options = TagOptions
     requires = frozenset({"batch_size"})
     modalities = ("text",)
     iterative = True
 
     def unsupported(self, model, input_shape, num_classes, modality):
         return (super().unsupported(model, input_shape, num_classes, modality)
-                or check_result(lambda: check_text_model(model, "tag")))
+                or check_result(lambda: check_text_model(model, self.name)))
+
+    def simulator(self, obs: Observation, ctx: AttackContext) -> EmbeddingGradients:
+        """The gradient of candidate embeddings on a copy of the sent model, after the checks."""
+        check_text_model(obs.model, self.name)
+        check_fedsgd(obs, self.name)
+        model = copy.deepcopy(obs.model).to(ctx.device)
+        return EmbeddingGradients.for_options(model, obs.update.as_gradient(), ctx.device, self.options)
+
+
+class TAG(EmbeddingMatchingAttack):
+    """TAG: L2 + α·L1 gradient matching on continuous input embeddings, then nearest tokens."""
+
+    name = "tag"
+    Options = TagOptions
 
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
-        check_text_model(obs.model, "tag")
-        check_fedsgd(obs, "tag")
         opt = self.options
-        started = time.perf_counter()
-        model = copy.deepcopy(obs.model).to(ctx.device)
-        sim = EmbeddingGradients.for_options(model, obs.update.as_gradient(), ctx.device, opt)
+        progress = MatchingTrace(opt.iterations, ctx)
+        sim = self.simulator(obs, ctx)
         shape = (obs.batch_size, int(obs.input_shape[0]))
         embeds = sim.random_embeddings(shape, ctx.generator(23)).requires_grad_(True)
         optimizer = torch.optim.Adam([embeds], lr=opt.lr)
-        trace, trace_iterations, trace_seconds = [], [], []
-        every = trace_every(opt.iterations)
         labels = sim.next_token_labels(sim.nearest_tokens(embeds))
-        distance = float("nan")
         for step in range(opt.iterations):
             if step and step % opt.label_every == 0:
                 labels = sim.next_token_labels(sim.nearest_tokens(embeds))
@@ -183,13 +214,5 @@ class TAG(Attack):
             loss = l2_l1_distance(sim(embeds, labels, create_graph=True), sim.target, opt.alpha)
             loss.backward(inputs=[embeds])
             optimizer.step()
-            distance = float(loss.detach())
-            if ctx.progress is not None:
-                ctx.progress(step + 1, opt.iterations, distance)
-            if step % every == 0 or step == opt.iterations - 1:
-                trace.append(distance)
-                trace_iterations.append(step + 1)
-                trace_seconds.append(round(time.perf_counter() - started, 3))
-        tokens = sim.nearest_tokens(embeds)
-        return Reconstruction(inputs=tokens.cpu(), labels=None, iterations=opt.iterations, final_distance=distance,
-                              trace=trace, trace_iterations=trace_iterations, trace_seconds=trace_seconds)
+            progress.step(step, float(loss.detach()))
+        return progress.reconstruction(sim.nearest_tokens(embeds))
