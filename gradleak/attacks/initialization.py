@@ -50,7 +50,8 @@ def initial_inputs(kind: InitKind, shape: tuple[int, ...], generator: torch.Gene
     if kind == "optimal":
         return same_class_examples(shape, labels, prior_data, generator)
     if kind == "learned":
-        raise GradleakError("init=learned starts from the observed update: it is drawn by observed_start")
+        raise GradleakError("init=learned starts from the observed update: ig, cpl, rog and gradinversion take it, "
+                            "this attack does not")
     raise GradleakError(f"unknown initialisation '{kind}'")
 
 

@@ -191,28 +191,21 @@ def _one_plain_step(obs: Observation, chain) -> bool:
 
 def _mean_per_example_gradients(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor
                                 ) -> dict[str, torch.Tensor]:
-    """Each client's mean-loss gradient (clients × batch examples), from per-example gradients
-    in chunks that keep about 512 MB of them at a time."""
-    from torch.func import functional_call, grad, vmap
-
+    """Each client's mean-loss gradient (clients × batch examples), from DP-SGD's per-example
+    gradients in chunks that keep about 512 MB of them at a time."""
+    from ..defenses.dpsgd import per_example_gradients
     from ..fl.local import model_state
 
-    params, buffers = model_state(model, requires_grad=False)
-    params = {n: p for n, p in params.items() if dict(model.named_parameters())[n].requires_grad}
-
-    def example_loss(p, x, y):
-        return F.cross_entropy(functional_call(model, (p, buffers), (x[None],)), y[None])
-
-    per_example = vmap(grad(example_loss), in_dims=(None, 0, 0))
+    params, buffers = model_state(model)
     clients, batch = labels.shape
-    entries = sum(p.numel() for p in params.values())
+    entries = sum(p.numel() for p in params.values() if p.requires_grad)
     chunk = max(1, (2 ** 27 // entries) // batch)  # clients per pass
-    out: dict[str, list[torch.Tensor]] = {n: [] for n in params}
+    out: dict[str, list[torch.Tensor]] = {}
     for start in range(0, clients, chunk):
         x = inputs[start:start + chunk].flatten(0, 1)
         y = labels[start:start + chunk].flatten(0, 1)
-        for name, g in per_example(params, x, y).items():
-            out[name].append(g.view(-1, batch, *g.shape[1:]).mean(1))
+        for name, g in per_example_gradients(model, params, buffers, x, y).items():
+            out.setdefault(name, []).append(g.detach().view(-1, batch, *g.shape[1:]).mean(1))
     return {n: torch.cat(parts) for n, parts in out.items()}
 
 
