@@ -146,7 +146,8 @@ def test_the_batched_fedsgd_path_sends_what_the_client_sends(mnist_test, defense
     obs = _observation(x, y, defenses=defenses)
     chain = DefenseChain(list(obs.get("defenses")))
     inputs, labels = mnist_test.inputs[10:22].view(4, 3, 1, 28, 28), mnist_test.labels[10:22].view(4, 3)
-    batched = _client_updates(obs, chain, inputs, labels, seed=5)
+    batched = list(_client_updates(obs, chain, inputs, labels, seed=5))
+    assert len(batched) == 4
     for i, update in enumerate(batched):
         own = compute_update(obs.model, inputs[i], labels[i], obs.training, chain,
                              stream(5, "learned", "client", i))

@@ -128,10 +128,13 @@ def _sorted_by_label(images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.
 
 
 def auxiliary_updates(obs: Observation, pool_inputs: torch.Tensor, pool_labels: torch.Tensor | None,
-                      samples: int, sketch: UpdateSketch, seed: int) -> AuxiliaryUpdates:
+                      samples: int, sketch: UpdateSketch, seed: int,
+                      device: torch.device | None = None) -> AuxiliaryUpdates:
     """`samples` updates the client would send for batches drawn from the pool, through its
     training and defense chain (secure aggregation: every client of the sum drawn from the pool).
-    Without pool labels (public photos) each example gets a uniform random label."""
+    Without pool labels (public photos) each example gets a uniform random label. `device`
+    computes the batched FedSGD gradients (the bulk of the work) there; the defenses and the
+    client's own loop run where the observed model lives."""
     from ..defenses import DefenseChain
 
     start = time.perf_counter()
@@ -143,10 +146,10 @@ def auxiliary_updates(obs: Observation, pool_inputs: torch.Tensor, pool_labels: 
     inputs = pool_inputs[picks]  # (samples, clients, per_client, *shape)
     labels = pool_labels[picks] if pool_labels is not None else \
         torch.randint(obs.num_classes, (samples, clients, per_client), generator=draw)
-    sent = _client_updates(obs, chain, inputs.flatten(0, 1), labels.flatten(0, 1), seed)
+    sent = _client_updates(obs, chain, inputs.flatten(0, 1), labels.flatten(0, 1), seed, device)
     features, images, slot_labels = [], [], []
-    for i in range(samples):
-        mine = sent[i * clients:(i + 1) * clients]
+    for i in range(samples):  # updates are sketched as they come: only a chunk is held at a time
+        mine = [next(sent) for _ in range(clients)]
         update = aggregate_updates(mine) if clients > 1 else mine[0]
         x, y = _sorted_by_label(inputs[i].flatten(0, 1), labels[i].flatten(0, 1))
         features.append(sketch(update.flat()[None].float())[0])
@@ -156,27 +159,29 @@ def auxiliary_updates(obs: Observation, pool_inputs: torch.Tensor, pool_labels: 
                             time.perf_counter() - start)
 
 
-def _client_updates(obs: Observation, chain, inputs: torch.Tensor, labels: torch.Tensor, seed: int) -> list:
-    """The update of each client `i` training on (inputs[i], labels[i]), as `compute_update`
-    sends it. One FedSGD step of the plain loss, defended only at the update, is every
-    client's mean per-example gradient (torch.func, many clients per pass) with the defenses
-    applied after it; anything else runs the client's own loop."""
+def _client_updates(obs: Observation, chain, inputs: torch.Tensor, labels: torch.Tensor, seed: int,
+                    device: torch.device | None = None) -> Iterator:
+    """The update of each client `i` training on (inputs[i], labels[i]), in order, as
+    `compute_update` sends it. One FedSGD step of the plain loss, defended only at the update,
+    is every client's mean per-example gradient (torch.func, many clients per pass) with the
+    defenses applied after it; anything else runs the client's own loop."""
     clients = [stream(seed, "learned", "client", i) for i in range(len(inputs))]
     first = compute_update(obs.model, inputs[0], labels[0], obs.training, chain, clients[0])
+    yield first
     if not _one_plain_step(obs, chain):
-        return [first] + [compute_update(obs.model, inputs[i], labels[i], obs.training, chain, clients[i])
-                          for i in range(1, len(inputs))]
+        for i in range(1, len(inputs)):
+            yield compute_update(obs.model, inputs[i], labels[i], obs.training, chain, clients[i])
+        return
     from ..fl.local import batchnorm_mode
     from ..fl.places import DefenseContext
 
+    template = first if not len(chain) else compute_update(obs.model, inputs[0], labels[0], obs.training)
     with batchnorm_mode(obs.model, obs.training.batchnorm):  # as the client's step: running statistics
-        gradients = _mean_per_example_gradients(obs.model, inputs, labels)
-    undefended = compute_update(obs.model, inputs[0], labels[0], obs.training)  # the fields the client sends
-    out = [first]
-    for i in range(1, len(inputs)):
-        update = undefended.replace(tensors={n: gradients[n][i] for n in undefended.tensors})
-        out.append(chain.transform_update(update, DefenseContext(clients[i], {}, obs.training, obs.model)))
-    return out
+        for start, gradients in _mean_per_example_gradients(obs.model, inputs[1:], labels[1:], device):
+            for j in range(len(next(iter(gradients.values())))):
+                update = template.replace(tensors={n: gradients[n][j] for n in template.tensors})
+                i = 1 + start + j
+                yield chain.transform_update(update, DefenseContext(clients[i], {}, obs.training, obs.model))
 
 
 def _one_plain_step(obs: Observation, chain) -> bool:
@@ -189,24 +194,28 @@ def _one_plain_step(obs: Observation, chain) -> bool:
             and not batch_statistics and all(set(d.places) == {"update"} for d in chain))
 
 
-def _mean_per_example_gradients(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor
-                                ) -> dict[str, torch.Tensor]:
-    """Each client's mean-loss gradient (clients × batch examples), from DP-SGD's per-example
-    gradients in chunks that keep about 512 MB of them at a time."""
+def _mean_per_example_gradients(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
+                                device: torch.device | None = None) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
+    """(first client, each client's mean-loss gradient) chunk by chunk (clients × batch examples,
+    DP-SGD's per-example gradients, about 512 MB at a time), computed on `device` (default: the
+    model's) and returned where the model lives."""
     from ..defenses.dpsgd import per_example_gradients
     from ..fl.local import model_state
 
+    home = next(model.parameters()).device
+    device = device or home
     params, buffers = model_state(model)
+    if device != home:
+        params = {n: p.detach().to(device).requires_grad_(p.requires_grad) for n, p in params.items()}
+        buffers = {n: b.to(device) for n, b in buffers.items()}
     clients, batch = labels.shape
     entries = sum(p.numel() for p in params.values() if p.requires_grad)
     chunk = max(1, (2 ** 27 // entries) // batch)  # clients per pass
-    out: dict[str, list[torch.Tensor]] = {}
     for start in range(0, clients, chunk):
-        x = inputs[start:start + chunk].flatten(0, 1)
-        y = labels[start:start + chunk].flatten(0, 1)
-        for name, g in per_example_gradients(model, params, buffers, x, y).items():
-            out.setdefault(name, []).append(g.detach().view(-1, batch, *g.shape[1:]).mean(1))
-    return {n: torch.cat(parts) for n, parts in out.items()}
+        x = inputs[start:start + chunk].flatten(0, 1).to(device)
+        y = labels[start:start + chunk].flatten(0, 1).to(device)
+        yield start, {name: g.detach().view(-1, batch, *g.shape[1:]).mean(1).to(home)
+                      for name, g in per_example_gradients(model, params, buffers, x, y).items()}
 
 
 def matched_mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -372,7 +381,7 @@ class LearnedInversion:
             self.state, self.cached = self._untrained(), False
         if self.data is None:
             self.data = auxiliary_updates(self.obs, self.pool_inputs, self.pool_labels, self.options.samples,
-                                          self.sketch, self.seed)
+                                          self.sketch, self.seed, self.ctx.device)
         if self.state.epochs == 0:
             self.state.inverter.mean.copy_(self.data.features.mean(0))
             self.state.inverter.scale.copy_(self.data.features.std(0).clamp_min(1e-12))
