@@ -30,7 +30,8 @@ from statistics import mean, stdev
 from .store import CellRecord
 
 # metric → True when a larger value means a better reconstruction (stronger attack)
-ATTACK_METRICS = {"mse": False, "psnr": True, "ssim": True, "lpips": False, "asr": True}
+ATTACK_METRICS = {"mse": False, "psnr": True, "ssim": True, "lpips": False, "asr": True,
+                  "rouge1": True, "rouge2": True}  # ROUGE: token sequences
 # utility metrics, in order of preference, and whether larger is better
 UTILITY_METRICS = (("test_accuracy", True), ("accuracy", True), ("final_loss", False),
                    ("train_loss", False), ("loss", False))
@@ -552,16 +553,18 @@ def _cell_threat(cell: CellRecord):
 def _better(a: CellRecord, b: CellRecord) -> bool:
     """Is a's reconstruction better than b's: lower MSE, then higher PSNR."""
     def rank(c):
-        mse, psnr = c.metrics.get("mse"), c.metrics.get("psnr")
-        return (mse if isinstance(mse, (int, float)) else math.inf, -(psnr if isinstance(psnr, (int, float)) else
-                                                                     -math.inf))
+        mse, psnr, rouge = c.metrics.get("mse"), c.metrics.get("psnr"), c.metrics.get("rouge1")
+        return (mse if isinstance(mse, (int, float)) else math.inf,
+                -(psnr if isinstance(psnr, (int, float)) else -math.inf),
+                -(rouge if isinstance(rouge, (int, float)) else -math.inf))
     return rank(a) < rank(b)
 
 
 def best_reconstructions(cells: list[CellRecord]) -> list[dict]:
     """The defense × attack matrices of the report: one per (threat model, dataset, model);
     rows are defense settings (with batch size and local steps, never mixed), columns attacks.
-    A cell holds the best-reconstructing attack cell over seeds (lowest MSE), or why there is
+    A cell holds the best-reconstructing attack cell over seeds (lowest MSE; for token
+    sequences, highest ROUGE-1), or why there is
     none: the attack was not run (with the reason) or failed (with the error)."""
     groups: dict[tuple, dict] = {}
     for c in cells:

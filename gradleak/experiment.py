@@ -334,7 +334,8 @@ def run_attack(spec: AttackRunSpec, progress: Callable[[int, int, float], None] 
     return run_scenario(spec, model, data, progress,
                         held_out=lambda targets: prior_data(spec.dataset, spec.split, spec.resize, data, targets,
                                                             spec.seq_len),
-                        gallery=lambda targets: gallery_for(spec.dataset, spec.split, spec.resize, data, targets),
+                        gallery=lambda targets: gallery_for(spec.dataset, spec.split, spec.resize, data, targets,
+                                                            spec.seq_len),
                         artifacts=artifacts)
 
 
@@ -467,6 +468,8 @@ def batch_attack_seed(seed: int, batch: int) -> int:
 # A doubling that raised the batch's PSNR (of its mean MSE; for other data the same dB of
 # MSE) by at most this much, and re-identified no more examples, leaves the attack saturated.
 SATURATION_MARGIN_DB = 0.5
+# the same for token sequences, on the batch's mean ROUGE-1 (a word in 50 of the batch's)
+SATURATION_MARGIN_ROUGE = 0.02
 # The doublings sweeps, `gradleak.audit` and the Flower audit allow an attack by default.
 LADDER_DOUBLINGS = 3
 
@@ -483,6 +486,7 @@ class Rung:
     examples: int
     copies: int  # examples reconstructed exactly (ASR's criterion)
     identified: int | None  # examples re-identified among the gallery (None: no gallery)
+    rouge1: float | None = None  # token sequences: mean ROUGE-1 (None for other data)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -526,10 +530,12 @@ def rung_of(rec: Reconstruction, scores: list, budget: int | None, seconds: floa
     errors = [getattr(s, "mse", None) for s in scores]
     mse = sum(errors) / len(errors) if errors and None not in errors else None
     judged = [s for s in scores if s.gallery_rank is not None]
+    rouge1 = [getattr(s, "rouge1", None) for s in scores]
     return Rung(iterations=int(rec.iterations), budget=budget, seconds=round(seconds, 3), mse=mse,
                 psnr=psnr_from_mse(mse) if mse is not None and getattr(scores[0], "psnr", None) is not None else None,
                 examples=len(scores), copies=sum(bool(s.success) for s in scores),
-                identified=sum(bool(s.identified) for s in judged) if judged else None)
+                identified=sum(bool(s.identified) for s in judged) if judged else None,
+                rouge1=sum(rouge1) / len(rouge1) if rouge1 and None not in rouge1 else None)
 
 
 def rung_decision(rungs: list[Rung], analytic: bool, converged: bool | None, chance: float | None,
@@ -539,7 +545,8 @@ def rung_decision(rungs: list[Rung], analytic: bool, converged: bool | None, cha
     'analytic' — an attack whose result more budget cannot change;
     'stop rule' — the attack met its own stop rule (CPL's distance threshold);
     'saturated' — the last doubling raised neither PSNR by more than SATURATION_MARGIN_DB
-    nor the number re-identified, at a budget of at least `floor` iterations (the attack's
+    (for token sequences: the copies, nor ROUGE-1 by more than SATURATION_MARGIN_ROUGE) nor
+    the number re-identified, at a budget of at least `floor` iterations (the attack's
     `saturation_floor`). One rung of an iterative attack is never saturated."""
     from .stats import above_chance
 
@@ -554,10 +561,12 @@ def rung_decision(rungs: list[Rung], analytic: bool, converged: bool | None, cha
     if len(rungs) < 2 or (last.budget or 0) < floor:
         return None
     before = rungs[-2]
-    if last.mse is None or before.mse is None:  # token sequences: only more exact copies count as progress
-        return "saturated" if last.copies <= before.copies else None
-    gain_db = 10 * math.log10(max(before.mse, 1e-12) / max(last.mse, 1e-12))
     more_identified = (last.identified or 0) > (before.identified or 0)
+    if last.mse is None or before.mse is None:  # token sequences: copies, ROUGE-1 and re-identification
+        gained = (last.copies > before.copies or more_identified
+                  or (last.rouge1 or 0.0) - (before.rouge1 or 0.0) > SATURATION_MARGIN_ROUGE)
+        return None if gained else "saturated"
+    gain_db = 10 * math.log10(max(before.mse, 1e-12) / max(last.mse, 1e-12))
     return "saturated" if gain_db <= SATURATION_MARGIN_DB and not more_identified else None
 
 
@@ -630,7 +639,8 @@ def gallery_from(data: Dataset, exclude: torch.Tensor | None, source: str, note:
     return Gallery(data.inputs[chosen], source, note)
 
 
-def gallery_for(dataset: str, split: str, resize: int | None, data: Dataset, targets: torch.Tensor) -> Gallery:
+def gallery_for(dataset: str, split: str, resize: int | None, data: Dataset, targets: torch.Tensor,
+                seq_len: int | None = None) -> Gallery:
     """The re-identification gallery of a scenario: GALLERY_SIZE examples of the named
     dataset's other split (the same for every seed, attack and defense of a study), or
     the examples of a sample set or user file that were not attacked."""
@@ -639,13 +649,13 @@ def gallery_for(dataset: str, split: str, resize: int | None, data: Dataset, tar
     if data.samples_only or dataset_path_form(dataset) is not None or \
             parse_spec(dataset, "dataset").name in TAKES_PATH:  # a file's examples: its other split may be itself
         return gallery_from(data, targets, f"other examples of {data.name}")
-    return _split_gallery(dataset, "train" if split == "test" else "test", resize)
+    return _split_gallery(dataset, "train" if split == "test" else "test", resize, seq_len)
 
 
 @functools.lru_cache(maxsize=4)
-def _split_gallery(dataset: str, split: str, resize: int | None) -> Gallery:
+def _split_gallery(dataset: str, split: str, resize: int | None, seq_len: int | None = None) -> Gallery:
     # one per process and study: its perceptual features are computed once, then reused
-    other = load_dataset(dataset_spec(dataset, split, resize))
+    other = load_dataset(dataset_spec(dataset, split, resize, seq_len))
     return gallery_from(other, None, f"{split}-split examples of {other.name}")
 
 
@@ -684,7 +694,9 @@ def prior_data(dataset: str, split: str, resize: int | None, data: Dataset, targ
 def result_record(result: AttackRunResult, images: bool = True) -> dict:
     """A picklable, JSON-shaped record of one result for the results store:
     metrics, extras (with the attack's convergence report and the auditor's ladder),
-    the comparison grid and every image pair as PNG bytes (`images=False`: none)."""
+    the comparison grid and every image pair as PNG bytes (`images=False`: none). Token
+    sequences keep their numeric scores per example and each original beside its recovery
+    as text in `extras["sequences"]`."""
     import io
 
     from .viz import image_grid
@@ -703,13 +715,23 @@ def result_record(result: AttackRunResult, images: bool = True) -> dict:
                            "original": png(image_grid([result.originals[i:i + 1]], pad=0)),
                            "reconstruction": png(image_grid([result.reconstructions[i:i + 1]], pad=0))})
     else:
-        images = [{"idx": i, "metrics": s, "original": None, "reconstruction": None}
+        images = [{"idx": i, "metrics": _numeric(s), "original": None, "reconstruction": None}
                   for i, s in enumerate(result.per_image)]
     extras = jsonable(result.extras)
+    if result.per_image and "recovered" in result.per_image[0]:
+        extras["sequences"] = [{"index": s["index"], "original": s.get("original", ""),
+                                "recovered": s.get("recovered", ""), "exact": bool(s.get("success"))}
+                               for s in result.per_image]
     if result.convergence:
         extras["convergence"] = jsonable(result.convergence)
     return {"metrics": result.metrics, "extras": extras, "seconds": result.seconds,
             "grid_png": grid, "images": images}
+
+
+def _numeric(score: dict) -> dict:
+    """The numbers of one example's score (a language model's per-position labels and the
+    decoded texts are kept elsewhere)."""
+    return {k: v for k, v in score.items() if v is None or isinstance(v, (int, float))}
 
 
 def write_outputs(result: AttackRunResult, out: str | Path) -> dict[str, Path]:

@@ -65,7 +65,12 @@ class Table:
     rows: list[TableRow]
 
 
+# columns of one modality's scores, left out of a table where no row has a value
+TEXT_COLUMNS = frozenset({"rouge1", "best_rouge1", "rouge2", "best_rouge2"})
+
+
 def _table(rows: list[dict], columns: list[tuple[str, str]], row_class=None) -> Table:
+    columns = [(k, t) for k, t in columns if k not in TEXT_COLUMNS or any(r.get(k) is not None for r in rows)]
     return Table([title for _, title in columns],
                  [TableRow([TableCell(_fmt(r.get(k)), isinstance(r.get(k), str)) for k, _ in columns],
                            row_class(r) if row_class else "") for r in rows])
@@ -80,6 +85,8 @@ STRONGEST_COLUMNS = [("dataset", "dataset"), ("model", "model"), ("batch_size", 
                      ("mse", "best MSE"), ("best_mse", "by"), ("psnr", "best PSNR"), ("psnr_ci", "±"),
                      ("best_psnr", "by"), ("ssim", "best SSIM"), ("ssim_ci", "±"), ("best_ssim", "by"),
                      ("lpips", "best LPIPS"), ("best_lpips", "by"), ("asr", "best ASR"), ("best_asr", "by"),
+                     ("rouge1", "best ROUGE-1"), ("best_rouge1", "by"), ("rouge2", "best ROUGE-2"),
+                     ("best_rouge2", "by"),
                      ("frontier", "frontier"), ("utility_note", "caveat")]
 THREAT_TITLES = {"honest": "Honest-but-curious server", "informed": "Informed server (labels, BN statistics, "
                  "data distribution)", "malicious": "Malicious server (may modify the model it sends)"}
@@ -161,12 +168,15 @@ def _with_words(entry: dict, full: bool = False) -> dict:
 def format_strongest(entries: list[dict]) -> str:
     """The verdicts for the terminal: per threat model the answer, then a table of the
     strongest attack per setting with its verdict in words."""
-    cols = [("batch_size", "B"), ("local_steps", "T"), ("defense", "defense"), ("strength", "strength"),
-            ("utility_loss", "util.loss"), ("psnr", "best PSNR"), ("best_psnr", "by"), ("reid_text", "re-identified"),
-            ("budget_text", "budget"), ("verdict_text", "verdict")]
     blocks = []
     answers = answer(entries)
     for threat, members in _by_threat(entries).items():
+        # the leakage score of the data: PSNR for pictures, ROUGE-1 for token sequences
+        score = "rouge1" if all(e.get("psnr") is None and e.get("rouge1") is not None for e in members) else "psnr"
+        cols = [("batch_size", "B"), ("local_steps", "T"), ("defense", "defense"), ("strength", "strength"),
+                ("utility_loss", "util.loss"), (score, "best ROUGE-1" if score == "rouge1" else "best PSNR"),
+                (f"best_{score}", "by"), ("reid_text", "re-identified"), ("budget_text", "budget"),
+                ("verdict_text", "verdict")]
         head = [_threat_title(threat)] + [f"  {_scenario_words(a)}: {a['text']}" for a in answers
                                           if str(a["threat"]) == threat]
         rows = [[_fmt(e.get(k), 3) for k, _ in cols] for e in map(_with_words, members)]
@@ -315,13 +325,50 @@ class MatrixLine:
 
 
 @dataclass
+class Word:
+    text: str
+    same: bool  # part of a run the original and the recovery share (else highlighted)
+
+
+@dataclass
+class TextPair:
+    """One attacked sequence beside what the attack recovered, word by word."""
+
+    original: list[Word]
+    recovered: list[Word]
+    exact: bool
+
+
+def text_pairs(cell, limit: int | None = None) -> list[TextPair]:
+    """The cell's sequences (`extras.sequences`), the words of each side that the other lacks
+    marked (difflib's longest matching runs of words)."""
+    import difflib
+
+    stored = cell.extras.get("sequences") if isinstance(cell.extras, dict) else None
+    pairs = []
+    for item in (stored if isinstance(stored, list) else [])[:limit]:
+        if not isinstance(item, dict):
+            continue
+        original, recovered = str(item.get("original", "")).split(), str(item.get("recovered", "")).split()
+        same_o, same_r = [False] * len(original), [False] * len(recovered)
+        for block in difflib.SequenceMatcher(a=original, b=recovered, autojunk=False).get_matching_blocks():
+            same_o[block.a:block.a + block.size] = [True] * block.size
+            same_r[block.b:block.b + block.size] = [True] * block.size
+        pairs.append(TextPair([Word(w, k) for w, k in zip(original, same_o)],
+                              [Word(w, k) for w, k in zip(recovered, same_r)], bool(item.get("exact"))))
+    return pairs
+
+
+@dataclass
 class MatrixCell:
-    """An empty cell says why (`empty`); a filled one shows the best seed's thumbnail and its scores."""
+    """An empty cell says why (`empty`); a filled one shows the best seed's thumbnail (or its
+    first sequences beside their recovery) and its scores."""
 
     empty: str | None = None
     lines: list[MatrixLine] = field(default_factory=list)
     thumb: str | None = None
     alt: str = ""
+    texts: list[TextPair] = field(default_factory=list)
 
 
 @dataclass
@@ -353,6 +400,8 @@ def _matrix_cell(slot: dict | None, images: _Images) -> MatrixCell:
     m, lab = best.metrics, best.labels
     if m.get("psnr") is not None:
         score = f"PSNR {_fmt(m.get('psnr'), 3)} dB · SSIM {_fmt(m.get('ssim'), 2)}"
+    elif m.get("rouge1") is not None:
+        score = f"ROUGE-1 {_fmt(m.get('rouge1'), 2)} · ROUGE-2 {_fmt(m.get('rouge2'), 2)}"
     else:
         score = f"MSE {_fmt(m.get('mse'), 3)}"
     if m.get("asr"):
@@ -369,7 +418,7 @@ def _matrix_cell(slot: dict | None, images: _Images) -> MatrixCell:
     if slot["failed"]:
         lines.append(MatrixLine(f"{len(slot['failed'])} run(s) failed", True))
     alt = f"{lab.get('attack_spec')} under {lab.get('defense')} {lab.get('strength') or ''}: {score}"
-    return MatrixCell(lines=lines, thumb=images.thumb(best), alt=alt)
+    return MatrixCell(lines=lines, thumb=images.thumb(best), alt=alt, texts=text_pairs(best, THUMB_IMAGES))
 
 
 def _setting_words(setting: tuple) -> str:
@@ -414,27 +463,41 @@ class Figure:
 
 
 @dataclass
+class TextFigure:
+    caption: str
+    pairs: list[TextPair]
+
+
+@dataclass
 class GalleryGroup:
     defense: str
     figures: list[Figure]
+    texts: list[TextFigure] = field(default_factory=list)
 
 
 def _gallery(cells, images: _Images) -> list[GalleryGroup]:
-    """Every attack cell's grid, grouped by defense (undefended first), then ordered as the
-    tables are: threat model, scenario, strength, attack, seed."""
-    grids = sorted((c for c in cells if c.kind == "attack" and c.grid_png is not None),
+    """Every attack cell's grid (token sequences: its sequences beside their recovery), grouped
+    by defense (undefended first), then ordered as the tables are: threat model, scenario,
+    strength, attack, seed."""
+    grids = sorted((c for c in cells if c.kind == "attack" and (c.grid_png is not None or text_pairs(c, 1))),
                    key=lambda c: (c.labels.get("defense") != "none", str(c.labels.get("defense")),
                                   *[str(c.labels.get(k, "")) for k in SCENARIO_KEYS],
                                   str(c.labels.get("strength")), str(c.labels.get("attack_spec")),
                                   str(c.labels.get("seed"))))
-    by_defense: dict[str, list[Figure]] = defaultdict(list)
+    by_defense: dict[str, GalleryGroup] = {}
     for cell in grids:
         lab = cell.labels
         caption = (f"{lab.get('threat', '')} · {lab.get('attack_spec')} · {lab.get('defense')} "
                    f"{lab.get('strength')} · batch {lab.get('batch_size')} · T={lab.get('local_steps')} · "
-                   f"seed {lab.get('seed')} · PSNR {_fmt(cell.metrics.get('psnr'), 3)}")
-        by_defense[str(lab.get("defense"))].append(Figure(images.grid(cell), caption, caption))
-    return [GalleryGroup(defense, figures) for defense, figures in by_defense.items()]
+                   f"seed {lab.get('seed')} · ")
+        group = by_defense.setdefault(str(lab.get("defense")), GalleryGroup(str(lab.get("defense")), []))
+        if cell.grid_png is not None:
+            caption += f"PSNR {_fmt(cell.metrics.get('psnr'), 3)}"
+            group.figures.append(Figure(images.grid(cell), caption, caption))
+        else:
+            caption += f"ROUGE-1 {_fmt(cell.metrics.get('rouge1'), 2)} · ROUGE-2 {_fmt(cell.metrics.get('rouge2'), 2)}"
+            group.texts.append(TextFigure(caption, text_pairs(cell)))
+    return list(by_defense.values())
 
 
 ROUND_COLUMNS = [("round", "round"), ("client", "client"), ("attack", "attack"), ("mse", "MSE"), ("psnr", "PSNR"),
@@ -442,6 +505,7 @@ ROUND_COLUMNS = [("round", "round"), ("client", "client"), ("attack", "attack"),
 ATTACK_COLUMNS = [("attack_spec", "attack"), ("dataset", "dataset"), ("batch_size", "batch"),
                   ("local_steps", "local steps"), ("defense", "defense"), ("strength", "strength"),
                   *[(m, m.upper()) for m in ("mse", "psnr", "ssim", "lpips", "label_acc", "asr", "iterations")],
+                  ("rouge1", "ROUGE-1"), ("rouge2", "ROUGE-2"),
                   ("seconds", "seconds")]
 SKIPPED_COLUMNS = [("attack", "attack"), ("model", "model"), ("defense", "defense"), ("reason", "reason")]
 FAILED_COLUMNS = [("kind", "cell"), ("what", "attack"), ("dataset", "dataset"), ("model", "model"),
@@ -517,7 +581,8 @@ def write_report(store_path: str | Path, out: str | Path) -> dict:
         (out / "index.html").write_text(page)
         _exports(out, cells, entries, rows, store)
         return {"out": str(out), "html": str(out / "index.html"), "cells": len(cells),
-                "grids": sum(len(group.figures) for group in gallery), "strongest": entries}
+                "grids": sum(len(group.figures) for group in gallery),
+                "texts": sum(len(group.texts) for group in gallery), "strongest": entries}
     finally:
         store.close()
 

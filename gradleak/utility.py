@@ -37,6 +37,11 @@ DEFAULT_MODEL = "lenet:activation=relu,init=default"
 NEAR_CHANCE = 0.1
 
 
+# logits evaluated per forward pass (128 MB of float32): a language model's vocabulary at every
+# position would otherwise take gigabytes per pass
+LOGITS_PER_PASS = 1 << 25
+
+
 def near_chance(accuracy: float, num_classes: int) -> bool:
     """True when `accuracy` is not clearly above chance: at most 1/num_classes + NEAR_CHANCE."""
     return accuracy <= 1.0 / num_classes + NEAR_CHANCE
@@ -115,8 +120,12 @@ class UtilityResult:
 
 
 def dirichlet_partition(labels: torch.Tensor, clients: int, alpha: float, seed: int) -> list[torch.Tensor]:
-    """Client q_m ~ Dir(α·1_c); class k's examples go to clients in proportion to q_{m,k}."""
+    """Client q_m ~ Dir(α·1_c); class k's examples go to clients in proportion to q_{m,k}.
+    Examples without one class (a language model's next token at every position) are split
+    among the clients uniformly at random instead."""
     rng = np.random.default_rng(seed)
+    if labels.dim() != 1:
+        return [torch.tensor(part, dtype=torch.long) for part in np.array_split(rng.permutation(len(labels)), clients)]
     y = labels.numpy()
     classes = np.unique(y)
     q = rng.dirichlet(np.full(len(classes), alpha), size=clients)  # (clients, classes)
@@ -132,16 +141,19 @@ def dirichlet_partition(labels: torch.Tensor, clients: int, alpha: float, seed: 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Dataset, batch: int = 2000) -> tuple[float, float]:
-    """(mean loss, accuracy) of `model` on `data`."""
+    """(mean loss, accuracy) of `model` on `data`; for a language model (a label at every
+    position) the accuracy is the next-token accuracy over all positions."""
     model.eval()
     loss, correct = 0.0, 0
+    per_example = data.labels[0].numel() * data.num_classes  # logits one example produces
+    batch = max(1, min(batch, LOGITS_PER_PASS // per_example))
     for start in range(0, len(data), batch):
         x, y = data.inputs[start:start + batch], data.labels[start:start + batch]
         logits = model(x)
         loss += float(batch_loss(logits, y)) * len(y)
-        correct += int((logits.argmax(1) == y).sum())
+        correct += int((logits.argmax(-1) == y).sum())
     model.train()
-    return loss / len(data), correct / len(data)
+    return loss / len(data), correct / data.labels.numel()
 
 
 def utility_setup(spec: UtilitySpec, load: Callable[[Any], Dataset] | None = None):

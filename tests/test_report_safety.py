@@ -196,3 +196,33 @@ def test_report_module_leaves_escaping_to_the_template_engine():
     for text in templates:
         code = re.sub(r"\{#.*?#\}", "", text, flags=re.S)  # comments may name what they forbid
         assert not re.search(r"\|\s*safe\b", code) and "autoescape false" not in code.lower()
+
+
+def test_hostile_sentences_print_literally_beside_their_recovery(tmp_path):
+    """A text attack's sequences are the user's own sentences: a recovered sentence holding
+    markup reaches the page as text, with the words it lacks marked."""
+    from gradleak.store import ImageRecord
+
+    sentence = "the cat <script>alert(1)</script> sat on {{ 7*7 }} the mat"
+    recovered = "the cat <script>alert(1)</script> sat on <img src=x onerror=alert(2)> mat"
+    labels = {"threat": "honest", "dataset": "news", "model": "gpt2", "batch_size": 2, "local_steps": 1,
+              "seed": 0, "defense": "none", "strength": "", "defenses": [], "attack": "tag", "attack_spec": "tag",
+              "init": None}
+    sequences = [{"index": 0, "original": sentence, "recovered": recovered, "exact": False},
+                 {"index": 1, "original": sentence, "recovered": sentence, "exact": True}]
+    metrics = {"rouge1": 0.8, "rouge2": 0.6, "asr": 0.5, "examples": 2, "reid": 1.0, "reid_chance": 0.001}
+    with ResultStore(tmp_path / "store.db") as store:
+        store.add_cell(CellRecord("text", "attack", "s", {}, labels, metrics,
+                                  {"ladder": {"decision": "leak"}, "sequences": sequences}, 1.0, None),
+                       [ImageRecord(i, {"rouge1": 0.8}, None, None) for i in range(2)])
+    result = write_report(tmp_path / "store.db", tmp_path / "report")
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "<script>alert" not in page and "<img src=x" not in page and "49" not in page
+    elements = _Elements(page)
+    assert not elements.open
+    rows = elements.texts("td", "l")
+    assert any("<script>alert(1)</script>" in r and "{{" in r for r in rows)  # the sentence, as text
+    # the original's "the" and "{{ 7*7 }}" are missing from the recovery, which adds the <img ...> words
+    assert "{{" in elements.texts("mark") and "src=x" in elements.texts("mark")
+    assert "(exact)" in page and result["texts"] == 1 and result["grids"] == 0
+    assert "ROUGE-1 0.8" in page

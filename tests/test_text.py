@@ -312,3 +312,48 @@ def test_text_scores_match_rows_and_ignore_padding():
     assert partial.per_sequence[0]["rouge1"] == pytest.approx(expected)
     missing = score_text(originals, originals[:1])
     assert missing.assignment[1:] == [-1, -1] and missing.rouge1 == pytest.approx(1 / 3)
+
+
+def test_token_overlap_distance_is_a_bag_of_tokens_f_measure():
+    from gradleak.metrics.reidentify import token_overlap_distance
+
+    pad = text_data.PAD_TOKEN
+    sequence = torch.tensor([5, 6, 7, 7, pad, pad])
+    others = torch.tensor([[7, 7, 6, 5, pad, pad],  # the same bag, shuffled
+                           [5, 9, 9, 9, pad, pad],  # one token of four in common
+                           [8, 8, 8, 8, 8, 8],  # nothing in common
+                           [pad] * 6])  # nothing at all
+    distance = token_overlap_distance(sequence, others, pad)
+    assert distance.tolist() == pytest.approx([0.0, 1 - 2 * 1 / 8, 1.0, 1.0])
+    # without a padding token every id counts
+    assert float(token_overlap_distance(sequence, others[:1], None)[0]) == pytest.approx(0.0)
+
+
+def test_text_recoveries_are_re_identified_by_their_words_not_their_order(news):
+    """A recovery holding its original's tokens in another order points back to it among the
+    train split's sequences; one holding random tokens does not (chance 1 / (gallery + 1))."""
+    from gradleak.experiment import gallery_for
+    from gradleak.metrics.text import score_sequences
+
+    inputs, labels = batch(news[16], 4, seed=0)
+    gallery = gallery_for("news", "test", None, news[16], torch.arange(4))
+    assert gallery.inputs.shape[1] == inputs.shape[1] and len(gallery) >= 500
+    shuffled = inputs[:, torch.randperm(inputs.shape[1], generator=torch.Generator().manual_seed(1))]
+    scores, _ = score_sequences(inputs, labels, shuffled, None, gallery=gallery)
+    assert all(s.identified for s in scores) and scores[0].reid_chance == pytest.approx(1 / (len(gallery) + 1))
+    assert max(s.rouge2 for s in scores) < 0.5  # the order is lost, the sentence is not
+    noise = torch.randint(0, VOCAB, inputs.shape, generator=torch.Generator().manual_seed(2))
+    scores, _ = score_sequences(inputs, labels, noise, None, gallery=gallery)
+    assert not any(s.identified for s in scores)
+
+
+def test_language_model_utility_splits_sequences_and_scores_next_tokens():
+    from gradleak.utility import dirichlet_partition, evaluate
+
+    labels = torch.zeros(10, 4, dtype=torch.long)  # a next token at every position
+    shards = dirichlet_partition(labels, 3, 0.5, seed=0)
+    assert sorted(torch.cat(shards).tolist()) == list(range(10)) and [len(s) for s in shards] == [4, 3, 3]
+    data = load_dataset(DatasetSpec("news", split="test", seq_len=8))
+    model = gpt2(8, width=32, heads=2)
+    loss, accuracy = evaluate(model, data)
+    assert 0.0 <= accuracy <= 0.01 and loss == pytest.approx(torch.log(torch.tensor(float(VOCAB))).item(), rel=0.05)

@@ -43,7 +43,8 @@ def test_dager_on_news_through_the_cli(capsys, tmp_path):
     assert all(key in metrics for key in TEXT_KEYS)
     assert metrics["exact_sequence_accuracy"] == metrics["asr"] == 1.0 and metrics["examples"] == 4
     assert not {"psnr", "ssim", "lpips", "mse"} & set(metrics)  # pixel metrics do not apply to text
-    assert "reid" not in metrics and "not done for text" in result["extras"]["reidentification"]
+    # re-identified among the train split's sequences by token overlap; chance 1 / (gallery + 1)
+    assert metrics["reid"] == 1.0 and metrics["gallery"] >= 500 and metrics["reid_chance"] < 0.01
     assert result["extras"]["ladder"]["decision"] == "leak"
     assert result["spec"]["seq_len"] == 8
     first = result["per_image"][0]
@@ -95,8 +96,10 @@ def test_a_saturated_span_is_reported_not_hidden():
     (("--dataset", "mnist", "--model", "lenet", "--attack", "ig", "--seq-len", "8"),
      "seq_len only applies to text"),
     (("--dataset", "news", "--model", SMALL_GPT2, "--attack", "ig"), "attack 'ig' does not support text data"),
-    (("--dataset", "news", "--model", SMALL_GPT2, "--attack", "dager", "--local-steps", "2"),
-     "FedAvg updates are not supported yet"),
+    (("--dataset", "news", "--model", SMALL_GPT2, "--attack", "dager", "--local-steps", "2", "--optimizer", "adam"),
+     "optimizer 'adam' rescales or decays the weights"),
+    (("--dataset", "news", "--model", SMALL_GPT2, "--attack", "tag", "--lora", "4"),
+     "attack 'tag' cannot invert a LoRA client's update"),
     (("--dataset", "polarity", "--model", SMALL_GPT2, "--attack", "dager"),
      "classifier head needs at least 3 transformer blocks"),
     (("--dataset", "news", "--model", "mlp", "--attack", "dager"), "use a text model such as gpt2"),
@@ -165,3 +168,41 @@ def test_audit_on_text_runs_dager_and_words_its_verdict_for_text():
     assert [run.spec.attack for run in result.runs] == ["dager"]
     assert "copied exactly (token for token) by dager" in result.summary()
     assert all(skipped.reason for skipped in result.skipped)
+
+
+SWEEP = """
+name: text-defenses
+defaults: {seq_len: 8}
+grids:
+  - datasets: [news]
+    models: ["gpt2:width=96,heads=2"]
+    batch_sizes: [2]
+    local_steps: [1]
+    seeds: [0, 1]
+    defenses: [none, "noise:sigma=0.1"]
+    attacks: [dager]
+"""
+
+
+def test_a_sweep_over_defenses_gives_text_verdicts_and_a_report(tmp_path, capsys):
+    """Text through the store and the report: per-sequence scores stored as numbers, the
+    sentences beside their recovery on the page, and a verdict per defense in words."""
+    from gradleak.report import write_report
+    from gradleak.store import ResultStore
+
+    spec = tmp_path / "text.yaml"
+    spec.write_text(SWEEP)
+    assert main(["sweep", str(spec), "--store", str(tmp_path / "s.db"), "--workers", "1", "--json"]) == 0
+    capsys.readouterr()
+    with ResultStore(tmp_path / "s.db", create=False) as store:
+        cells = store.cells("attack")
+        assert len(cells) == 4 and all(len(store.images(c.key)) == 2 for c in cells)
+        assert all(len(c.extras["sequences"]) == 2 for c in cells)
+    result = write_report(tmp_path / "s.db", tmp_path / "report")
+    verdicts = {e["defense"]: (e["verdict"], e["verdict_text"]) for e in result["strongest"]}
+    assert verdicts["none"] == ("leaks", "leaks: 4 of 4 examples copied exactly (token for token) by dager")
+    # noise σ = 0.1 on a gradient whose entries are ~1e-3: DAGER's span test finds nothing
+    # (measured over seeds 0-3: ROUGE-1 0.0, none re-identified among 1,000 sequences)
+    assert verdicts["noise"][0] == "holds", verdicts["noise"]
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert result["texts"] == 4 and page.count("(exact)") >= 4 and "best ROUGE-1" in page

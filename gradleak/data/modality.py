@@ -17,7 +17,8 @@ class Modality:
     pixels: bool  # inputs are images in [0, 1]: clamped when scored, PSNR/SSIM/LPIPS, rendered as pictures
     tokens: bool  # inputs are token sequences: scored by ROUGE and exact match, rendered as text
     # reconstructions are re-identified among a gallery of other examples by their distance
-    # (image and tabular features); sequences are judged by exact recovery instead
+    # (gradleak.metrics.reidentify: perceptual for images, Euclidean for tabular features,
+    # token overlap for sequences)
     reidentifies: bool
 
     def example(self, input_shape: tuple[int, ...]) -> torch.Tensor:
@@ -28,7 +29,7 @@ class Modality:
 MODALITIES: dict[str, Modality] = {
     "image": Modality("image", torch.float32, pixels=True, tokens=False, reidentifies=True),
     "tabular": Modality("tabular", torch.float32, pixels=False, tokens=False, reidentifies=True),
-    "text": Modality("text", torch.int64, pixels=False, tokens=True, reidentifies=False),
+    "text": Modality("text", torch.int64, pixels=False, tokens=True, reidentifies=True),
 }
 
 

@@ -15,7 +15,10 @@ neighbour under either. Neither
 alone is enough: on MNIST, LPIPS (computed on the 64 px upsampled digit) misses blurred
 digits that are plainly readable (0 of 40 at a 5 × 5 box blur, where SSIM finds 22), and
 SSIM misses some heavily blurred faces that LPIPS finds (LFW, 7 × 7 blur: 6 vs 8 of 10).
-Tabular records use the Euclidean distance between feature vectors. A reconstruction that
+Tabular records use the Euclidean distance between feature vectors. Token sequences use
+1 − the F-measure of their token overlap (the multiset of token ids, padding left out: ROUGE-1
+on ids), so a recovered bag of words identifies its sentence even in the wrong order, as it
+would for a reader. A reconstruction that
 carries nothing about its original finds it by chance with probability at most
 (number of distances) / (gallery size + 1) — the union bound, which is the chance level
 reported. Gallery examples identical to the original (duplicates in the data) are left
@@ -28,7 +31,7 @@ from typing import Literal
 
 import torch
 
-Distance = Literal["lpips", "ssim", "l2"]
+Distance = Literal["lpips", "ssim", "l2", "tokens"]
 # LPIPS judges images of at least this side, not much longer than wide (it upsamples the
 # short side to 64 px: an 8 px digit or a 1 × 2000 strip would be judged on interpolation).
 LPIPS_MIN_SIDE = 16
@@ -58,7 +61,12 @@ class Gallery:
 
 def reid_distances(modality: str, input_shape: tuple[int, ...], lpips: str) -> tuple[Distance, ...]:
     """The distances re-identification uses for this data (module docstring)."""
-    if modality != "image":
+    from ..data.modality import modality as modality_of
+
+    kind = modality_of(modality)
+    if kind.tokens:
+        return ("tokens",)
+    if not kind.pixels:
         return ("l2",)
     if lpips != "none" and len(input_shape) == 3 and input_shape[0] in (1, 3) and \
             LPIPS_MIN_SIDE <= min(input_shape[1:]) and max(input_shape[1:]) <= 4 * min(input_shape[1:]):
@@ -72,11 +80,13 @@ def chance_rate(gallery_size: int, distances: int) -> float:
 
 
 def gallery_ranks(originals: torch.Tensor, reconstructions: torch.Tensor, gallery: Gallery,
-                  distances: tuple[Distance, ...], backbone: str = "alex") -> list[int]:
+                  distances: tuple[Distance, ...], backbone: str = "alex", pad_token: int | None = None) -> list[int]:
     """For each original, how many gallery examples its reconstruction is at least as close
     to as to the original, under the distance that ranks the original best (0: the
     reconstruction identifies it). A reconstruction that is not finite identifies nothing
-    (rank = gallery size)."""
+    (rank = gallery size). `pad_token`: the padding id the token distance leaves out."""
+    if "tokens" in distances:
+        return _token_ranks(originals, reconstructions, gallery, pad_token)
     originals = originals.detach().float().cpu()
     reconstructions = reconstructions.detach().float().cpu()
     ranks = []
@@ -95,6 +105,43 @@ def gallery_ranks(originals: torch.Tensor, reconstructions: torch.Tensor, galler
             best = min(best, int(((to_gallery <= to_original) & ~duplicate).sum()))
         ranks.append(best)
     return ranks
+
+
+def _token_ranks(originals: torch.Tensor, recovered: torch.Tensor, gallery: Gallery, pad_token: int | None
+                 ) -> list[int]:
+    others = gallery.inputs.long().cpu()
+    ranks = []
+    for original, recon in zip(originals.long().cpu(), recovered.long().cpu()):
+        duplicate = (others == original).all(1)
+        to_original = float(token_overlap_distance(recon, original[None], pad_token)[0])
+        to_gallery = token_overlap_distance(recon, others, pad_token)
+        ranks.append(int(((to_gallery <= to_original) & ~duplicate).sum()))
+    return ranks
+
+
+def token_overlap_distance(sequence: torch.Tensor, others: torch.Tensor, pad_token: int | None) -> torch.Tensor:
+    """1 − F-measure of the token-id multiset overlap between `sequence` (T,) and each row of
+    `others` (N, T'), padding left out: 0 for the same bag of tokens, 1 for none in common."""
+    mine = sequence if pad_token is None else sequence[sequence != pad_token]
+    real = torch.ones_like(others, dtype=torch.bool) if pad_token is None else others != pad_token
+    common = torch.zeros(others.shape[0], dtype=torch.float64)
+    tokens, counts = torch.unique(mine, return_counts=True)
+    for token, count in zip(tokens.tolist(), counts.tolist()):
+        common += ((others == token) & real).sum(1).clamp_max(count).double()
+    total = mine.numel() + real.sum(1).double()
+    return 1 - torch.where(total > 0, 2 * common / total.clamp_min(1), torch.zeros_like(total))
+
+
+def reid_summary(scores: list) -> dict:
+    """`reid` (the fraction of judged examples that identify their original), `reid_chance`
+    and `gallery` (its size), from per-example scores with a `gallery_rank`; {} when none
+    was judged."""
+    judged = [s for s in scores if s.gallery_rank is not None]
+    if not judged:
+        return {}
+    return {"reid": sum(bool(s.identified) for s in judged) / len(judged),
+            "reid_chance": max(s.reid_chance or 0.0 for s in judged),
+            "gallery": min(s.gallery_size or 0 for s in judged)}
 
 
 def _gallery_distances(recon: torch.Tensor, gallery: Gallery, distance: Distance, backbone: str) -> torch.Tensor:

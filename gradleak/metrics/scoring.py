@@ -37,7 +37,7 @@ from scipy.optimize import linear_sum_assignment
 
 from ..data.modality import modality as modality_of
 from .image import mse, psnr, psnr_from_mse, ssim
-from .reidentify import Gallery, chance_rate, gallery_ranks, reid_distances
+from .reidentify import Gallery, chance_rate, gallery_ranks, reid_distances, reid_summary
 
 ASR_MSE_THRESHOLD = 1e-3
 
@@ -87,12 +87,12 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
     """Per-example scores of one attacked batch after Hungarian matching, and the
     reconstruction reordered to the originals (zeros where nothing matched); with a
     `gallery`, whether each reconstruction re-identifies its original among it. Token
-    sequences get `SequenceScore`s (gradleak.metrics.text; no gallery)."""
+    sequences get `SequenceScore`s (gradleak.metrics.text)."""
     kind = modality_of(modality)
     if kind.tokens:
         from .text import score_sequences
 
-        return score_sequences(originals, labels, reconstruction, recovered_labels)
+        return score_sequences(originals, labels, reconstruction, recovered_labels, gallery=gallery)
     originals = originals.detach().float().cpu()
     candidates = reconstruction.detach().float().cpu()
     if candidates.shape[1:] != originals.shape[1:]:
@@ -203,14 +203,7 @@ def summarize(scores: list) -> dict:
         "asr": sum(s.success for s in scores) / len(scores) if scores else None,
         "matched": sum(s.matched for s in scores) / len(scores) if scores else None,
         "examples": len(scores),
-        **_reid_summary(scores),
+        **reid_summary(scores),
     }
 
 
-def _reid_summary(scores: list[ImageScore]) -> dict:
-    judged = [s for s in scores if s.gallery_rank is not None]
-    if not judged:
-        return {}
-    return {"reid": sum(bool(s.identified) for s in judged) / len(judged),
-            "reid_chance": max(s.reid_chance or 0.0 for s in judged),
-            "gallery": min(s.gallery_size or 0 for s in judged)}

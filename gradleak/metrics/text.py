@@ -27,6 +27,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from ..data.text import PAD_TOKEN, decode
+from .reidentify import Gallery, chance_rate, gallery_ranks, reid_summary
 
 ROUGE_KEYS = ("rouge1", "rouge2", "rougeL")
 
@@ -135,25 +136,26 @@ class SequenceScore:
     matched: bool = True  # False: the attack returned no sequence for this example
     original: str = ""
     recovered: str = ""
-    # sequences are not re-identified among a gallery (see gradleak.data.modality); the fields
-    # stay so that every score answers the same questions
+    # gallery sequences at least as close (by token overlap) to the recovery as its original
+    # (0: re-identified; gradleak.metrics.reidentify); None without a gallery
     gallery_rank: int | None = None
     gallery_size: int | None = None
     reid_chance: float | None = None
 
     @property
     def identified(self) -> bool | None:
-        return None
+        return None if self.gallery_rank is None else self.gallery_rank == 0
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "identified": None}
+        return {**asdict(self), "identified": self.identified}
 
 
 def score_sequences(originals: torch.Tensor, labels: torch.Tensor, recovered: torch.Tensor,
-                    recovered_labels: torch.Tensor | None, pad_token: int | None = PAD_TOKEN
-                    ) -> tuple[list[SequenceScore], torch.Tensor]:
+                    recovered_labels: torch.Tensor | None, pad_token: int | None = PAD_TOKEN,
+                    gallery: Gallery | None = None) -> tuple[list[SequenceScore], torch.Tensor]:
     """Per-sequence scores of one attacked batch after matching (`score_text`), and the
-    recovery reordered to the originals (`pad_token` rows where nothing matched)."""
+    recovery reordered to the originals (`pad_token` rows where nothing matched); with a
+    `gallery`, whether each recovery re-identifies its original among it (token overlap)."""
     originals = originals.detach().cpu().long()
     recovered = recovered.detach().cpu().long()
     matched_scores = score_text(originals, recovered, pad_token)
@@ -174,6 +176,11 @@ def score_sequences(originals: torch.Tensor, labels: torch.Tensor, recovered: to
             s.recovered_label = s.label if s.label in pool else (pool[0] if pool else None)
             if s.recovered_label in pool:
                 pool.remove(s.recovered_label)
+    if gallery is not None:
+        ranks = gallery_ranks(originals, aligned, gallery, ("tokens",), pad_token=pad_token)
+        for s, rank in zip(scores, ranks):
+            s.gallery_size, s.reid_chance = len(gallery), chance_rate(len(gallery), 1)
+            s.gallery_rank = rank if s.matched else len(gallery)
     return scores, aligned
 
 
@@ -192,4 +199,5 @@ def summarize_sequences(scores: list[SequenceScore]) -> dict:
     return {"rouge1": avg("rouge1"), "rouge2": avg("rouge2"), "rougeL": avg("rougeL"),
             "token_accuracy": avg("token_accuracy"), "exact_sequence_accuracy": exact,
             "label_acc": (sum(s.recovered_label == s.label for s in labelled) / len(labelled)) if labelled else None,
-            "asr": exact, "matched": sum(s.matched for s in scores) / n if n else None, "examples": n}
+            "asr": exact, "matched": sum(s.matched for s in scores) / n if n else None, "examples": n,
+            **reid_summary(scores)}
