@@ -501,7 +501,7 @@ def _gallery(cells, images: _Images) -> list[GalleryGroup]:
 
 
 ROUND_COLUMNS = [("round", "round"), ("client", "client"), ("attack", "attack"), ("mse", "MSE"), ("psnr", "PSNR"),
-                 ("ssim", "SSIM"), ("lpips", "LPIPS"), ("asr", "ASR")]
+                 ("ssim", "SSIM"), ("lpips", "LPIPS"), ("asr", "ASR"), ("rouge1", "ROUGE-1"), ("rouge2", "ROUGE-2")]
 ATTACK_COLUMNS = [("attack_spec", "attack"), ("dataset", "dataset"), ("batch_size", "batch"),
                   ("local_steps", "local steps"), ("defense", "defense"), ("strength", "strength"),
                   *[(m, m.upper()) for m in ("mse", "psnr", "ssim", "lpips", "label_acc", "asr", "iterations")],

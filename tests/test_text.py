@@ -357,3 +357,18 @@ def test_language_model_utility_splits_sequences_and_scores_next_tokens():
     model = gpt2(8, width=32, heads=2)
     loss, accuracy = evaluate(model, data)
     assert 0.0 <= accuracy <= 0.01 and loss == pytest.approx(torch.log(torch.tensor(float(VOCAB))).item(), rel=0.05)
+
+
+def test_user_token_tensors_are_text_data():
+    from gradleak.data.tensors import dataset_from_tensors
+
+    inputs = torch.randint(0, 100, (3, 5))
+    data = dataset_from_tensors(inputs, torch.randint(0, 100, (3, 5)), num_classes=VOCAB)
+    assert data.modality == "text" and data.input_shape == (5,) and data.num_classes == VOCAB
+    assert dataset_from_tensors(inputs, torch.tensor([0, 1, 1])).modality == "text"  # a classifier's labels
+    with pytest.raises(GradleakError, match="one next token per position"):
+        dataset_from_tensors(inputs, torch.zeros(3, 4, dtype=torch.long))
+    with pytest.raises(GradleakError, match="token ids must be >= 0"):
+        dataset_from_tensors(inputs - 200, torch.tensor([0, 1, 1]))
+    with pytest.raises(GradleakError, match="image inputs must be float"):  # only (N, T) integers are tokens
+        dataset_from_tensors(torch.randint(0, 2, (3, 8, 8)), torch.tensor([0, 1, 1]))

@@ -89,8 +89,15 @@ def run(args: argparse.Namespace) -> int:
         for line in lines:
             print(f"  {line}")
     for row in rows:
-        print(f"  round {row['round']:>3}  client {row['client']:>4}  {row['attack']:32s} "
-              f"PSNR {row['psnr']:.1f} dB  SSIM {row['ssim']:.2f}" if row.get("psnr") is not None else
-              f"  round {row['round']:>3}  client {row['client']:>4}  {row['attack']:32s} MSE {row['mse']:.3g}")
+        print(f"  round {row['round']:>3}  client {row['client']:>4}  {row['attack']:32s} {_scores(row)}")
     print(f"report: {report['html']}")
     return 0
+
+
+def _scores(row: dict) -> str:
+    """One audited update's leakage in the data's own scores."""
+    if row.get("psnr") is not None:
+        return f"PSNR {row['psnr']:.1f} dB  SSIM {row['ssim']:.2f}"
+    if row.get("rouge1") is not None:
+        return f"ROUGE-1 {row['rouge1']:.2f}  ROUGE-2 {row['rouge2']:.2f}  exact {row.get('asr') or 0:.0%}"
+    return f"MSE {row['mse']:.3g}" if row.get("mse") is not None else "no score"

@@ -30,16 +30,21 @@ DEFAULT_LIMIT = 10_000
 
 def dataset_from_tensors(inputs: Any, labels: Any, name: str = "user", class_names: list[str] | None = None,
                          num_classes: int | None = None) -> Dataset:
-    """Validate and wrap (inputs, labels); one GradleakError line for anything off."""
+    """Validate and wrap (inputs, labels); one GradleakError line for anything off. Integer
+    inputs of shape (N, T) are token sequences: labels one class per sequence, or one next
+    token per position (N, T) for a language model (give `num_classes`, the vocabulary, then)."""
     x = _as_tensor(inputs, "inputs")
     y = _as_tensor(labels, "labels")
     if x.shape[0] == 0:
         raise GradleakError(f"data '{name}' is empty")
-    if y.dim() != 1:
-        raise GradleakError(f"data '{name}': labels must be one class index per example, got shape {tuple(y.shape)}")
+    tokens = x.dim() == 2 and not x.dtype.is_floating_point and x.dtype != torch.bool and not x.is_complex()
+    if y.dim() != 1 and not (tokens and tuple(y.shape) == tuple(x.shape)):
+        raise GradleakError(f"data '{name}': labels must be one class index per example"
+                            f"{' (or one next token per position, shaped as the inputs)' if tokens else ''}, "
+                            f"got shape {tuple(y.shape)}")
     if x.shape[0] != y.shape[0]:
         raise GradleakError(f"data '{name}': {x.shape[0]} inputs but {y.shape[0]} labels")
-    x, modality = _inputs(x, name)
+    x, modality = _tokens(x, name) if tokens else _inputs(x, name)
     y = _labels(y, name)
     top = int(y.max()) + 1
     if top > MAX_CLASSES:  # one logit and one name per class: refuse before allocating them
@@ -53,6 +58,14 @@ def dataset_from_tensors(inputs: Any, labels: Any, name: str = "user", class_nam
     if len(names) != num_classes:
         raise GradleakError(f"data '{name}': {len(names)} class names for {num_classes} classes")
     return Dataset(name, x, y, names, modality)
+
+
+def _tokens(x: torch.Tensor, name: str) -> tuple[torch.Tensor, str]:
+    if x.shape[1] == 0:
+        raise GradleakError(f"data '{name}': token sequences of length 0")
+    if int(x.min()) < 0:
+        raise GradleakError(f"data '{name}': token ids must be >= 0, got {int(x.min())}")
+    return x.long().contiguous(), "text"
 
 
 def dataset_from_user(data: Any, name: str = "user", num_classes: int | None = None,

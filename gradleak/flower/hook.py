@@ -94,6 +94,8 @@ class FlowerAudit:
                    audited clients do not train on (e.g. a held-out split); the auditor
                    re-identifies reconstructions among them. Without one, only exact copies
                    can show a leak.
+    num_classes:   the model's classes (a language model's vocabulary), when the labels do
+                   not show them all.
     attacks, threat, knows, budget, seed, lpips: as for `gradleak.audit`.
     out:           folder of the results store and the ground-truth exchange; defaults
                    to $GRADLEAK_FLOWER_OUT, else ./gradleak-flower.
@@ -106,6 +108,7 @@ class FlowerAudit:
     rounds: tuple[int, ...] = (1,)
     clients: int | None = 2
     gallery: Callable[[], torch.Tensor] | None = None
+    num_classes: int | None = None
     attacks: Any = "auto"
     threat: str = "honest"
     knows: tuple[str, ...] = ()
@@ -227,6 +230,7 @@ class FlowerAudit:
             self.captured.append(captured)
             result = audit_update(model, update, inputs, labels, training=client_training, attacks=self.attacks,
                                   threat=self.threat, knows=self.knows, seed=self.seed, budget=self.budget,
+                                  num_classes=self.num_classes,
                                   lpips=self.lpips, model_label=type(model).__name__,
                                   data_label=f"flower round {server_round}", gallery=self.gallery_inputs())
             captured.training_check = result.training_check
@@ -309,7 +313,8 @@ def _received_update(model: nn.Module, sent: dict[str, torch.Tensor], reply, tra
 def _write_truth(path: Path, inputs, labels, partition) -> None:
     from safetensors.torch import save_file
 
-    x = torch.as_tensor(inputs).detach().float().cpu().contiguous()
+    x = torch.as_tensor(inputs).detach().cpu()
+    x = (x if not x.dtype.is_floating_point else x.float()).contiguous()  # token ids stay integers
     y = torch.as_tensor(labels).detach().long().cpu().contiguous()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
