@@ -18,6 +18,8 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from .data.modality import Modality
+from .data.modality import modality as modality_of
 from .errors import GradleakError
 from .fl.buffers import batchnorm_layers, statistics_from_buffers, why_no_batch_statistics
 from .fl.training import TrainingSpec
@@ -120,6 +122,11 @@ class Observation:
     @property
     def batch_size(self) -> int:
         return int(self.get("batch_size"))
+
+    @property
+    def kind(self) -> Modality:
+        """What the data is (gradleak.data.modality): whether inputs are pixels, features or tokens."""
+        return modality_of(self.modality)
 
     @property
     def training(self) -> TrainingSpec:

@@ -79,7 +79,7 @@ class CocktailParty(Attack):
         layer = locate_first_linear(obs.model, obs.input_shape)
         g_weight, g_bias = layer_gradients(obs.update.as_gradient(), layer.name, need_bias=False)
         bias = g_bias if opt.use_bias else None
-        image = obs.modality == "image"
+        image = obs.kind.pixels
         labels = recover_labels(obs, "auto", ctx.generator(17))
         if layer.on_input:
             nonnegative = image and opt.nonnegative != "false"

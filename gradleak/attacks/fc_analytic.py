@@ -59,7 +59,6 @@ class FCAnalytic(Attack):
 
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
         x = invert_first_layer(obs, obs.batch_size, self.options)
-        if obs.modality == "image":
-            x = x.clamp(0, 1)
+        x = obs.kind.clamp(x)
         labels = recover_labels(obs, "auto", ctx.generator(17))
         return Reconstruction(inputs=x, labels=labels, extras={"candidates": int(x.shape[0])})

@@ -219,7 +219,7 @@ class FedAvgAttack(ResumableAttack):
                                           ctx.generator(23))
                            if arrange else FixedLabels(row_labels))
         shape = (len(layout.example), *obs.input_shape)
-        image = obs.modality == "image"
+        image = obs.kind.pixels
         engine = Engine(
             matching=Matching(sim, sim.target, opt.distance, normalise=opt.distance == "l2"),
             labels=label_candidate,

@@ -119,8 +119,7 @@ class ClassFishing(Attack):
             method = "analytic" if locate_first_linear(obs.model, obs.input_shape).on_input else "ig"
         if method == "analytic":
             x = invert_first_layer(obs, count, FCAnalyticOptions(tolerance=opt.tolerance))
-            if obs.modality == "image":
-                x = x.clamp(0, 1)
+            x = obs.kind.clamp(x)
             extras = {"target_count": count, "inversion": "analytic"}
             if x.shape[0] == 0:
                 extras["nothing_reconstructed"] = True

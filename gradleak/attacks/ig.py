@@ -76,7 +76,7 @@ class InvertingGradients(ResumableAttack):
         sim = UpdateSimulator(obs, ctx.device, second_order=opt.second_order)
         labels = recover_labels(obs, opt.label_method, ctx.generator(17)).to(ctx.device)
         shape = (obs.batch_size, *obs.input_shape)
-        image = obs.modality == "image"
+        image = obs.kind.pixels
         engine = Engine(
             matching=Matching(sim, sim.target, opt.distance), labels=FixedLabels(labels),
             candidates=lambda r: Pixels(

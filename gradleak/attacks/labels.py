@@ -129,9 +129,7 @@ def _trajectory_counts(obs: Observation, head_name: str, head: torch.nn.Module, 
 def _dummy_inputs(obs: Observation, generator: torch.Generator | None) -> torch.Tensor:
     if obs.knows("prior_data"):
         return obs.get("prior_data").inputs[:64]
-    g = generator or torch.Generator().manual_seed(0)
-    x = torch.rand((64, *obs.input_shape), generator=g)
-    return torch.randn((64, *obs.input_shape), generator=g) if obs.modality == "tabular" else x
+    return obs.kind.probe_inputs(64, obs.input_shape, generator or torch.Generator().manual_seed(0))
 
 
 def _dummy_statistics(obs: Observation, head: torch.nn.Module, generator: torch.Generator | None

@@ -120,7 +120,6 @@ class RobbingTheFed(Attack):
         d_b = g_b - torch.cat([g_b[1:], torch.zeros_like(g_b[:1])])
         occupied = d_b.abs() > opt.min_bias_grad * g_b.abs().max().clamp_min(1e-30)
         x = (d_w[occupied] / d_b[occupied, None]).float().reshape(-1, *obs.input_shape)
-        if obs.modality == "image":
-            x = x.clamp(0, 1)
+        x = obs.kind.clamp(x)
         labels = recover_labels(obs, "auto", ctx.generator(17))
         return Reconstruction(inputs=x, labels=labels, extras={"occupied_bins": int(occupied.sum())})

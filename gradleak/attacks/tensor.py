@@ -90,7 +90,7 @@ class TensorAttack(Attack):
         scale = opt.scale
         if scale == "auto":  # images: brightest pixel = 1 measured better than the residual norms
             homogeneous = activation == "relu" or activation.startswith("leaky_relu")
-            scale = ("max" if obs.modality == "image"
+            scale = ("max" if obs.kind.pixels
                      else "residual" if homogeneous and result.signs_resolved else "unit")
         if scale == "residual":
             _, head = last_linear(obs.model)
@@ -106,7 +106,6 @@ class TensorAttack(Attack):
         elif scale == "max":
             x = x / x.abs().amax(1, keepdim=True).clamp_min(1e-12)
         out = x.float().reshape(batch, *obs.input_shape)
-        if obs.modality == "image":
-            out = out.clamp(0, 1)
+        out = obs.kind.clamp(out)
         return Reconstruction(inputs=out, extras={"row": row, "signs_resolved": result.signs_resolved,
                                                   "span": result.span})

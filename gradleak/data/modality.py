@@ -21,6 +21,18 @@ class Modality:
     # token overlap for sequences)
     reidentifies: bool
 
+    def clamp(self, x: torch.Tensor) -> torch.Tensor:
+        """A reconstruction brought into the data's range: pixels into [0, 1], other data as is."""
+        return x.clamp(0, 1) if self.pixels else x
+
+    def probe_inputs(self, count: int, input_shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+        """`count` random inputs of the data's kind, to probe a model's response with: uniform
+        in [0, 1] (pixels, or as a stand-in for any other bounded input), standard normal for
+        standardised features. The uniform draw is always made first, so a generator ends in
+        the same state whatever the data."""
+        x = torch.rand((count, *input_shape), generator=generator)
+        return x if self.pixels or self.tokens else torch.randn((count, *input_shape), generator=generator)
+
     def example(self, input_shape: tuple[int, ...]) -> torch.Tensor:
         """One all-zero input of `input_shape` (token id 0 for text), to probe a model with."""
         return torch.zeros((1, *input_shape), dtype=self.input_dtype)
