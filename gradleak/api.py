@@ -360,7 +360,7 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
                  num_classes: int | None = None, seed: int = 0, budget: str = "quick",
                  lpips: str = "alex", device: str = "auto", model_label: str | None = None,
                  data_label: str = "captured", gallery: torch.Tensor | None = None,
-                 artifacts: str | Path | None = None) -> AuditResult:
+                 artifacts: str | Path | None = None, tokenizer: str | None = None) -> AuditResult:
     """Attack one update the server received (e.g. captured from a Flower run).
 
     `model` is the global model the server sent, with the weights before local
@@ -374,6 +374,8 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
     other examples of the clients' data distribution (not this batch), among which
     the auditor re-identifies the reconstructions; without one, only exact copies
     can show a leak. `artifacts`: as for `audit` (default $GRADLEAK_CACHE/artifacts).
+    `tokenizer`: for token ids, the vocabulary they come from ("gpt2", "minilm"), so that the
+    scores compare texts; None compares the ids.
     """
     from .data.tensors import dataset_from_tensors
 
@@ -381,7 +383,7 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
     _check_budget(budget)
     threat_model = make_threat_model(threat, tuple(knows))
     update.check_finite()
-    data = dataset_from_tensors(inputs, labels, name=data_label, num_classes=num_classes)
+    data = dataset_from_tensors(inputs, labels, name=data_label, num_classes=num_classes, tokenizer=tokenizer)
     data = _fit_classes(model, data)
     _check_update_fits(model, update)
     # whether the client sent its buffers is what the update shows, whatever `training` says
@@ -669,7 +671,7 @@ def _attack_captured(spec: AttackRunSpec, attack: Attack, model: nn.Module, upda
     obs = observe(update, sent, threat, input_shape=data.input_shape, num_classes=data.num_classes,
                   training=training, batch_size=update.samples, labels=y,
                   defenses=make_chain(spec.defenses).defenses,
-                  modality=data.modality, bn_statistics=bn)
+                  modality=data.modality, bn_statistics=bn, tokenizer=data.tokenizer)
     ctx = AttackContext(seed=batch_attack_seed(spec.seed, 0), device=device, artifacts=artifacts)
     rec, scores, aligned, ladder = climb(attack, obs, x, y, ctx, spec.lpips, gallery, spec.doublings)
     metrics = summarize(scores)

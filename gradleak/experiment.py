@@ -63,6 +63,10 @@ class AttackRunSpec:
     clip_norm: float | None = None  # the client clips each step's gradient to this L2 norm
     # the client sends its buffers (batch-norm running statistics) with its update (TrainingSpec)
     sends_buffers: bool = False
+    # the client fine-tunes LoRA adapters of this rank on the attention projections (TrainingSpec)
+    lora: int | None = None
+    lora_alpha: float | None = None
+    lora_b_std: float = 0.0
     lr: float = 0.1
     seed: int = 0
     threat: str = "honest"
@@ -115,7 +119,8 @@ class AttackRunSpec:
                             shuffle_seed=self.shuffle_seed, shuffle=self.shuffle,  # type: ignore[arg-type]
                             augment=self.augment, crop_padding=self.crop_padding,
                             label_smoothing=self.label_smoothing, clip_norm=self.clip_norm,
-                            sends_buffers=self.sends_buffers)
+                            sends_buffers=self.sends_buffers, lora_rank=self.lora, lora_alpha=self.lora_alpha,
+                            lora_b_std=self.lora_b_std)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -129,7 +134,8 @@ def training_fields(training: TrainingSpec) -> dict:
                 optimizer=training.optimizer, shuffle_seed=training.shuffle_seed, shuffle=training.shuffle,
                 augment=training.augment, crop_padding=training.crop_padding,
                 label_smoothing=training.label_smoothing, clip_norm=training.clip_norm,
-                sends_buffers=training.sends_buffers)
+                sends_buffers=training.sends_buffers, lora=training.lora_rank, lora_alpha=training.lora_alpha,
+                lora_b_std=training.lora_b_std)
 
 
 @dataclass
@@ -233,7 +239,7 @@ def dataset_spec(text: str, split: str, resize: int | None, seq_len: int | None 
         return DatasetSpec(loader, split=split, resize=resize, path=str(path))
     spec = parse_spec(text, "dataset")
     opts = dict(spec.options)
-    known = {"path", "resize", "crop", "channels"}
+    known = {"path", "resize", "crop", "channels", "tokenizer"}
     bad = [k for k in opts if k not in known]
     if bad:
         raise GradleakError(f"dataset option '{bad[0]}' unknown; valid: {', '.join(sorted(known))}")
@@ -247,7 +253,8 @@ def dataset_spec(text: str, split: str, resize: int | None, seq_len: int | None 
             raise GradleakError(f"dataset option '{key}' must be an integer, got '{opts[key]}'") from None
 
     return DatasetSpec(spec.name, split=split, resize=resize if resize is not None else as_int("resize"),
-                       crop=as_int("crop"), path=opts.get("path"), channels=as_int("channels"), seq_len=seq_len)
+                       crop=as_int("crop"), path=opts.get("path"), channels=as_int("channels"), seq_len=seq_len,
+                       options={"tokenizer": opts["tokenizer"]} if "tokenizer" in opts else {})
 
 
 def build_scenario_model(spec: AttackRunSpec, input_shape, num_classes, modality: str = "image"):
@@ -300,6 +307,9 @@ def check_scenario(spec: AttackRunSpec, data: Dataset) -> tuple[Attack, DefenseC
     threat = expected_view(make_threat_model(spec.threat, spec.knows), spec.training(), spec.batch_size,
                            chain.aggregate_clients)
     threat.check(attack_spec.name, attack.needs())
+    if spec.lora is not None and not getattr(attack, "handles_lora", False):
+        raise GradleakError(f"attack '{attack_spec.name}' cannot invert a LoRA client's update (--lora): it "
+                            "holds only the adapters' tensors; use dager")
     if data.modality not in attack.modalities:
         raise GradleakError(f"attack '{attack_spec.name}' does not support {data.modality} data")
     needed = (spec.images or spec.batch_size) + (chain.aggregate_clients - 1) * spec.batch_size
@@ -360,7 +370,8 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
     n_images = spec.images or spec.batch_size
     others = chain.aggregate_clients - 1
 
-    model = chain.transform_model(copy.deepcopy(model))
+    # the model the client trains (LoRA adapters added here), the one every attack observes
+    model = training.prepare_model(chain.transform_model(copy.deepcopy(model)), spec.seed)
     warn_if_output_ignores_input(model, data.inputs)
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(spec.seed))
     targets = order[:n_images]
@@ -398,7 +409,7 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
         bn = capture_bn_statistics(model, x) if threat.declares("bn_statistics") else None
         obs = observe(update, copy.deepcopy(model), threat, input_shape=data.input_shape,
                       num_classes=data.num_classes, training=training, batch_size=batch_total,
-                      labels=y, defenses=chain.defenses, modality=data.modality,
+                      labels=y, defenses=chain.defenses, modality=data.modality, tokenizer=data.tokenizer,
                       bn_statistics=bn, prior_data=prior, server_secrets=server_secrets)
         batch_ctx = AttackContext(seed=batch_attack_seed(spec.seed, b), device=device, progress=progress,
                                   artifacts=artifacts)
@@ -511,7 +522,8 @@ def climb(attack: Attack, obs: Observation, x: torch.Tensor, y: torch.Tensor, ct
         if broken:
             rec.extras["not_finite"] = (f"{broken} of {len(rec.inputs)} reconstruction(s) held NaN or infinite "
                                         "values: scored as not reconstructed")
-        scores, aligned = score_batch(x, y, rec.inputs, rec.labels, obs.modality, lpips, gallery=gallery)
+        scores, aligned = score_batch(x, y, rec.inputs, rec.labels, obs.modality, lpips, gallery=gallery,
+                                      tokenizer=obs.tokenizer)
         chance = scores[0].reid_chance if scores else None
         budget = first * 2 ** index if first else None
         rungs.append(rung_of(rec, scores, budget, time.perf_counter() - started))

@@ -99,6 +99,8 @@ class Observation:
     num_classes: int
     threat: ThreatModel
     modality: str = "image"
+    # text: the tokenizer of the ids (gradleak.data.text), public as the vocabulary is; None otherwise
+    tokenizer: str | None = None
     _knowledge: dict[str, Any] = field(default_factory=dict, repr=False)
     # What a malicious server remembers about the model it crafted (its own state, not
     # knowledge about the client); set only under a threat model granting malicious_model.
@@ -137,7 +139,7 @@ def observe(update: Update, model: nn.Module, threat: ThreatModel, *, input_shap
             num_classes: int, training: TrainingSpec, batch_size: int, labels: torch.Tensor,
             defenses: Sequence[Any], modality: str = "image",
             bn_statistics: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-            prior_data: Any = None, server_secrets: Any = None) -> Observation:
+            prior_data: Any = None, server_secrets: Any = None, tokenizer: str | None = None) -> Observation:
     """Build the server's view, keeping only what `threat` grants. `defenses` are
     the client's defenses, as objects or `name:k=v` strings (their names and options
     are what a server that chose the protocol knows). An update that carries batch-norm
@@ -171,8 +173,8 @@ def observe(update: Update, model: nn.Module, threat: ThreatModel, *, input_shap
     }
     knowledge = {k: v for k, v in available.items() if k in threat.grants and v is not None}
     secrets = server_secrets if "malicious_model" in threat.grants else None
-    return Observation(update, model, tuple(input_shape), num_classes, threat, modality, knowledge, secrets,
-                       {k: v for k, v in unavailable.items() if k not in knowledge})
+    return Observation(update, model, tuple(input_shape), num_classes, threat, modality, tokenizer, knowledge,
+                       secrets, {k: v for k, v in unavailable.items() if k not in knowledge})
 
 
 def capture_bn_statistics(model: nn.Module, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -23,7 +23,8 @@ SHAPES = {"lenet": (1, 16, 16), "lenet5": (1, 28, 28), "lenet-rog": (3, 32, 32),
 OPTIONS = {"convnet": {"width": 16}, "vgg16": {"batchnorm": True, "width_divisor": 4}}
 # Models that read integer token ids: a candidate input has no gradient to difference, so the
 # simulator must keep the exact path (test_token_models_keep_the_exact_path).
-TOKEN_MODELS = {"gpt2": (8,)}
+TOKEN_MODELS = {"gpt2": (8,), "minilm": (8,)}
+TOKEN_OPTIONS = {"gpt2": {"width": 32, "heads": 4}, "minilm": {"pretrained": False, "layers": 1}}
 
 
 def _observation(name: str, training=TrainingSpec(lr=0.1), batch: int = 3, activation=None):
@@ -59,9 +60,10 @@ def test_every_registered_model_is_covered():
 @pytest.mark.parametrize("name", list(TOKEN_MODELS))
 def test_token_models_keep_the_exact_path(name):
     shape = TOKEN_MODELS[name]
-    model = build_model(ModelSpec(name, shape, 10, seed=0, options={"width": 32, "heads": 4}))
+    model = build_model(ModelSpec(name, shape, 10, seed=0, options=TOKEN_OPTIONS[name]))
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randint(1000, (3, *shape), generator=gen), torch.randint(10, (3,), generator=gen)
+    x[:, 0] = 101  # minilm reads WordPiece rows, which start with [CLS]
     training = TrainingSpec(lr=0.1)
     obs = observe(compute_update(model, x, y, training), model, make_threat_model("honest"), input_shape=shape,
                   num_classes=10, training=training, batch_size=3, labels=y, defenses=[], modality="text")

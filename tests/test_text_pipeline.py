@@ -206,3 +206,22 @@ def test_a_sweep_over_defenses_gives_text_verdicts_and_a_report(tmp_path, capsys
     assert verdicts["noise"][0] == "holds", verdicts["noise"]
     page = (tmp_path / "report" / "index.html").read_text()
     assert result["texts"] == 4 and page.count("(exact)") >= 4 and "best ROUGE-1" in page
+
+
+def test_scores_decode_with_the_data_s_own_tokenizer():
+    """WordPiece rows are scored on WordPiece text (not read as GPT-2 ids), padding [PAD] = 0
+    left out; token ids of an unknown vocabulary are compared as ids."""
+    result = run_attack(AttackRunSpec(dataset="polarity:tokenizer=minilm", model="minilm", attack="dager",
+                                      batch_size=2, seq_len=16, seed=0, lpips="none"))
+    first = result.per_image[0]
+    assert result.metrics["rouge1"] == 1.0 and result.metrics["token_accuracy"] == 1.0
+    assert first["original"] == first["recovered"] and first["original"].islower()
+    assert "[" not in first["original"] and len(first["original"].split()) >= 5
+    from gradleak.data.text import decode, pad_token_of
+
+    assert pad_token_of("minilm") == 0 and pad_token_of(None) is None
+    assert decode(torch.tensor([7, 8, 0, 0]), pad_token_of("minilm"), None) == "7 8"
+    with pytest.raises(GradleakError, match="unknown tokenizer"):
+        from gradleak.data.tensors import dataset_from_tensors
+
+        dataset_from_tensors(torch.ones(2, 3, dtype=torch.long), torch.tensor([0, 1]), tokenizer="bpe")

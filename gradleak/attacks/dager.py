@@ -1,5 +1,6 @@
 """DAGER: exact gradient inversion for decoder language models (Petrov, Dimitrov, Baader,
-Müller, Vechev, NeurIPS 2024), for gradleak's GPT-2 (gradleak.models.gpt2) under FedSGD.
+Müller, Vechev, NeurIPS 2024), for gradleak's GPT-2 (gradleak.models.gpt2) under FedSGD,
+FedAvg and LoRA fine-tuning.
 
 Span test. A linear layer's weight gradient is Σ δ xᵀ over every (sequence, position) the
 layer saw, so its rows lie in the span of those inputs x. The inputs of the first block's
@@ -33,6 +34,28 @@ exact. When a span fills d − rank_margin dimensions (more distinct inputs than
 allows) no token can be told apart: the result is flagged `saturated` and row b holds, at
 each position, the b-th nearest token to the span, without a search.
 
+FedAvg. A client that runs several SGD steps sends w_start − w_end = lr · Σ_k g_k, the
+gradients taken at moving weights: the Q/K/V rows of the delta lie in the span of the layer
+inputs of every step, h_k = LN_k(E_k[v] + P_k[p]), which drift from the inputs at the weights
+the server sent as the embeddings and layer norms are trained. As DAGER does, the span test
+runs at the server's (starting) weights on the delta (any scale), the spans keep
+`fedavg_extra_rank` directions beyond B·T to hold the drift, and both tests use the looser
+`fedavg_l1_threshold` / `fedavg_l2_threshold`. The drift grows with lr × steps, and exact
+recovery degrades once it is no longer small against the distance of unrelated tokens
+(docs/text.md has the measurements). With mini-batches, a sequence first seen after the first
+step entered the delta only at weights the earlier steps had moved: its rows are the first
+to fail as lr grows. Adam, AdamW and weight decay rescale or shrink the weights
+elementwise and are refused in one line when the server knows the client's optimizer.
+
+LoRA. A client that trains LoRA adapters (`gradleak.models.lora`, W + (α/r) B A on each
+block's Q/K/V projection, the base frozen) sends only A and B. While every B is nonzero (a
+fine-tuning in progress) A's gradient (α/r) Bᵀ Σ δ xᵀ has its rows in the span of the inputs
+x, rank ≤ r: DAGER's tests run on it unchanged, as long as r exceeds the number of distinct
+inputs. A fresh adapter (B = 0, Hu et al.'s initialisation) has a zero A gradient; B's
+gradient (α/r) Σ δ (A x)ᵀ spans the projected inputs A x in r dimensions, so every test
+projects its inputs through the known A first (r must exceed the inputs plus `rank_margin`).
+A rank too small for the batch is refused in one line.
+
 Padding is no special case: GPT-2 pads with `<|endoftext|>`, an ordinary token at its
 positions, recovered like any other (drop trailing pads when decoding). Every sequence of the
 batch has the same length T, as a padded batch does.
@@ -40,6 +63,7 @@ batch has the same length T, as a padded batch does.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -47,6 +71,7 @@ import torch.nn.functional as F
 
 from ..errors import GradleakError
 from ..models.gpt2 import GPT2
+from ..models.lora import LoRALinear
 from ..options import check
 from ..threat import Observation
 from .base import Attack, AttackContext, Reconstruction, check_result
@@ -81,11 +106,20 @@ class DagerOptions:
     max_candidates: int = field(default=0, metadata={"range": (0, 1_000_000)})
     # prefixes that pass the layer-2 test kept per position (nearest first); 0: 4·batch + 16
     max_prefixes: int = field(default=0, metadata={"range": (0, 1_000_000)})
+    # FedAvg (a delta of several local steps): span directions kept beyond batch · length, for
+    # the inputs' drift over the steps (DAGER keeps 60 more; 120 measured better on news), and
+    # the looser thresholds the drift needs (true inputs up to 3e-2 at lr 0.1 over 5 steps,
+    # other tokens ≥ 0.2; a layer-2 threshold of 5e-2 let wrong prefixes pass at batch 16)
+    fedavg_extra_rank: int = field(default=120, metadata={"range": (0, 4096)})
+    fedavg_l1_threshold: float = field(default=5e-2, metadata={"range": (0.0, 1.0)})
+    fedavg_l2_threshold: float = field(default=2e-2, metadata={"range": (0.0, 1.0)})
 
     def __post_init__(self) -> None:
         check(self.l1_threshold > 0, "attack 'dager': l1_threshold must be > 0")
         check(self.l2_threshold > 0, "attack 'dager': l2_threshold must be > 0")
         check(self.rank_tolerance > 0, "attack 'dager': rank_tolerance must be > 0")
+        check(self.fedavg_l1_threshold > 0 and self.fedavg_l2_threshold > 0,
+              "attack 'dager': fedavg_l1_threshold and fedavg_l2_threshold must be > 0")
 
     def candidate_limit(self, batch_size: int, seq_len: int) -> int:
         return self.max_candidates or batch_size * seq_len
@@ -112,21 +146,28 @@ class InputSpan:
     complement: torch.Tensor  # (d, d − r)
     estimated_rank: int  # singular values above the tolerance
     saturated: bool
+    # (r, d) float64: the span holds the projected inputs A x, not x (a LoRA adapter's B gradient)
+    projection: torch.Tensor | None = None
 
     @property
     def rank(self) -> int:
         return self.basis.shape[1]
 
     def distance(self, x: torch.Tensor) -> torch.Tensor:
-        """Distance of each row of x to the span, relative to the row's norm (float64)."""
+        """Distance of each row of x (projected, with a projection) to the span, relative to
+        the row's norm (float64)."""
         x = x.to(self.complement)
+        if self.projection is not None:
+            x = x @ self.projection.to(x).T
         return (x @ self.complement).norm(dim=-1) / x.norm(dim=-1).clamp_min(1e-300)
 
 
-def input_span(gradient: torch.Tensor, max_rank: int, options: DagerOptions) -> InputSpan:
+def input_span(gradient: torch.Tensor, max_rank: int, options: DagerOptions, *, extra_rank: int = 0,
+               limit: int | None = None, projection: torch.Tensor | None = None) -> InputSpan:
     """The span of a linear layer's inputs from its weight gradient (out × in): the leading
     right singular vectors, as many as singular values above the tolerance, capped at
-    `max_rank` (B·T) and at in − rank_margin."""
+    `max_rank` (B·T) + `extra_rank` and at `limit` (default in − rank_margin). Saturated when
+    the inputs (at most `max_rank`) reach the limit."""
     g = gradient.detach().to("cpu", torch.float64)
     if not torch.isfinite(g).all():
         raise GradleakError("dager: the gradient holds NaN or infinite values")
@@ -135,11 +176,12 @@ def input_span(gradient: torch.Tensor, max_rank: int, options: DagerOptions) -> 
         raise GradleakError("dager: the Q/K/V projection's gradient is zero; there is nothing to invert")
     width = g.shape[1]
     estimated = int((singular > options.rank_tolerance * singular[0]).sum())
-    limit = width - options.rank_margin
-    rank = min(estimated, max_rank, limit)
+    limit = width - options.rank_margin if limit is None else limit
+    rank = min(estimated, max_rank + extra_rank, limit)
     v = vh.T
     return InputSpan(v[:, :rank].contiguous(), v[:, rank:].contiguous(), estimated,
-                     saturated=min(estimated, max_rank) >= limit)
+                     saturated=min(estimated, max_rank) >= limit,
+                     projection=None if projection is None else projection.detach().to("cpu", torch.float64))
 
 
 class _FirstLayerInputs:
@@ -193,6 +235,15 @@ class _FirstLayerInputs:
                    + 2 * (self.gamma_beta + (self.gamma * self.beta) @ p) / sigma + self.beta.pow(2).sum())
         part = (self.token_part + gamma_p @ self.directions) / sigma[:, None] + self.beta_part
         bound = part.norm(dim=1) / norm_sq.clamp_min(1e-30).sqrt()
+        return self._chosen(bound, position, threshold, limit, fallback)
+
+    def _sigma(self, p: torch.Tensor) -> torch.Tensor:
+        return ((self.square + 2 * (self.centred @ p) + p.pow(2).sum()) / self.width + self.eps).sqrt()
+
+    def _chosen(self, bound: torch.Tensor, position: int, threshold: float, limit: int,
+                fallback: int) -> torch.Tensor:
+        """From a float32 lower bound of every token's distance: the tokens that pass the exact
+        float64 test, nearest first (at most `limit`), or the `fallback` nearest."""
         survivors = torch.nonzero(bound < PREFILTER_SLACK * threshold).flatten()
         if survivors.numel() == 0:
             survivors = bound.topk(min(4 * fallback, bound.numel()), largest=False).indices
@@ -201,6 +252,38 @@ class _FirstLayerInputs:
         passing = order[exact[order] < threshold]
         chosen = passing[:limit] if passing.numel() else order[:fallback]
         return survivors.cpu()[chosen]
+
+
+class _ProjectedFirstLayerInputs(_FirstLayerInputs):
+    """The layer-1 test against a span of projected inputs A h(v, p) (a LoRA adapter's B
+    gradient): A h = (A diag γ)(E[v] + P[p] − means) / σ + A β, so a (V × r) table per token,
+    computed once, and an r-vector per position give every token's projected input; its
+    distance to the span is computed for all tokens in float32, then exactly for the
+    survivors."""
+
+    def __init__(self, model: GPT2, span: InputSpan):
+        ln = model.blocks[0].ln_1
+        self.eps = ln.eps
+        self.gamma = ln.weight.detach().float()
+        self.beta = ln.bias.detach().float()
+        self.tokens = model.token_embedding.weight.detach().float()
+        self.positions = model.position_embedding.weight.detach().float()
+        self.span = span
+        self.width = self.tokens.shape[1]
+        self.centred = self.tokens - self.tokens.mean(dim=1, keepdim=True)
+        self.square = self.centred.pow(2).sum(dim=1)
+        projection = span.projection.to(self.tokens)  # (r, d)
+        self.scaled = projection * self.gamma  # A diag γ
+        self.table = self.centred @ self.scaled.T  # (V, r)
+        self.projected_beta = projection @ self.beta
+        self.complement = span.complement.to(self.tokens)
+
+    def candidates(self, position: int, threshold: float, limit: int, fallback: int) -> torch.Tensor:
+        p = self.positions[position] - self.positions[position].mean()
+        sigma = self._sigma(p)
+        projected = (self.table + self.scaled @ p) / sigma[:, None] + self.projected_beta
+        bound = (projected @ self.complement).norm(dim=1) / projected.norm(dim=1).clamp_min(1e-30)
+        return self._chosen(bound, position, threshold, limit, fallback)
 
 
 def _check_architecture(model) -> None:
@@ -224,13 +307,56 @@ def _check_inputs(model, gradients: dict[str, torch.Tensor], batch_size: int, se
     if options.rank_margin >= model.width:
         raise GradleakError(f"dager: rank_margin {options.rank_margin} leaves no span in width {model.width}")
     for layer in (0, 1):
-        name = qkv_gradient_name(layer)
-        if name not in gradients:
-            raise GradleakError(f"dager needs the gradient of '{name}'")
-        expected = (3 * model.width, model.width)
-        if tuple(gradients[name].shape) != expected:
-            raise GradleakError(f"dager: gradient '{name}' has shape {tuple(gradients[name].shape)}, "
-                                f"expected {expected}")
+        qkv = model.blocks[layer].attn.qkv
+        names = ([f"{_qkv_prefix(layer)}.lora_A", f"{_qkv_prefix(layer)}.lora_B"] if isinstance(qkv, LoRALinear)
+                 else [qkv_gradient_name(layer)])
+        for name in names:
+            if name not in gradients:
+                raise GradleakError(f"dager needs the gradient of '{name}'")
+            expected = tuple(dict(qkv.named_parameters())[name.rpartition(".")[2]].shape)
+            if tuple(gradients[name].shape) != expected:
+                raise GradleakError(f"dager: gradient '{name}' has shape {tuple(gradients[name].shape)}, "
+                                    f"expected {expected}")
+
+
+def _qkv_prefix(layer: int) -> str:
+    return f"blocks.{layer}.attn.qkv"
+
+
+def _layer_spans(model: GPT2, gradients: dict[str, torch.Tensor], max_rank: int, options: DagerOptions,
+                 extra_rank: int) -> tuple[InputSpan, InputSpan]:
+    """The input spans of the first two blocks' Q/K/V projections. A plain projection's weight
+    gradient spans its inputs. A LoRA adapter's (W + (α/r) B A): while every B is nonzero, A's
+    gradient (α/r) Bᵀ Σ δ xᵀ spans the inputs as DAGER reads it (at most r of them); with a
+    zero B (a fresh adapter) A's gradient is zero and B's, (α/r) Σ δ (A x)ᵀ, spans the
+    projected inputs A x in r dimensions. Either way the adapter's rank must exceed the inputs'
+    count: otherwise one line says so."""
+    qkvs = [model.blocks[layer].attn.qkv for layer in (0, 1)]
+    if not isinstance(qkvs[0], LoRALinear):
+        return tuple(input_span(gradients[qkv_gradient_name(layer)], max_rank, options, extra_rank=extra_rank)
+                     for layer in (0, 1))
+    use_a = all(bool(qkv.lora_B.detach().abs().max() > 0) for qkv in qkvs)
+    spans = []
+    for layer, qkv in enumerate(qkvs):
+        rank = qkv.rank
+        if use_a:
+            span = input_span(gradients[f"{_qkv_prefix(layer)}.lora_A"], max_rank, options, extra_rank=extra_rank,
+                              limit=rank)
+            needs = f"more than the batch's at most {max_rank} distinct inputs"
+        else:
+            limit = rank - options.rank_margin
+            if limit < 1:
+                raise GradleakError(f"dager: a LoRA adapter of rank {rank} with zero B leaves no room for a span "
+                                    f"(the rank must exceed rank_margin {options.rank_margin} plus the inputs)")
+            span = input_span(gradients[f"{_qkv_prefix(layer)}.lora_B"], max_rank, options, extra_rank=extra_rank,
+                              limit=limit, projection=qkv.lora_A)
+            needs = f"at least {max_rank + options.rank_margin + 1} (the batch's inputs + rank_margin)"
+        if span.saturated:
+            raise GradleakError(f"dager: the LoRA rank {rank} is too small to span the batch's layer inputs "
+                                f"(block {layer}: up to {max_rank} distinct token positions); it needs a rank of "
+                                f"{needs}: attack a larger --lora rank, a smaller batch or shorter sequences")
+        spans.append(span)
+    return spans[0], spans[1]
 
 
 @dataclass
@@ -299,17 +425,22 @@ def _search(model: GPT2, candidates: list[torch.Tensor], span: InputSpan, thresh
 
 
 def dager_search(model: GPT2, gradients: dict[str, torch.Tensor], batch_size: int, seq_len: int,
-                 options: DagerOptions | None = None) -> DagerResult:
+                 options: DagerOptions | None = None, *, fedavg: bool = False) -> DagerResult:
     """Recover the `batch_size` token sequences of length `seq_len` behind a FedSGD gradient of
-    `model` (parameter name → gradient; the first two blocks' Q/K/V weights are read)."""
+    `model` (parameter name → gradient; the first two blocks' Q/K/V weights, or their LoRA
+    adapters, are read). `fedavg`: the gradients are a FedAvg delta (any positive scale) and
+    `model` holds the weights the client started from; the spans keep `fedavg_extra_rank`
+    more directions and the tests use the FedAvg thresholds (see the module doc)."""
     options = options or DagerOptions()
     _check_inputs(model, gradients, batch_size, seq_len, options)
+    if fedavg:
+        options = dataclasses.replace(options, l1_threshold=options.fedavg_l1_threshold,
+                                      l2_threshold=options.fedavg_l2_threshold)
     max_rank = batch_size * seq_len
-    span1 = input_span(gradients[qkv_gradient_name(0)], max_rank, options)
-    span2 = input_span(gradients[qkv_gradient_name(1)], max_rank, options)
+    span1, span2 = _layer_spans(model, gradients, max_rank, options, options.fedavg_extra_rank if fedavg else 0)
     saturated = span1.saturated or span2.saturated
     with torch.no_grad():
-        first = _FirstLayerInputs(model, span1)
+        first = (_ProjectedFirstLayerInputs if span1.projection is not None else _FirstLayerInputs)(model, span1)
         limit = options.candidate_limit(batch_size, seq_len)
         candidates = [first.candidates(p, options.l1_threshold, limit, fallback=batch_size)
                       for p in range(seq_len)]
@@ -341,28 +472,43 @@ def dager_reconstruct(model: GPT2, gradients: dict[str, torch.Tensor], batch_siz
 
 
 class DAGER(Attack):
-    """Exact recovery of a batch of token sequences from one FedSGD gradient of gpt2.
+    """Exact recovery of a batch of token sequences from one FedSGD gradient or FedAvg delta of
+    gpt2, or of its LoRA adapters.
 
     DAGER's span checks (see the module doc); analytic: more budget cannot change its result."""
 
     name = "dager"
     Options = DagerOptions
+    handles_lora = True  # it reads a LoRA client's adapter tensors (see `_layer_spans`)
     requires = frozenset({"batch_size"})
     modalities = ("text",)
 
     def unsupported(self, model, input_shape, num_classes, modality):
+        from .dager_encoder import check_encoder, is_encoder  # encoders: DAGER's BERT search
+
         return (super().unsupported(model, input_shape, num_classes, modality)
-                or check_result(lambda: _check_architecture(model)))
+                or check_result(lambda: check_encoder(model) if is_encoder(model) else _check_architecture(model)))
 
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
+        from .dager_encoder import is_encoder, reconstruct_encoder
+
+        if is_encoder(obs.model):
+            return reconstruct_encoder(obs, ctx, self.options)
         _check_architecture(obs.model)
-        if obs.update.kind != "gradient":
-            # the span test reads one gradient; a FedAvg delta sums several at moving weights
-            raise GradleakError("attack 'dager' recovers text from one FedSGD gradient (--local-steps 1); "
-                                "FedAvg updates are not supported yet")
+        update = obs.update
+        if update.kind != "gradient":
+            # FedAvg: a sum of gradients at moving weights; a server that knows the client ran
+            # (momentum) SGD reads its span as DAGER does, at the weights it sent
+            training = obs.training if obs.knows("local_training") else None
+            if training is not None and (training.optimizer_name != "sgd"
+                                         or training.optimizer_options.weight_decay):
+                raise GradleakError("attack 'dager' reads a FedAvg delta as a sum of gradients: the client's "
+                                    f"optimizer '{training.optimizer}' rescales or decays the weights, which "
+                                    "breaks the span test; attack plain SGD (with momentum at most)")
         batch_size, seq_len = obs.batch_size, int(obs.input_shape[0])
         model = copy.deepcopy(obs.model).to(ctx.device)
-        result = dager_search(model, obs.update.as_gradient(), batch_size, seq_len, self.options)
+        result = dager_search(model, update.as_gradient(), batch_size, seq_len, self.options,
+                              fedavg=update.kind != "gradient")
         extras = {"exact_rows": int(result.exact.sum()), "span_ranks": list(result.ranks),
                   "candidates_per_position": result.candidates}
         if result.saturated:

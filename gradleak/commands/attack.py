@@ -59,6 +59,14 @@ def add_training_arguments(p: argparse.ArgumentParser, local_steps_default: int 
                    help="the client sends its buffers (batch-norm running statistics) with its update, as a "
                         "Flower client returning its state dict does; after one local step on the whole batch "
                         "they give the server the batch's BN statistics")
+    p.add_argument("--lora", type=int, default=None, metavar="RANK",
+                   help="the client fine-tunes LoRA adapters of this rank on the attention Q/K/V projections, "
+                        "the base weights frozen, and sends only the adapters (attack with dager)")
+    p.add_argument("--lora-alpha", type=float, default=None, metavar="ALPHA",
+                   help="the adapters' alpha (their scaling is alpha / rank; default: the rank)")
+    p.add_argument("--lora-b-std", type=float, default=0.0, metavar="STD",
+                   help="draw the adapters' B Gaussian with this deviation instead of zero (adapters part-way "
+                        "through a fine-tuning)")
     p.add_argument("--optimizer", default="sgd", metavar="NAME[:key=value,...]",
                    help="the client's optimizer, replayed as torch.optim runs it: sgd (momentum, dampening, "
                         "nesterov, weight_decay), adam or adamw (beta1, beta2, eps, weight_decay); default plain sgd")
@@ -98,7 +106,9 @@ def training_from_args(args: argparse.Namespace) -> TrainingSpec:
                         local_batch_size=args.local_batch_size, batchnorm=args.bn_mode, optimizer=args.optimizer,
                         shuffle_seed=args.shuffle_seed, shuffle=args.shuffle, augment=args.augment,
                         crop_padding=args.crop_padding, label_smoothing=args.label_smoothing,
-                        clip_norm=args.clip_norm, sends_buffers=args.sends_buffers)
+                        clip_norm=args.clip_norm, sends_buffers=args.sends_buffers,
+                        lora_rank=getattr(args, "lora", None), lora_alpha=getattr(args, "lora_alpha", None),
+                        lora_b_std=getattr(args, "lora_b_std", 0.0))
 
 
 def spec_from_args(args: argparse.Namespace, attack: str) -> AttackRunSpec:

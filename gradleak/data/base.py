@@ -24,6 +24,9 @@ class Dataset:
     # True for the small shipped sample sets (20 foolbox PNGs): usable as attack
     # targets, too small to train a model on.
     samples_only: bool = False
+    # text: the tokenizer whose ids `inputs` holds (gradleak.data.text: "gpt2", "minilm"); None
+    # for other data and for token ids of an unknown vocabulary
+    tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         if self.inputs.shape[0] != self.labels.shape[0]:

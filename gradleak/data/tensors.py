@@ -20,6 +20,7 @@ import torch
 from ..errors import GradleakError, ResourceLimitError
 from ..options import MAX_CLASSES, path_kind
 from .base import Dataset, DatasetSpec
+from .text import TOKENIZERS
 
 INPUT_KEYS = ("inputs", "x", "images", "data")
 LABEL_KEYS = ("labels", "y", "targets")
@@ -29,10 +30,11 @@ DEFAULT_LIMIT = 10_000
 
 
 def dataset_from_tensors(inputs: Any, labels: Any, name: str = "user", class_names: list[str] | None = None,
-                         num_classes: int | None = None) -> Dataset:
+                         num_classes: int | None = None, tokenizer: str | None = None) -> Dataset:
     """Validate and wrap (inputs, labels); one GradleakError line for anything off. Integer
     inputs of shape (N, T) are token sequences: labels one class per sequence, or one next
-    token per position (N, T) for a language model (give `num_classes`, the vocabulary, then)."""
+    token per position (N, T) for a language model (give `num_classes`, the vocabulary, then),
+    and `tokenizer` the vocabulary they come from (gradleak.data.text: "gpt2", "minilm")."""
     x = _as_tensor(inputs, "inputs")
     y = _as_tensor(labels, "labels")
     if x.shape[0] == 0:
@@ -57,7 +59,11 @@ def dataset_from_tensors(inputs: Any, labels: Any, name: str = "user", class_nam
     names = list(class_names) if class_names else [str(i) for i in range(num_classes)]
     if len(names) != num_classes:
         raise GradleakError(f"data '{name}': {len(names)} class names for {num_classes} classes")
-    return Dataset(name, x, y, names, modality)
+    if tokenizer is not None and modality != "text":
+        raise GradleakError(f"data '{name}': a tokenizer applies to token ids, not to {modality} inputs")
+    if tokenizer is not None and tokenizer not in TOKENIZERS:
+        raise GradleakError(f"data '{name}': unknown tokenizer '{tokenizer}'; choose from: {', '.join(TOKENIZERS)}")
+    return Dataset(name, x, y, names, modality, tokenizer=tokenizer)
 
 
 def _tokens(x: torch.Tensor, name: str) -> tuple[torch.Tensor, str]:

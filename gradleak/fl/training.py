@@ -101,6 +101,13 @@ class TrainingSpec:
     `F.cross_entropy(label_smoothing=...)`), and `clip_norm` clips each step's whole gradient
     to that L2 norm before the optimizer step (`torch.nn.utils.clip_grad_norm_`).
 
+    `lora_rank`: the client fine-tunes LoRA adapters of that rank on the attention Q/K/V
+    projections (`gradleak.models.lora`, Hu et al., ICLR 2022), the base weights frozen, and
+    sends only the adapter tensors; `lora_alpha` is the adapters' α (scaling α / r; default r),
+    `lora_b_std` draws B Gaussian with that deviation instead of zero (adapters part-way through
+    a fine-tuning). The adapters are added where the scenario prepares the client's model
+    (`prepare_model`), so every attack sees the model the client trains.
+
     `batchnorm` is how batch-norm layers normalise during local training:
     "train" uses each batch's own statistics (PyTorch's training mode), "eval"
     the model's running statistics (frozen batch norm, as in inversefed's
@@ -125,6 +132,9 @@ class TrainingSpec:
     crop_padding: int = 4
     label_smoothing: float = 0.0
     clip_norm: float | None = None
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    lora_b_std: float = 0.0
 
     def __post_init__(self) -> None:
         check(self.shuffle is None or self.shuffle in SHUFFLE_MODES,
@@ -140,6 +150,15 @@ class TrainingSpec:
               f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
         check(self.clip_norm is None or (self.clip_norm > 0 and math.isfinite(self.clip_norm)),
               f"--clip-norm must be a positive number, got {self.clip_norm}")
+        check(self.lora_rank is None or (not isinstance(self.lora_rank, bool) and isinstance(self.lora_rank, int)
+                                         and self.lora_rank >= 1),
+              f"--lora takes the adapters' rank, a whole number >= 1, got {self.lora_rank!r}")
+        check(self.lora_alpha is None or (self.lora_alpha > 0 and math.isfinite(self.lora_alpha)),
+              f"--lora-alpha must be a positive number, got {self.lora_alpha}")
+        check(self.lora_b_std >= 0 and math.isfinite(self.lora_b_std),
+              f"--lora-b-std must be a number >= 0, got {self.lora_b_std}")
+        check(self.lora_rank is not None or (self.lora_alpha is None and self.lora_b_std == 0),
+              "--lora-alpha and --lora-b-std need --lora RANK")
         parse_optimizer(self.optimizer)  # one line naming the supported optimizers, if not one
         check(self.lr > 0 and math.isfinite(self.lr), f"--lr must be a positive number, got {self.lr}")
         check(self.local_steps >= 1, f"--local-steps must be >= 1, got {self.local_steps}")
@@ -187,6 +206,16 @@ class TrainingSpec:
         if self.order != "unknown" or self.shuffle_seed is None:
             return self
         return dataclasses.replace(self, shuffle_seed=None)
+
+    def prepare_model(self, model, seed: int = 0):
+        """The model the client trains, built from the server's `model` (modified in place):
+        with `lora_rank`, LoRA adapters on its attention projections and every other
+        parameter frozen (A drawn from a generator seeded `seed`); otherwise `model` itself."""
+        if self.lora_rank is None:
+            return model
+        from ..models.lora import apply_lora
+
+        return apply_lora(model, self.lora_rank, self.lora_alpha, seed, self.lora_b_std)
 
     @property
     def is_fedsgd(self) -> bool:

@@ -95,7 +95,7 @@ class FlowerAudit:
                    re-identifies reconstructions among them. Without one, only exact copies
                    can show a leak.
     num_classes:   the model's classes (a language model's vocabulary), when the labels do
-                   not show them all.
+                   not show them all; tokenizer: the vocabulary of token ids ("gpt2", "minilm").
     attacks, threat, knows, budget, seed, lpips: as for `gradleak.audit`.
     out:           folder of the results store and the ground-truth exchange; defaults
                    to $GRADLEAK_FLOWER_OUT, else ./gradleak-flower.
@@ -109,6 +109,7 @@ class FlowerAudit:
     clients: int | None = 2
     gallery: Callable[[], torch.Tensor] | None = None
     num_classes: int | None = None
+    tokenizer: str | None = None
     attacks: Any = "auto"
     threat: str = "honest"
     knows: tuple[str, ...] = ()
@@ -230,7 +231,7 @@ class FlowerAudit:
             self.captured.append(captured)
             result = audit_update(model, update, inputs, labels, training=client_training, attacks=self.attacks,
                                   threat=self.threat, knows=self.knows, seed=self.seed, budget=self.budget,
-                                  num_classes=self.num_classes,
+                                  num_classes=self.num_classes, tokenizer=self.tokenizer,
                                   lpips=self.lpips, model_label=type(model).__name__,
                                   data_label=f"flower round {server_round}", gallery=self.gallery_inputs())
             captured.training_check = result.training_check

@@ -82,8 +82,8 @@ def match_reconstruction(originals: torch.Tensor, candidates: torch.Tensor) -> l
 def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: torch.Tensor,
                 recovered_labels: torch.Tensor | None, modality: str = "image",
                 lpips: Literal["alex", "vgg", "none"] = "alex",
-                asr_mse: float = ASR_MSE_THRESHOLD, gallery: Gallery | None = None
-                ) -> tuple[list, torch.Tensor]:
+                asr_mse: float = ASR_MSE_THRESHOLD, gallery: Gallery | None = None,
+                tokenizer: str | None = "gpt2") -> tuple[list, torch.Tensor]:
     """Per-example scores of one attacked batch after Hungarian matching, and the
     reconstruction reordered to the originals (zeros where nothing matched); with a
     `gallery`, whether each reconstruction re-identifies its original among it. Token
@@ -92,7 +92,7 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
     if kind.tokens:
         from .text import score_sequences
 
-        return score_sequences(originals, labels, reconstruction, recovered_labels, gallery=gallery)
+        return score_sequences(originals, labels, reconstruction, recovered_labels, tokenizer, gallery=gallery)
     originals = originals.detach().float().cpu()
     candidates = reconstruction.detach().float().cpu()
     if candidates.shape[1:] != originals.shape[1:]:

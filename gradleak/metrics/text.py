@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from ..data.text import PAD_TOKEN, decode
+from ..data.text import PAD_TOKEN, decode, pad_token_of
 from .reidentify import Gallery, chance_rate, gallery_ranks, reid_summary
 
 ROUGE_KEYS = ("rouge1", "rouge2", "rougeL")
@@ -80,19 +80,20 @@ def _content_mask(tokens: torch.Tensor, pad_token: int) -> torch.Tensor:
 
 
 def score_text(originals: torch.Tensor, recovered: torch.Tensor, pad_token: int | None = PAD_TOKEN,
-               match_on: Literal["rouge1", "tokens"] = "rouge1") -> TextScore:
+               match_on: Literal["rouge1", "tokens"] = "rouge1", tokenizer: str | None = "gpt2") -> TextScore:
     """Match `recovered` (M, T) token rows to `originals` (B, T) and score them (see module doc).
 
     An original left without a match (M < B) scores 0 everywhere. `pad_token` (default
     `<|endoftext|>`) marks right padding, dropped before decoding and not counted in token
-    accuracy; None counts every position.
+    accuracy; None counts every position. `tokenizer` decodes the ids for ROUGE
+    (gradleak.data.text.decode).
     """
     if originals.dim() != 2 or recovered.dim() != 2 or originals.shape[1] != recovered.shape[1]:
         raise ValueError(f"score_text needs (B, T) and (M, T) token ids; got {tuple(originals.shape)} "
                          f"and {tuple(recovered.shape)}")
     originals, recovered = originals.detach().cpu().long(), recovered.detach().cpu().long()
-    texts_o = [decode(row, pad_token) for row in originals]
-    texts_r = [decode(row, pad_token) for row in recovered]
+    texts_o = [decode(row, pad_token, tokenizer) for row in originals]
+    texts_r = [decode(row, pad_token, tokenizer) for row in recovered]
     agreement = _token_agreement(originals, recovered, pad_token)
     pair_rouge = [[rouge(r, o) for r in texts_r] for o in texts_o]
     if match_on == "rouge1":
@@ -151,14 +152,16 @@ class SequenceScore:
 
 
 def score_sequences(originals: torch.Tensor, labels: torch.Tensor, recovered: torch.Tensor,
-                    recovered_labels: torch.Tensor | None, pad_token: int | None = PAD_TOKEN,
+                    recovered_labels: torch.Tensor | None, tokenizer: str | None = "gpt2",
                     gallery: Gallery | None = None) -> tuple[list[SequenceScore], torch.Tensor]:
     """Per-sequence scores of one attacked batch after matching (`score_text`), and the
-    recovery reordered to the originals (`pad_token` rows where nothing matched); with a
-    `gallery`, whether each recovery re-identifies its original among it (token overlap)."""
+    recovery reordered to the originals (padding rows where nothing matched); with a
+    `gallery`, whether each recovery re-identifies its original among it (token overlap).
+    `tokenizer` names the vocabulary (its padding and its text; None: unknown ids)."""
+    pad_token = pad_token_of(tokenizer)
     originals = originals.detach().cpu().long()
     recovered = recovered.detach().cpu().long()
-    matched_scores = score_text(originals, recovered, pad_token)
+    matched_scores = score_text(originals, recovered, pad_token, tokenizer=tokenizer)
     aligned = torch.full_like(originals, PAD_TOKEN if pad_token is None else pad_token)
     scores = []
     for i, (j, per) in enumerate(zip(matched_scores.assignment, matched_scores.per_sequence)):
@@ -168,8 +171,8 @@ def score_sequences(originals: torch.Tensor, labels: torch.Tensor, recovered: to
         scores.append(SequenceScore(index=i, label=label, recovered_label=None, rouge1=per["rouge1"],
                                     rouge2=per["rouge2"], rougeL=per["rougeL"],
                                     token_accuracy=per["token_accuracy"], success=bool(per["exact"]),
-                                    matched=j >= 0, original=decode(originals[i], pad_token),
-                                    recovered=decode(recovered[j], pad_token) if j >= 0 else ""))
+                                    matched=j >= 0, original=decode(originals[i], pad_token, tokenizer),
+                                    recovered=decode(recovered[j], pad_token, tokenizer) if j >= 0 else ""))
     if recovered_labels is not None and labels.dim() == 1:
         pool = [int(v) for v in recovered_labels]
         for s in scores:  # as for images: a label counts when its class is still in the recovered multiset

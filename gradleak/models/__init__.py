@@ -16,6 +16,7 @@ MODELS: Registry = Registry("model", {
     "mlp": "gradleak.models.mlp:build_mlp",
     "twolayer": "gradleak.models.twolayer:build_twolayer",
     "gpt2": "gradleak.models.gpt2:build_gpt2",
+    "minilm": "gradleak.models.minilm:build_minilm",
 })
 
 __all__ = ["MODELS", "ModelSpec", "ACTIVATIONS", "make_activation", "build_model", "last_linear"]
