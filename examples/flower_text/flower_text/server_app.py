@@ -1,0 +1,21 @@
+"""The ServerApp: FedAvg for `num-server-rounds` rounds."""
+from __future__ import annotations
+
+from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+
+from flower_text.audit import audit
+from flower_text.task import Net
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg = context.run_config
+    strategy = FedAvg(fraction_train=float(cfg["fraction-train"]), fraction_evaluate=0.0)
+    # gradleak's hook: attack the updates the server receives on the audited rounds.
+    strategy = audit.wrap(strategy, cfg)
+    strategy.start(grid=grid, initial_arrays=ArrayRecord(Net(int(cfg["seed"])).state_dict()),
+                   train_config=ConfigRecord({"lr": float(cfg["lr"])}), num_rounds=int(cfg["num-server-rounds"]))
