@@ -200,6 +200,18 @@ class _FirstLayerInputs:
     """
 
     def __init__(self, model: GPT2, span: InputSpan):
+        self._read_layer(model, span)
+        centred = self.centred
+        # lower bound: the part of h along the first directions orthogonal to the span
+        self.directions = span.complement[:, :PREFILTER_DIRECTIONS].to(self.tokens)
+        self.token_part = (centred * self.gamma) @ self.directions  # (V, k)
+        self.beta_part = self.beta @ self.directions
+        self.square = centred.pow(2).sum(dim=1)
+        self.gamma_square = (centred.pow(2) * self.gamma.pow(2)).sum(dim=1)
+        self.gamma_beta = centred @ (self.gamma * self.beta)
+
+    def _read_layer(self, model: GPT2, span: InputSpan) -> None:
+        """The first block's layer norm, the embeddings and the span, as float32 tables."""
         ln = model.blocks[0].ln_1
         self.eps = ln.eps
         self.gamma = ln.weight.detach().float()
@@ -208,15 +220,7 @@ class _FirstLayerInputs:
         self.positions = model.position_embedding.weight.detach().float()
         self.span = span
         self.width = self.tokens.shape[1]
-        centred = self.tokens - self.tokens.mean(dim=1, keepdim=True)
-        self.centred = centred
-        # lower bound: the part of h along the first directions orthogonal to the span
-        self.directions = span.complement[:, :PREFILTER_DIRECTIONS].to(self.tokens)
-        self.token_part = (centred * self.gamma) @ self.directions  # (V, k)
-        self.beta_part = self.beta @ self.directions
-        self.square = centred.pow(2).sum(dim=1)
-        self.gamma_square = (centred.pow(2) * self.gamma.pow(2)).sum(dim=1)
-        self.gamma_beta = centred @ (self.gamma * self.beta)
+        self.centred = self.tokens - self.tokens.mean(dim=1, keepdim=True)
 
     def exact_distances(self, token_ids: torch.Tensor, position: int) -> torch.Tensor:
         x = self.tokens[token_ids].double() + self.positions[position].double()
@@ -262,15 +266,7 @@ class _ProjectedFirstLayerInputs(_FirstLayerInputs):
     survivors."""
 
     def __init__(self, model: GPT2, span: InputSpan):
-        ln = model.blocks[0].ln_1
-        self.eps = ln.eps
-        self.gamma = ln.weight.detach().float()
-        self.beta = ln.bias.detach().float()
-        self.tokens = model.token_embedding.weight.detach().float()
-        self.positions = model.position_embedding.weight.detach().float()
-        self.span = span
-        self.width = self.tokens.shape[1]
-        self.centred = self.tokens - self.tokens.mean(dim=1, keepdim=True)
+        self._read_layer(model, span)
         self.square = self.centred.pow(2).sum(dim=1)
         projection = span.projection.to(self.tokens)  # (r, d)
         self.scaled = projection * self.gamma  # A diag γ
@@ -298,14 +294,19 @@ def _check_architecture(model) -> None:
                             "the last block's gradient sees only the last position")
 
 
-def _check_inputs(model, gradients: dict[str, torch.Tensor], batch_size: int, seq_len: int,
-                  options: DagerOptions) -> None:
-    _check_architecture(model)
-    if batch_size < 1 or not 1 <= seq_len <= model.positions:
-        raise GradleakError(f"dager: batch_size must be ≥ 1 and seq_len within 1..{model.positions}; "
+def check_search_size(model, batch_size: int, seq_len: int, options: DagerOptions, shortest: int = 1) -> None:
+    """One line for a batch, a length or a rank margin the model cannot be searched with."""
+    if batch_size < 1 or not shortest <= seq_len <= model.positions:
+        raise GradleakError(f"dager: batch_size must be ≥ 1 and seq_len within {shortest}..{model.positions}; "
                             f"got {batch_size}, {seq_len}")
     if options.rank_margin >= model.width:
         raise GradleakError(f"dager: rank_margin {options.rank_margin} leaves no span in width {model.width}")
+
+
+def _check_inputs(model, gradients: dict[str, torch.Tensor], batch_size: int, seq_len: int,
+                  options: DagerOptions) -> None:
+    _check_architecture(model)
+    check_search_size(model, batch_size, seq_len, options)
     for layer in (0, 1):
         qkv = model.blocks[layer].attn.qkv
         names = ([f"{_qkv_prefix(layer)}.lora_A", f"{_qkv_prefix(layer)}.lora_B"] if isinstance(qkv, LoRALinear)

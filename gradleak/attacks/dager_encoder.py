@@ -45,7 +45,7 @@ from ..errors import GradleakError
 from ..models.minilm import CLS_ID, PAD_ID, SEP_ID, MiniLM
 from ..threat import Observation
 from .base import AttackContext, Reconstruction
-from .dager import DagerOptions, InputSpan, _FirstLayerInputs, input_span
+from .dager import DagerOptions, InputSpan, _FirstLayerInputs, check_search_size, input_span
 
 EXHAUSTIVE_LIMIT = 256  # candidate sentences of one length scored one by one; above: coordinate search
 RANDOM_STARTS = 64  # coordinate-search starts beyond the batch_size "k-th nearest" ones
@@ -213,11 +213,7 @@ def encoder_search(model: MiniLM, gradients: dict[str, torch.Tensor], batch_size
     gradient of `model` (the first two blocks' query/key/value weight gradients are read)."""
     options = options or DagerOptions()
     check_encoder(model)
-    if batch_size < 1 or not 2 <= seq_len <= model.positions:
-        raise GradleakError(f"dager: batch_size must be ≥ 1 and seq_len within 2..{model.positions}; "
-                            f"got {batch_size}, {seq_len}")
-    if options.rank_margin >= model.width:
-        raise GradleakError(f"dager: rank_margin {options.rank_margin} leaves no span in width {model.width}")
+    check_search_size(model, batch_size, seq_len, options, shortest=2)  # [CLS] and [SEP]
     max_rank = batch_size * seq_len
     span1 = input_span(_stacked_gradient(gradients, 0, model.width), max_rank, options)
     span2 = input_span(_stacked_gradient(gradients, 1, model.width), max_rank, options)

