@@ -1,15 +1,19 @@
 """LAMP: extracting text from gradients with language-model priors (Balunović, Dimitrov,
 Jovanović, Vechev, NeurIPS 2022), for gradleak's GPT-2 (gradleak.models.gpt2) under FedSGD.
 
-Continuous steps: Adam on input embeddings (as TAG, gradleak.attacks.tag) against the cosine
-distance between simulated and observed gradients (1 − the mean per-parameter cosine), plus
-`norm_weight` × (mean embedding norm / mean token-embedding norm − 1)², which keeps the
-embeddings at the scale of real tokens. Discrete steps, every `discrete_every` steps: for each
-sequence, `candidates` rearrangements of its positions (swap two, move one, move a span to
-another place) are scored by the batch's gradient distance + `lm_weight` × the rearranged
-sequence's mean negative log-likelihood per token under a language prior, and the best one
-(the current order included) is kept, embeddings and all. Labels (the next tokens) are guessed
-from the nearest tokens as in TAG, and every candidate is scored with its own.
+Start: the best of `init_candidates` random embeddings by gradient distance. Continuous steps:
+Adam on input embeddings (as TAG, gradleak.attacks.tag) against the gradient distance, TAG's
+‖Δ‖₂² + α‖Δ‖₁ (`loss=tag`, the paper's LAMP_L2+L1) or 1 − the mean per-parameter cosine
+(`loss=cos`, LAMP_cos), plus `norm_weight` × (mean embedding norm / mean token-embedding norm −
+1)², which keeps the embeddings at the scale of real tokens. Discrete steps, every
+`discrete_every` steps, on the embeddings' nearest tokens: for each sequence, `candidates`
+rearrangements of its positions (swap two, move one, move a span to another place), then
+`exchanges` swaps of two tokens between sequences, each kept when it lowers log(the gradient
+distance of the tokens' own embeddings) + `lm_weight` × the sum of the sequences' mean negative
+log-likelihoods per token under a language prior; the embeddings follow their tokens. Scoring
+the tokens rather than the continuous embeddings ranks what is finally returned, and the best
+guess seen at a discrete step or at the end is returned. Labels (the next tokens) are guessed
+from the nearest tokens as in TAG; every candidate is scored with its own.
 
 The prior. The paper scores with GPT-2's perplexity; gradleak has no pretrained GPT-2, so a
 bigram model counted on the `news` train split (which the test split's articles are not part
@@ -19,6 +23,7 @@ unigram (Kneser-Ney's lower-order distribution, itself add-one smoothed).
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -29,7 +34,7 @@ from ..data.text import VOCAB_SIZE
 from ..options import check
 from ..threat import Observation
 from .base import AttackContext, Reconstruction
-from .tag import EmbeddingGradients, EmbeddingMatchingAttack, MatchingTrace
+from .tag import EmbeddingGradients, EmbeddingMatchingAttack, MatchingTrace, l2_l1_distance
 
 DISCOUNT = 0.75  # Kneser-Ney's usual absolute discount
 
@@ -99,13 +104,17 @@ def rearrangement(length: int, generator: torch.Generator) -> torch.Tensor:
 @dataclass(frozen=True)
 class LampOptions:
     # the same step budget as tag (about 0.3 s a step for batch 4 × 16 on one core); the
-    # discrete steps add candidates × batch gradient evaluations each
+    # discrete steps and the initial candidates add gradient evaluations without double backward
     iterations: int = field(default=200, metadata={"range": (1, 1_000_000)})
     lr: float = field(default=0.01, metadata={"range": (0.0, 10.0)})
+    loss: Literal["tag", "cos"] = "tag"  # the paper's LAMP_L2+L1 (tag's distance) or LAMP_cos
+    alpha: float = field(default=0.01, metadata={"range": (0.0, 1e6)})  # L1 weight of loss=tag
     norm_weight: float = field(default=1.0, metadata={"range": (0.0, 1e6)})
-    lm_weight: float = field(default=0.05, metadata={"range": (0.0, 1e6)})  # λ on the log-perplexity
-    discrete_every: int = field(default=50, metadata={"range": (1, 1_000_000)})
-    candidates: int = field(default=6, metadata={"range": (1, 10_000)})  # rearrangements per sequence
+    init_candidates: int = field(default=4, metadata={"range": (1, 10_000)})  # random starts, best kept
+    lm_weight: float = field(default=0.2, metadata={"range": (0.0, 1e6)})  # λ on the log-perplexity
+    discrete_every: int = field(default=25, metadata={"range": (1, 1_000_000)})
+    candidates: int = field(default=8, metadata={"range": (1, 10_000)})  # rearrangements per sequence
+    exchanges: int = field(default=0, metadata={"range": (0, 10_000)})  # swaps across sequences per step
     label_every: int = field(default=25, metadata={"range": (1, 1_000_000)})
     tokens: Literal["gradient", "all"] = "gradient"  # as tag's
     bag_threshold: float = field(default=0.01, metadata={"range": (0.0, 1.0)})
@@ -114,59 +123,135 @@ class LampOptions:
         check(self.lr > 0, "attack 'lamp': lr must be > 0")
 
 
+class TokenScorer:
+    """Scores discrete guesses (token ids, B × T): log of the gradient distance their own
+    token embeddings produce + λ × the sum of the sequences' log-perplexities under the prior
+    (the log keeps λ meaningful for both distances, whose scales differ by orders). The batch
+    gradient is the mean of per-sequence gradients (the loss is a mean over sequences of equal
+    length), so changing one sequence costs one single-sequence gradient."""
+
+    def __init__(self, sim: EmbeddingGradients, prior: BigramPrior, distance, lm_weight: float):
+        self.sim, self.prior, self.distance, self.lm_weight = sim, prior, distance, lm_weight
+
+    def row_gradient(self, tokens: torch.Tensor) -> list[torch.Tensor]:
+        row = tokens[None]
+        with torch.enable_grad():
+            grads = self.sim(self.sim.vocabulary[row], self.sim.next_token_labels(row), create_graph=False)
+        return [g.detach() for g in grads]
+
+    def matching(self, total: list[torch.Tensor], batch: int) -> float:
+        return math.log(max(float(self.distance([g / batch for g in total], self.sim.target)), 1e-30))
+
+    def language(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.lm_weight * self.prior.negative_log_likelihood(tokens)
+
+
 class LAMP(EmbeddingMatchingAttack):
-    """LAMP: cosine matching with an embedding-norm prior, alternating with discrete
-    rearrangements ranked by gradient distance plus a bigram language prior."""
+    """LAMP: gradient matching with an embedding-norm prior from the best of several random
+    starts, alternating with discrete rearrangements of the projected tokens ranked by their
+    gradient distance plus a bigram language prior; the best guess seen is returned."""
 
     name = "lamp"
     Options = LampOptions
+
+    def distance(self, grads: list[torch.Tensor], target: list[torch.Tensor]) -> torch.Tensor:
+        if self.options.loss == "cos":
+            return cosine_distance(grads, target)
+        return l2_l1_distance(grads, target, self.options.alpha)
 
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
         opt = self.options
         progress = MatchingTrace(opt.iterations, ctx)
         sim = self.simulator(obs, ctx)
-        prior = news_bigram_prior()
+        scorer = TokenScorer(sim, news_bigram_prior(), self.distance, opt.lm_weight)
         vocab_norm = sim.vocabulary.norm(dim=1).mean()
         batch, length = obs.batch_size, int(obs.input_shape[0])
-        embeds = sim.random_embeddings((batch, length), ctx.generator(29)).requires_grad_(True)
+        embeds = self._initial_embeddings(sim, (batch, length), ctx.generator(29)).requires_grad_(True)
         optimizer = torch.optim.Adam([embeds], lr=opt.lr)
         generator = ctx.generator(31)
         labels = sim.next_token_labels(sim.nearest_tokens(embeds))
+        best_tokens, best_score = None, math.inf
         for step in range(opt.iterations):
             if step and step % opt.discrete_every == 0 and length > 1:
                 with torch.no_grad():
-                    embeds.copy_(self._discrete_step(sim, prior, embeds.detach(), generator))
+                    tokens, score, source = self._discrete_step(scorer, sim.nearest_tokens(embeds), generator)
+                    embeds.copy_(embeds.flatten(0, 1)[source.flatten()].view_as(embeds))
+                if score < best_score:
+                    best_tokens, best_score = tokens, score
                 labels = sim.next_token_labels(sim.nearest_tokens(embeds))
             elif step and step % opt.label_every == 0:
                 labels = sim.next_token_labels(sim.nearest_tokens(embeds))
             optimizer.zero_grad(set_to_none=True)
-            matching = cosine_distance(sim(embeds, labels, create_graph=True), sim.target)
+            matching = self.distance(sim(embeds, labels, create_graph=True), sim.target)
             scale = embeds.norm(dim=-1).mean() / vocab_norm - 1
             loss = matching + opt.norm_weight * scale.pow(2)
             loss.backward(inputs=[embeds])
             optimizer.step()
             progress.step(step, float(matching.detach()))
-        return progress.reconstruction(sim.nearest_tokens(embeds))
+        final = sim.nearest_tokens(embeds)
+        with torch.no_grad():
+            total = [sum(g) for g in zip(*(scorer.row_gradient(row) for row in final))]
+            score = scorer.matching(total, batch) + float(scorer.language(final).sum())
+        if best_tokens is None or score <= best_score:
+            best_tokens = final
+        return progress.reconstruction(best_tokens)
 
-    def _discrete_step(self, sim: EmbeddingGradients, prior: BigramPrior, embeds: torch.Tensor,
-                       generator: torch.Generator) -> torch.Tensor:
-        """The embeddings after keeping, sequence by sequence, the best-scoring rearrangement."""
-        opt = self.options
-
-        def score(candidate: torch.Tensor, row: int) -> float:
-            tokens = sim.nearest_tokens(candidate)
+    def _initial_embeddings(self, sim: EmbeddingGradients, shape: tuple[int, int],
+                            generator: torch.Generator) -> torch.Tensor:
+        """The random start (drawn like the embedding table) whose gradient is nearest the observed."""
+        best, best_distance = None, math.inf
+        for _ in range(self.options.init_candidates):
+            embeds = sim.random_embeddings(shape, generator)
             with torch.enable_grad():
-                grads = sim(candidate, sim.next_token_labels(tokens), create_graph=False)
-            language = prior.negative_log_likelihood(tokens[row:row + 1])[0]
-            return float(cosine_distance(grads, sim.target)) + opt.lm_weight * float(language)
+                grads = sim(embeds, sim.next_token_labels(sim.nearest_tokens(embeds)), create_graph=False)
+            value = float(self.distance(grads, sim.target))
+            if value < best_distance:
+                best, best_distance = embeds, value
+        return best
 
-        for row in range(embeds.shape[0]):
-            best, best_score = embeds, score(embeds, row)
-            for _ in range(opt.candidates):
-                candidate = embeds.clone()
-                candidate[row] = embeds[row, rearrangement(embeds.shape[1], generator).to(embeds.device)]
-                value = score(candidate, row)
+    def _discrete_step(self, scorer: TokenScorer, tokens: torch.Tensor, generator: torch.Generator):
+        """Sequence by sequence, the best of the current order and `candidates` rearrangements of
+        its projected tokens; then `exchanges` swaps of two tokens between sequences, each kept
+        when it scores better. Returns the tokens, their score and, per position, the flat
+        (batch × length) index of the position its embedding now comes from."""
+        batch, length = tokens.shape
+        rows = [scorer.row_gradient(row) for row in tokens]
+        total = [sum(g) for g in zip(*rows)]
+        tokens = tokens.clone()
+        source = torch.arange(batch * length, device=tokens.device).view(batch, length)
+        language = scorer.language(tokens)
+        current = scorer.matching(total, batch)
+        for r in range(batch):
+            others = [t - g for t, g in zip(total, rows[r])]
+            best_order, best_grads = torch.arange(length), rows[r]
+            best_score, best_matching = current + float(language[r]), current
+            for _ in range(self.options.candidates):
+                order = rearrangement(length, generator)
+                candidate = tokens[r, order.to(tokens.device)]
+                grads = scorer.row_gradient(candidate)
+                matching = scorer.matching([o + g for o, g in zip(others, grads)], batch)
+                value = matching + float(scorer.language(candidate[None])[0])
                 if value < best_score:
-                    best, best_score = candidate, value
-            embeds = best
-        return embeds
+                    best_order, best_grads, best_score, best_matching = order, grads, value, matching
+            best_order = best_order.to(tokens.device)
+            tokens[r], source[r] = tokens[r, best_order], source[r, best_order]
+            language[r] = scorer.language(tokens[r:r + 1])[0]
+            rows[r], current = best_grads, best_matching
+            total = [o + g for o, g in zip(others, best_grads)]
+        for _ in range(self.options.exchanges if batch > 1 else 0):
+            r, q = torch.randperm(batch, generator=generator)[:2].tolist()
+            i, j = torch.randint(length, (2,), generator=generator).tolist()
+            if tokens[r, i] == tokens[q, j]:
+                continue
+            pair = tokens[[r, q]].clone()
+            pair[0, i], pair[1, j] = tokens[q, j], tokens[r, i]
+            grads_r, grads_q = scorer.row_gradient(pair[0]), scorer.row_gradient(pair[1])
+            trial = [t - a - b + c + d for t, a, b, c, d in zip(total, rows[r], rows[q], grads_r, grads_q)]
+            matching = scorer.matching(trial, batch)
+            pair_language = scorer.language(pair)
+            if matching + float(pair_language.sum()) < current + float(language[r] + language[q]):
+                tokens[r], tokens[q] = pair[0], pair[1]
+                source[r, i], source[q, j] = source[q, j].clone(), source[r, i].clone()
+                language[r], language[q] = pair_language[0], pair_language[1]
+                rows[r], rows[q], total, current = grads_r, grads_q, trial, matching
+        return tokens, current + float(language.sum()), source
