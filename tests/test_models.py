@@ -23,12 +23,14 @@ IMAGE_SHAPES = [(1, 28, 28), (3, 32, 32), (1, 25, 25), (3, 64, 64)]
 CONV_MODELS = ["lenet", "lenet5", "lenet-rog", "convnet", "resnet18", "resnet20", "vgg16"]
 # Models that read token ids (batch, length): every test below gives them token sequences of
 # these lengths where the others get images.
-TEXT_MODELS = ["gpt2"]
+TEXT_MODELS = ["gpt2", "minilm"]
 TOKEN_LENGTHS = [(1,), (12,), (64,)]
 INPUT_MODELS = [name for name in MODELS if name not in TEXT_MODELS]
+FIXED_ACTIVATION = {"minilm"}  # a pretrained model keeps the activation its weights were trained with
 # Cheaper variants where the test is about behaviour, not size.
 SMALL = {"convnet": {"width": "8"}, "vgg16": {"width_divisor": "8"}, "twolayer": {"width": "64"},
-         "mlp": {"hidden": "32;16"}, "gpt2": {"width": "32", "heads": "4"}}
+         "mlp": {"hidden": "32;16"}, "gpt2": {"width": "32", "heads": "4"},
+         "minilm": {"pretrained": "false", "layers": "1"}}
 
 
 def test_every_model_reads_images_or_tokens():
@@ -43,7 +45,9 @@ def shape_for(name: str, image_shape=(3, 32, 32)) -> tuple[int, ...]:
 def inputs_for(name: str, batch: int, shape: tuple[int, ...]) -> torch.Tensor:
     """A batch for `name`: token ids for a text model, pixels in [0, 1] otherwise."""
     if name in TEXT_MODELS:
-        return torch.randint(1000, (batch, *shape), generator=torch.Generator().manual_seed(batch))
+        tokens = torch.randint(1000, 2000, (batch, *shape), generator=torch.Generator().manual_seed(batch))
+        tokens[:, 0] = 101  # WordPiece rows (minilm) start with [CLS]; any id for gpt2
+        return tokens
     return torch.rand(batch, *shape)
 
 
@@ -80,11 +84,14 @@ def test_text_forward_backward_shapes(name, shape):
         model(torch.rand(2, *shape))
 
 
+# all-MiniLM-L6-v2 (22,565,376 weights with its pooler, which mean pooling leaves out: 22,713,216
+# − 147,840) and a 10-class head on its 384 features
+MINILM_PARAMS = 22_565_376 + 384 * 10 + 10
 DEFAULT_PARAMS_3x32x32_10 = {"lenet": 15_826, "lenet5": 62_006, "lenet-rog": 2_155_968, "convnet": 733_642,
                              "resnet18": 11_173_962,
                              "resnet20": 269_722, "vgg16": 15_245_130, "mlp": 855_050, "twolayer": 3_082_000,
                              # text: sequences of 16 tokens, a 10-class classifier head
-                             "gpt2": 23_245_450}
+                             "gpt2": 23_245_450, "minilm": MINILM_PARAMS}
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -201,6 +208,10 @@ def test_twolayer_gaussian_init():
 @pytest.mark.parametrize("name", list(MODELS))
 def test_every_activation(name, activation):
     shape = shape_for(name, (1, 16, 16))
+    if name in FIXED_ACTIVATION:  # pretrained with its own activation: another one is refused in one line
+        with pytest.raises(GradleakError, match="--activation does not apply"):
+            build_model(spec(name, shape, activation=activation))
+        return
     model = build_model(spec(name, shape, activation=activation))
     wanted = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "leakyrelu": nn.LeakyReLU}[activation]
     acts = [m for m in model.modules() if isinstance(m, (nn.ReLU, nn.Sigmoid, nn.Tanh, nn.LeakyReLU))]

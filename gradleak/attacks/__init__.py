@@ -22,7 +22,7 @@ ATTACKS: Registry = Registry("attack", {
     "rog-sign": "gradleak.attacks.rog:ROGSign",
     "fedavg": "gradleak.attacks.fedavg:FedAvgAttack",
     "learned": "gradleak.attacks.learned:LearnedInverter",
-    "dager": "gradleak.attacks.dager:DAGER",
+    "dager": "gradleak.attacks.dager_attack:DAGER",
     "tag": "gradleak.attacks.tag:TAG",
     "lamp": "gradleak.attacks.lamp:LAMP",
 })
