@@ -20,7 +20,6 @@ from torch import nn
 
 from .attacks import Attack, AttackContext, Reconstruction, make_attack
 from .data import Dataset, DatasetSpec, load_dataset
-from .data.modality import modality as modality_of
 from .defenses import DefenseChain, make_chain
 from .errors import GradleakError
 from .fl import TrainingSpec, aggregate_updates, compute_update
@@ -380,9 +379,7 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
     if "prior_data" in threat.grants:
         prior = held_out(targets) if held_out is not None else _held_out(data, targets)
     ctx = AttackContext(seed=spec.seed, device=device, progress=progress, prior_data=prior, artifacts=artifacts)
-    judge = None
-    if modality_of(data.modality).reidentifies:
-        judge = gallery(targets) if gallery is not None else gallery_from(data, targets, f"examples of {data.name}")
+    judge = gallery(targets) if gallery is not None else gallery_from(data, targets, f"examples of {data.name}")
     server_secrets = None
     if attack.malicious:
         prepared = attack.prepare_model(model, data.input_shape, data.num_classes, ctx)
@@ -428,9 +425,6 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
     metrics = summarize(scores)
     metrics["iterations"] = float(sum(iterations) / len(iterations))
     extras["ladder"] = ladder_summary(ladders, judge)
-    if not modality_of(data.modality).reidentifies:
-        extras["reidentification"] = (f"not done for {data.modality} data: an exactly recovered example counts "
-                                      "as copied (asr) instead")
     return AttackRunResult(spec, metrics, [s.to_dict() for s in scores], time.perf_counter() - start,
                            torch.cat(originals), torch.cat(recons), extras, convergence_summary(runs))
 

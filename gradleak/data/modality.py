@@ -16,10 +16,6 @@ class Modality:
     input_dtype: torch.dtype  # what a model reads: floats, or integer token ids
     pixels: bool  # inputs are images in [0, 1]: clamped when scored, PSNR/SSIM/LPIPS, rendered as pictures
     tokens: bool  # inputs are token sequences: scored by ROUGE and exact match, rendered as text
-    # reconstructions are re-identified among a gallery of other examples by their distance
-    # (gradleak.metrics.reidentify: perceptual for images, Euclidean for tabular features,
-    # token overlap for sequences)
-    reidentifies: bool
 
     def clamp(self, x: torch.Tensor) -> torch.Tensor:
         """A reconstruction brought into the data's range: pixels into [0, 1], other data as is."""
@@ -39,9 +35,9 @@ class Modality:
 
 
 MODALITIES: dict[str, Modality] = {
-    "image": Modality("image", torch.float32, pixels=True, tokens=False, reidentifies=True),
-    "tabular": Modality("tabular", torch.float32, pixels=False, tokens=False, reidentifies=True),
-    "text": Modality("text", torch.int64, pixels=False, tokens=True, reidentifies=True),
+    "image": Modality("image", torch.float32, pixels=True, tokens=False),
+    "tabular": Modality("tabular", torch.float32, pixels=False, tokens=False),
+    "text": Modality("text", torch.int64, pixels=False, tokens=True),
 }
 
 
