@@ -236,7 +236,7 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
           sends_buffers: bool = False,
           batch_size: int = 1, images: int | None = None, seed: int | Sequence[int] = 0, budget: str = "quick",
           lpips: str = "alex", device: str = "auto", checkpoint: str | None = None,
-          split: str = "test", resize: int | None = None, gallery: Any = None,
+          split: str = "test", resize: int | None = None, seq_len: int | None = None, gallery: Any = None,
           out: str | Path | None = None, progress: bool = False,
           artifacts: str | Path | None = None) -> AuditResult:
     """Attack a simulated client that trains `model` on `data` and sends its update.
@@ -262,6 +262,8 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
     seed:    one seed or several (a verdict of `holds` needs two or more).
     budget:  `quick`, `standard` or `thorough`: each attack's first budget, and how many
              times (2, 3, 4) the auditor may double it while its verdict is undecided.
+    seq_len: tokens per sequence of a named text dataset (`"news"`, `"polarity"`; default
+             the dataset's own).
     gallery: more examples of your data's distribution, not among those the client
              trains on (tensors, a Dataset or DataLoader): reconstructions are
              re-identified among them and the examples of `data` that were not attacked.
@@ -278,7 +280,7 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
     _check_budget(budget)
     seeds = _seeds(seed)
     threat_model = make_threat_model(threat, tuple(knows))
-    dataset, data_label, prior_loader = _resolve_data(data, split, resize)
+    dataset, data_label, prior_loader = _resolve_data(data, split, resize, seq_len)
     extra_gallery = _gallery_inputs(gallery, dataset) if gallery is not None else None
     defense_texts = tuple(_component_text(d, "defense") for d in defenses)
     runs: list[AttackRunResult] = []
@@ -297,8 +299,9 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
         base = AttackRunSpec(dataset=data_label, model=model_label, attack="ig", batch_size=batch_size,
                              defenses=defense_texts, images=images, **training_fields(training),
                              seed=run_seed, threat=threat,
-                             knows=tuple(knows), lpips=lpips, device=device, doublings=BUDGET_DOUBLINGS[budget])
-        judge = _gallery_maker(data, dataset, split, resize, extra_gallery)
+                             knows=tuple(knows), seq_len=seq_len, lpips=lpips, device=device,
+                             doublings=BUDGET_DOUBLINGS[budget])
+        judge = _gallery_maker(data, dataset, split, resize, extra_gallery, seq_len)
         for text in selected:
             spec = dataclasses.replace(base, attack=text)
             try:
@@ -339,12 +342,12 @@ def _gallery_inputs(gallery: Any, like: Dataset) -> torch.Tensor:
 
 
 def _gallery_maker(data: Any, dataset: Dataset, split: str, resize: int | None,
-                   extra: torch.Tensor | None) -> Callable[[torch.Tensor], Gallery]:
+                   extra: torch.Tensor | None, seq_len: int | None = None) -> Callable[[torch.Tensor], Gallery]:
     """The re-identification gallery of an audit, given the attacked examples: a named
     dataset's other split, or the examples of the user's data not attacked; plus `extra`."""
     def make(targets: torch.Tensor) -> Gallery:
         if isinstance(data, str):
-            base = gallery_for(data, split, resize, dataset, targets)
+            base = gallery_for(data, split, resize, dataset, targets, seq_len)
         else:
             base = gallery_from(dataset, targets, "other examples of your data")
         if extra is None:
@@ -580,14 +583,17 @@ def _format_option(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def _resolve_data(data: Any, split: str, resize: int | None):
+def _resolve_data(data: Any, split: str, resize: int | None, seq_len: int | None = None):
     """(Dataset, label, prior-data loader or None)."""
     if isinstance(data, str):
         from .data import load_dataset
         from .experiment import prior_data
 
-        dataset = load_dataset(dataset_spec(data, split, resize))
-        return dataset, data, lambda targets: prior_data(data, split, resize, dataset, targets)
+        dataset = load_dataset(dataset_spec(data, split, resize, seq_len))
+        return dataset, data, lambda targets: prior_data(data, split, resize, dataset, targets, seq_len)
+    if seq_len is not None:
+        raise GradleakError("seq_len applies to the named text datasets (news, polarity); your own token "
+                            "sequences keep their length")
     from .data.tensors import dataset_from_user
 
     dataset = dataset_from_user(data)

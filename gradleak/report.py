@@ -339,14 +339,18 @@ class TextPair:
     exact: bool
 
 
+def _stored_sequences(cell) -> list:
+    stored = cell.extras.get("sequences") if isinstance(cell.extras, dict) else None
+    return stored if isinstance(stored, list) else []
+
+
 def text_pairs(cell, limit: int | None = None) -> list[TextPair]:
     """The cell's sequences (`extras.sequences`), the words of each side that the other lacks
     marked (difflib's longest matching runs of words)."""
     import difflib
 
-    stored = cell.extras.get("sequences") if isinstance(cell.extras, dict) else None
     pairs = []
-    for item in (stored if isinstance(stored, list) else [])[:limit]:
+    for item in _stored_sequences(cell)[:limit]:
         if not isinstance(item, dict):
             continue
         original, recovered = str(item.get("original", "")).split(), str(item.get("recovered", "")).split()
@@ -479,7 +483,7 @@ def _gallery(cells, images: _Images) -> list[GalleryGroup]:
     """Every attack cell's grid (token sequences: its sequences beside their recovery), grouped
     by defense (undefended first), then ordered as the tables are: threat model, scenario,
     strength, attack, seed."""
-    grids = sorted((c for c in cells if c.kind == "attack" and (c.grid_png is not None or text_pairs(c, 1))),
+    grids = sorted((c for c in cells if c.kind == "attack" and (c.grid_png is not None or _stored_sequences(c))),
                    key=lambda c: (c.labels.get("defense") != "none", str(c.labels.get("defense")),
                                   *[str(c.labels.get(k, "")) for k in SCENARIO_KEYS],
                                   str(c.labels.get("strength")), str(c.labels.get("attack_spec")),

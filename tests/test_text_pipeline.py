@@ -170,6 +170,39 @@ def test_audit_on_text_runs_dager_and_words_its_verdict_for_text():
     assert all(skipped.reason for skipped in result.skipped)
 
 
+def test_audit_takes_the_sequence_length(capsys, tmp_path):
+    """`gradleak audit --seq-len` and `gradleak.audit(seq_len=)` attack, score and re-identify
+    windows of that length; a user's own sequences keep theirs (one line)."""
+    import gradleak
+
+    code = main(["audit", "--dataset", "news", "--model", SMALL_GPT2, "--attack", "dager", "--batch-size", "2",
+                 "--seq-len", "6", "--lpips", "none", "--json", "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    runs = json.loads(out)["runs"]
+    assert [run["spec"]["seq_len"] for run in runs] == [6]
+    assert runs[0]["metrics"]["rouge1"] >= 0.99 and runs[0]["metrics"]["gallery"] >= 500
+    result = gradleak.audit(SMALL_GPT2, "news", attacks=["dager"], batch_size=2, seq_len=6, lpips="none")
+    assert tuple(result.runs[0].originals.shape) == (2, 6)
+    with pytest.raises(GradleakError, match="seq_len applies to the named text datasets"):
+        gradleak.audit(SMALL_GPT2, (torch.zeros(2, 6, dtype=torch.long), torch.zeros(2, 6, dtype=torch.long)),
+                       attacks=["dager"], seq_len=6)
+
+
+def test_audit_attacks_a_lora_client():
+    """`gradleak.audit` with a LoRA training spec: the client sends only its adapters, and
+    DAGER still copies the batch through them (a rank below its margin is skipped with why)."""
+    import gradleak
+    from gradleak.fl import TrainingSpec
+
+    result = gradleak.audit(SMALL_GPT2, "news", attacks=["dager"], training=TrainingSpec(lora_rank=40),
+                            batch_size=2, seq_len=4, lpips="none")
+    assert result.runs[0].spec.lora == 40 and result.runs[0].metrics["exact_sequence_accuracy"] == 1.0
+    small = gradleak.audit(SMALL_GPT2, "news", attacks=["dager"], training=TrainingSpec(lora_rank=16),
+                           batch_size=2, seq_len=4, lpips="none")
+    assert not small.runs and "leaves no room for a span" in small.skipped[0].reason
+
+
 SWEEP = """
 name: text-defenses
 defaults: {seq_len: 8}

@@ -5,15 +5,17 @@ Start: the best of `init_candidates` random embeddings by gradient distance. Con
 Adam on input embeddings (as TAG, gradleak.attacks.tag) against the gradient distance, TAG's
 ‖Δ‖₂² + α‖Δ‖₁ (`loss=tag`, the paper's LAMP_L2+L1) or 1 − the mean per-parameter cosine
 (`loss=cos`, LAMP_cos), plus `norm_weight` × (mean embedding norm / mean token-embedding norm −
-1)², which keeps the embeddings at the scale of real tokens. Discrete steps, every
-`discrete_every` steps, on the embeddings' nearest tokens: for each sequence, `candidates`
-rearrangements of its positions (swap two, move one, move a span to another place), then
-`exchanges` swaps of two tokens between sequences, each kept when it lowers log(the gradient
-distance of the tokens' own embeddings) + `lm_weight` × the sum of the sequences' mean negative
-log-likelihoods per token under a language prior; the embeddings follow their tokens. Scoring
-the tokens rather than the continuous embeddings ranks what is finally returned, and the best
-guess seen at a discrete step or at the end is returned. Labels (the next tokens) are guessed
-from the nearest tokens as in TAG; every candidate is scored with its own.
+1)², which keeps the embeddings at the scale of real tokens; the learning rate decays
+exponentially to `lr_decay` × `lr` at the last step. Discrete steps, every `discrete_every`
+steps: for each sequence, `candidates` rearrangements of its positions (swap two, move one,
+move a span to another place), then `exchanges` swaps of two tokens between sequences, each
+kept when it lowers log(the gradient distance) + `lm_weight` × the sum of the sequences' mean
+negative log-likelihoods per token under a language prior (of the nearest tokens); the
+embeddings follow their tokens. `score=embeddings` (default, the paper's) takes the gradient
+distance of the continuous embeddings so rearranged and returns the final nearest tokens;
+`score=tokens` takes that of the nearest tokens' own embeddings and returns the best-scoring
+guess seen at a discrete step or at the end. Labels (the next tokens) are guessed from the
+nearest tokens as in TAG; every candidate is scored with its own.
 
 The prior. The paper scores with GPT-2's perplexity; gradleak has no pretrained GPT-2, so a
 bigram model counted on the `news` train split (which the test split's articles are not part
@@ -105,13 +107,18 @@ def rearrangement(length: int, generator: torch.Generator) -> torch.Tensor:
 class LampOptions:
     # the same step budget as tag (about 0.3 s a step for batch 4 × 16 on one core); the
     # discrete steps and the initial candidates add gradient evaluations without double backward
-    iterations: int = field(default=200, metadata={"range": (1, 1_000_000)})
+    iterations: int = field(default=1000, metadata={"range": (1, 1_000_000)})
     lr: float = field(default=0.01, metadata={"range": (0.0, 10.0)})
     loss: Literal["tag", "cos"] = "tag"  # the paper's LAMP_L2+L1 (tag's distance) or LAMP_cos
     alpha: float = field(default=0.01, metadata={"range": (0.0, 1e6)})  # L1 weight of loss=tag
     norm_weight: float = field(default=1.0, metadata={"range": (0.0, 1e6)})
     init_candidates: int = field(default=4, metadata={"range": (1, 10_000)})  # random starts, best kept
     lm_weight: float = field(default=0.2, metadata={"range": (0.0, 1e6)})  # λ on the log-perplexity
+    # the learning rate decays exponentially to lr × lr_decay at the last step (1: constant)
+    lr_decay: float = field(default=0.1, metadata={"range": (1e-6, 1.0)})
+    # discrete candidates are scored by the gradient of their projected tokens' embeddings, or
+    # of the continuous embeddings rearranged (the paper's)
+    score: Literal["tokens", "embeddings"] = "embeddings"
     discrete_every: int = field(default=25, metadata={"range": (1, 1_000_000)})
     candidates: int = field(default=8, metadata={"range": (1, 10_000)})  # rearrangements per sequence
     exchanges: int = field(default=0, metadata={"range": (0, 10_000)})  # swaps across sequences per step
@@ -125,18 +132,20 @@ class LampOptions:
 
 class TokenScorer:
     """Scores discrete guesses (token ids, B × T): log of the gradient distance their own
-    token embeddings produce + λ × the sum of the sequences' log-perplexities under the prior
-    (the log keeps λ meaningful for both distances, whose scales differ by orders). The batch
-    gradient is the mean of per-sequence gradients (the loss is a mean over sequences of equal
-    length), so changing one sequence costs one single-sequence gradient."""
+    token embeddings (or given continuous embeddings) produce + λ × the sum of the sequences'
+    log-perplexities under the prior (the log keeps λ meaningful for both distances, whose
+    scales differ by orders). The batch gradient is the mean of per-sequence gradients (the
+    loss is a mean over sequences of equal length), so changing one sequence costs one single-sequence gradient."""
 
     def __init__(self, sim: EmbeddingGradients, prior: BigramPrior, distance, lm_weight: float):
         self.sim, self.prior, self.distance, self.lm_weight = sim, prior, distance, lm_weight
 
-    def row_gradient(self, tokens: torch.Tensor) -> list[torch.Tensor]:
+    def row_gradient(self, tokens: torch.Tensor, embeds: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """One sequence's gradient, from its tokens' embeddings or from `embeds` (T × width)."""
         row = tokens[None]
+        inputs = self.sim.vocabulary[row] if embeds is None else embeds[None]
         with torch.enable_grad():
-            grads = self.sim(self.sim.vocabulary[row], self.sim.next_token_labels(row), create_graph=False)
+            grads = self.sim(inputs, self.sim.next_token_labels(row), create_graph=False)
         return [g.detach() for g in grads]
 
     def matching(self, total: list[torch.Tensor], batch: int) -> float:
@@ -168,15 +177,18 @@ class LAMP(EmbeddingMatchingAttack):
         batch, length = obs.batch_size, int(obs.input_shape[0])
         embeds = self._initial_embeddings(sim, (batch, length), ctx.generator(29)).requires_grad_(True)
         optimizer = torch.optim.Adam([embeds], lr=opt.lr)
+        schedule = torch.optim.lr_scheduler.ExponentialLR(optimizer, opt.lr_decay ** (1 / max(1, opt.iterations - 1)))
         generator = ctx.generator(31)
         labels = sim.next_token_labels(sim.nearest_tokens(embeds))
         best_tokens, best_score = None, math.inf
         for step in range(opt.iterations):
             if step and step % opt.discrete_every == 0 and length > 1:
                 with torch.no_grad():
-                    tokens, score, source = self._discrete_step(scorer, sim.nearest_tokens(embeds), generator)
+                    tokens, score, source = self._discrete_step(
+                        scorer, sim.nearest_tokens(embeds), generator,
+                        embeds.detach().clone() if opt.score == "embeddings" else None)
                     embeds.copy_(embeds.flatten(0, 1)[source.flatten()].view_as(embeds))
-                if score < best_score:
+                if opt.score == "tokens" and score < best_score:
                     best_tokens, best_score = tokens, score
                 labels = sim.next_token_labels(sim.nearest_tokens(embeds))
             elif step and step % opt.label_every == 0:
@@ -187,14 +199,16 @@ class LAMP(EmbeddingMatchingAttack):
             loss = matching + opt.norm_weight * scale.pow(2)
             loss.backward(inputs=[embeds])
             optimizer.step()
+            schedule.step()
             progress.step(step, float(matching.detach()))
         final = sim.nearest_tokens(embeds)
-        with torch.no_grad():
-            total = [sum(g) for g in zip(*(scorer.row_gradient(row) for row in final))]
-            score = scorer.matching(total, batch) + float(scorer.language(final).sum())
-        if best_tokens is None or score <= best_score:
-            best_tokens = final
-        return progress.reconstruction(best_tokens)
+        if best_tokens is not None:  # score=tokens: the best-scoring guess, the final one included
+            with torch.no_grad():
+                total = [sum(g) for g in zip(*(scorer.row_gradient(row) for row in final))]
+                score = scorer.matching(total, batch) + float(scorer.language(final).sum())
+            if score > best_score:
+                final = best_tokens
+        return progress.reconstruction(final)
 
     def _initial_embeddings(self, sim: EmbeddingGradients, shape: tuple[int, int],
                             generator: torch.Generator) -> torch.Tensor:
@@ -209,13 +223,22 @@ class LAMP(EmbeddingMatchingAttack):
                 best, best_distance = embeds, value
         return best
 
-    def _discrete_step(self, scorer: TokenScorer, tokens: torch.Tensor, generator: torch.Generator):
+    def _discrete_step(self, scorer: TokenScorer, tokens: torch.Tensor, generator: torch.Generator,
+                       embeds: torch.Tensor | None = None):
         """Sequence by sequence, the best of the current order and `candidates` rearrangements of
         its projected tokens; then `exchanges` swaps of two tokens between sequences, each kept
-        when it scores better. Returns the tokens, their score and, per position, the flat
-        (batch × length) index of the position its embedding now comes from."""
+        when it scores better. With `embeds` (B × T × width), a candidate's gradient is that of
+        the continuous embeddings moved as its tokens are; else that of its tokens' own. Returns
+        the tokens, their score and, per position, the flat (batch × length) index of the
+        position its embedding now comes from."""
         batch, length = tokens.shape
-        rows = [scorer.row_gradient(row) for row in tokens]
+        embeds = None if embeds is None else embeds.clone()
+
+        def gradient(r: int, row: torch.Tensor, order: torch.Tensor | None = None) -> list[torch.Tensor]:
+            if embeds is None:
+                return scorer.row_gradient(row)
+            return scorer.row_gradient(row, embeds[r] if order is None else embeds[r, order])
+        rows = [gradient(r, row) for r, row in enumerate(tokens)]
         total = [sum(g) for g in zip(*rows)]
         tokens = tokens.clone()
         source = torch.arange(batch * length, device=tokens.device).view(batch, length)
@@ -228,13 +251,15 @@ class LAMP(EmbeddingMatchingAttack):
             for _ in range(self.options.candidates):
                 order = rearrangement(length, generator)
                 candidate = tokens[r, order.to(tokens.device)]
-                grads = scorer.row_gradient(candidate)
+                grads = gradient(r, candidate, order.to(tokens.device))
                 matching = scorer.matching([o + g for o, g in zip(others, grads)], batch)
                 value = matching + float(scorer.language(candidate[None])[0])
                 if value < best_score:
                     best_order, best_grads, best_score, best_matching = order, grads, value, matching
             best_order = best_order.to(tokens.device)
             tokens[r], source[r] = tokens[r, best_order], source[r, best_order]
+            if embeds is not None:
+                embeds[r] = embeds[r, best_order]
             language[r] = scorer.language(tokens[r:r + 1])[0]
             rows[r], current = best_grads, best_matching
             total = [o + g for o, g in zip(others, best_grads)]
@@ -245,12 +270,20 @@ class LAMP(EmbeddingMatchingAttack):
                 continue
             pair = tokens[[r, q]].clone()
             pair[0, i], pair[1, j] = tokens[q, j], tokens[r, i]
-            grads_r, grads_q = scorer.row_gradient(pair[0]), scorer.row_gradient(pair[1])
+            if embeds is None:
+                grads_r, grads_q = scorer.row_gradient(pair[0]), scorer.row_gradient(pair[1])
+            else:
+                pair_embeds = embeds[[r, q]].clone()
+                pair_embeds[0, i], pair_embeds[1, j] = embeds[q, j], embeds[r, i]
+                grads_r = scorer.row_gradient(pair[0], pair_embeds[0])
+                grads_q = scorer.row_gradient(pair[1], pair_embeds[1])
             trial = [t - a - b + c + d for t, a, b, c, d in zip(total, rows[r], rows[q], grads_r, grads_q)]
             matching = scorer.matching(trial, batch)
             pair_language = scorer.language(pair)
             if matching + float(pair_language.sum()) < current + float(language[r] + language[q]):
                 tokens[r], tokens[q] = pair[0], pair[1]
+                if embeds is not None:
+                    embeds[r], embeds[q] = pair_embeds[0], pair_embeds[1]
                 source[r, i], source[q, j] = source[q, j].clone(), source[r, i].clone()
                 language[r], language[q] = pair_language[0], pair_language[1]
                 rows[r], rows[q], total, current = grads_r, grads_q, trial, matching

@@ -87,6 +87,8 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--images", type=run_flag("images"), default=None,
                    help="images to attack (default: one batch)")
     p.add_argument("--seed", type=seed_type, default=0)
+    p.add_argument("--seq-len", type=run_flag("seq_len"), default=None,
+                   help="tokens per sequence of a text dataset (default: news 16, polarity 32)")
     p.add_argument("--threat", default="honest", choices=list(PRESETS))
     p.add_argument("--knows", default="", help=f"extra knowledge, comma separated: {', '.join(KNOWLEDGE)}")
     p.add_argument("--activation", default=None, choices=["relu", "sigmoid", "tanh", "leakyrelu"])
@@ -118,14 +120,12 @@ def spec_from_args(args: argparse.Namespace, attack: str) -> AttackRunSpec:
         seed=args.seed, threat=args.threat,
         knows=tuple(k.strip() for k in args.knows.split(",") if k.strip()),
         activation=args.activation, pretrain_steps=args.pretrain_steps, checkpoint=args.checkpoint,
-        split=args.split, resize=args.resize, seq_len=getattr(args, "seq_len", None), lpips=args.lpips,
+        split=args.split, resize=args.resize, seq_len=args.seq_len, lpips=args.lpips,
         device=args.device)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_scenario_arguments(p)
-    p.add_argument("--seq-len", type=run_flag("seq_len"), default=None,
-                   help="tokens per sequence of a text dataset (default: news 16, polarity 32)")
     p.add_argument("--attack", required=True, help="attack name[:key=value,...]")
     p.add_argument("--doublings", type=run_flag("doublings"), default=0,
                    help="times the auditor may double an iterative attack's budget while its verdict is "

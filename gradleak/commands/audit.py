@@ -44,13 +44,13 @@ def run(args: argparse.Namespace) -> int:
         from ..data import load_dataset
         from ..experiment import dataset_spec
 
-        gallery = load_dataset(dataset_spec(args.gallery, args.split, args.resize))
+        gallery = load_dataset(dataset_spec(args.gallery, args.split, args.resize, args.seq_len))
     result = audit(model, args.dataset, attacks=args.attack or "auto", defenses=args.defense,
                    threat=args.threat, knows=[k.strip() for k in args.knows.split(",") if k.strip()],
                    training=training_from_args(args), batch_size=args.batch_size,
                    images=args.images, seed=_seeds(args.seeds) if args.seeds else args.seed, budget=args.budget,
                    lpips=args.lpips, device=args.device, checkpoint=args.checkpoint, split=args.split,
-                   resize=args.resize, gallery=gallery, progress=not args.json)
+                   resize=args.resize, seq_len=args.seq_len, gallery=gallery, progress=not args.json)
     html = result.write_report(args.out)
     if args.json:
         print(json.dumps({**result.to_json(), "verdict": [e["verdict_text"] for e in result.verdicts()],
