@@ -181,6 +181,8 @@ class EmbeddingMatchingAttack(Attack):
     requires = frozenset({"batch_size"})
     modalities = ("text",)
     iterative = True
+    # an audit's presets: "quick" about a minute at batch 4 on one core, "thorough" the papers' budget
+    budgets = {"quick": {"iterations": 200}, "thorough": {"iterations": 2000}}
 
     def unsupported(self, model, input_shape, num_classes, modality):
         return (super().unsupported(model, input_shape, num_classes, modality)
