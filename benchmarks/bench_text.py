@@ -5,7 +5,9 @@ study runs; seed 0, one CPU thread).
 
 Per row: ROUGE-1/2, exact sequences and sequences re-identified among 1,000 train-split
 windows (token overlap), and the row's seconds (the client's step, the attack and its
-budget ladder, the scoring). Quick: batches 1 and 4; full: also 16.
+budget ladder, the scoring). Quick: batches 1 and 4; full: also 16. TAG and LAMP run at their
+defaults (1000 steps): the quick run takes about 50 minutes on one core, batch 16 about 20
+minutes per TAG or LAMP row; on a GPU (`device` "auto" picks it) minutes in all.
 """
 from __future__ import annotations
 

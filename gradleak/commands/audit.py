@@ -42,9 +42,11 @@ def run(args: argparse.Namespace) -> int:
     gallery = None
     if args.gallery:
         from ..data import load_dataset
-        from ..experiment import dataset_spec
+        from ..experiment import dataset_path_form, dataset_spec
 
-        gallery = load_dataset(dataset_spec(args.gallery, args.split, args.resize, args.seq_len))
+        # a named text dataset's windows at the audited length; a file's examples as they are
+        seq_len = args.seq_len if dataset_path_form(args.gallery) is None else None
+        gallery = load_dataset(dataset_spec(args.gallery, args.split, args.resize, seq_len))
     result = audit(model, args.dataset, attacks=args.attack or "auto", defenses=args.defense,
                    threat=args.threat, knows=[k.strip() for k in args.knows.split(",") if k.strip()],
                    training=training_from_args(args), batch_size=args.batch_size,
