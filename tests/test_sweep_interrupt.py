@@ -31,6 +31,13 @@ grids:
 """
 
 
+def _as_in_a_terminal() -> None:
+    """In the sweep's process before it starts: SIGINT as a terminal's Ctrl-C finds it. A shell
+    starts background jobs with SIGINT ignored, and so would a test suite run as one; the
+    sweep rightly keeps an inherited ignore, which is not what these tests are about."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _stored(store: Path) -> int:
     try:
         with sqlite3.connect(store, timeout=1) as db:
@@ -56,7 +63,7 @@ def test_signal_stops_the_sweep_cleanly_and_resume_finishes_it(tmp_path, signum,
     command = [sys.executable, "-m", "gradleak", "sweep", str(tmp_path / "sweep.yaml"), "--store", str(store),
                "--workers", "2", "--json"]
     proc = subprocess.Popen(command, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=_as_in_a_terminal)
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None and _stored(store) < 1:
@@ -92,7 +99,7 @@ def test_interrupt_does_not_wait_for_running_cells(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "gradleak", "sweep", str(tmp_path / "sweep.yaml"),
                              "--store", str(tmp_path / "r.db"), "--workers", "2", "--json"],
                             env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_as_in_a_terminal)
     try:
         time.sleep(8)  # both workers are inside their cells
         assert proc.poll() is None
