@@ -339,9 +339,10 @@ class TextPair:
     exact: bool
 
 
-def _stored_sequences(cell) -> list:
+def _stored_sequences(cell) -> list[dict]:
+    """The cell's stored sequence pairs (`extras.sequences`), anything malformed left out."""
     stored = cell.extras.get("sequences") if isinstance(cell.extras, dict) else None
-    return stored if isinstance(stored, list) else []
+    return [item for item in stored if isinstance(item, dict)] if isinstance(stored, list) else []
 
 
 def text_pairs(cell, limit: int | None = None) -> list[TextPair]:
@@ -351,8 +352,6 @@ def text_pairs(cell, limit: int | None = None) -> list[TextPair]:
 
     pairs = []
     for item in _stored_sequences(cell)[:limit]:
-        if not isinstance(item, dict):
-            continue
         original, recovered = str(item.get("original", "")).split(), str(item.get("recovered", "")).split()
         same_o, same_r = [False] * len(original), [False] * len(recovered)
         for block in difflib.SequenceMatcher(a=original, b=recovered, autojunk=False).get_matching_blocks():

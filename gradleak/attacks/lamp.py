@@ -157,8 +157,8 @@ class TokenScorer:
 
 class LAMP(EmbeddingMatchingAttack):
     """LAMP: gradient matching with an embedding-norm prior from the best of several random
-    starts, alternating with discrete rearrangements of the projected tokens ranked by their
-    gradient distance plus a bigram language prior; the best guess seen is returned."""
+    starts and a decaying learning rate, alternating with discrete rearrangements ranked by
+    their gradient distance plus a bigram language prior (see the module doc)."""
 
     name = "lamp"
     Options = LampOptions
@@ -186,7 +186,7 @@ class LAMP(EmbeddingMatchingAttack):
                 with torch.no_grad():
                     tokens, score, source = self._discrete_step(
                         scorer, sim.nearest_tokens(embeds), generator,
-                        embeds.detach().clone() if opt.score == "embeddings" else None)
+                        embeds.detach() if opt.score == "embeddings" else None)
                     embeds.copy_(embeds.flatten(0, 1)[source.flatten()].view_as(embeds))
                 if opt.score == "tokens" and score < best_score:
                     best_tokens, best_score = tokens, score
@@ -232,13 +232,15 @@ class LAMP(EmbeddingMatchingAttack):
         the tokens, their score and, per position, the flat (batch × length) index of the
         position its embedding now comes from."""
         batch, length = tokens.shape
-        embeds = None if embeds is None else embeds.clone()
+        embeds = None if embeds is None else embeds.clone()  # rows move below; the caller's stay
 
-        def gradient(r: int, row: torch.Tensor, order: torch.Tensor | None = None) -> list[torch.Tensor]:
+        def row_embeds(r: int, order: torch.Tensor | None = None) -> torch.Tensor | None:
+            """Row r's continuous embeddings in `order`; None when the tokens are scored."""
             if embeds is None:
-                return scorer.row_gradient(row)
-            return scorer.row_gradient(row, embeds[r] if order is None else embeds[r, order])
-        rows = [gradient(r, row) for r, row in enumerate(tokens)]
+                return None
+            return embeds[r] if order is None else embeds[r, order]
+
+        rows = [scorer.row_gradient(row, row_embeds(r)) for r, row in enumerate(tokens)]
         total = [sum(g) for g in zip(*rows)]
         tokens = tokens.clone()
         source = torch.arange(batch * length, device=tokens.device).view(batch, length)
@@ -246,17 +248,16 @@ class LAMP(EmbeddingMatchingAttack):
         current = scorer.matching(total, batch)
         for r in range(batch):
             others = [t - g for t, g in zip(total, rows[r])]
-            best_order, best_grads = torch.arange(length), rows[r]
+            best_order, best_grads = torch.arange(length, device=tokens.device), rows[r]
             best_score, best_matching = current + float(language[r]), current
             for _ in range(self.options.candidates):
-                order = rearrangement(length, generator)
-                candidate = tokens[r, order.to(tokens.device)]
-                grads = gradient(r, candidate, order.to(tokens.device))
+                order = rearrangement(length, generator).to(tokens.device)
+                candidate = tokens[r, order]
+                grads = scorer.row_gradient(candidate, row_embeds(r, order))
                 matching = scorer.matching([o + g for o, g in zip(others, grads)], batch)
                 value = matching + float(scorer.language(candidate[None])[0])
                 if value < best_score:
                     best_order, best_grads, best_score, best_matching = order, grads, value, matching
-            best_order = best_order.to(tokens.device)
             tokens[r], source[r] = tokens[r, best_order], source[r, best_order]
             if embeds is not None:
                 embeds[r] = embeds[r, best_order]
