@@ -83,6 +83,9 @@ GRADES = ("copies", "identifies")
 # (a copy: importing gradleak.utility would load torch); stores written before that refusal,
 # or by hand, can still hold one.
 NEAR_CHANCE = 0.1
+# A language model's (next-token) baseline did not train when its test loss is within this many
+# nats of a uniform guess's, log(vocabulary): gradleak.utility.NEAR_UNIFORM_NATS, copied likewise.
+NEAR_UNIFORM_NATS = 1.0
 
 
 def _avg(values):
@@ -185,6 +188,9 @@ def utility_table(cells: list[CellRecord]) -> dict[tuple, dict]:
 
 
 def _utility_metric(table: dict) -> tuple[str, bool] | None:
+    # language models: next-token accuracy saturates at the frequent tokens, the loss does not
+    if table and all(row.get("next_token") for row in table.values()):
+        return "test_loss", False
     for name, higher in UTILITY_METRICS:
         if any(row.get(name) is not None for row in table.values()):
             return name, higher
@@ -422,7 +428,13 @@ def _num_classes(row: dict) -> int | None:
 
 def did_not_train(baseline: dict, metric: str) -> str | None:
     """'utility model did not train (accuracy X ≈ chance Y)' when the undefended run's accuracy
-    is at most chance + NEAR_CHANCE, else None."""
+    is at most chance + NEAR_CHANCE; for a language model, '... (test loss X ≈ a uniform
+    guess's Y)' when its test loss is above log(vocabulary) − NEAR_UNIFORM_NATS; else None."""
+    if baseline.get("next_token"):
+        loss, vocabulary = baseline.get("test_loss"), _num_classes(baseline)
+        if loss is None or vocabulary is None or loss <= math.log(vocabulary) - NEAR_UNIFORM_NATS:
+            return None
+        return f"utility model did not train (test loss {loss:.3g} ≈ a uniform guess's {math.log(vocabulary):.3g})"
     accuracy = baseline.get(metric)
     # accuracy above 0.5 + NEAR_CHANCE is above chance + NEAR_CHANCE for any class count: no lookup
     if "accuracy" not in metric or accuracy is None or accuracy > 0.5 + NEAR_CHANCE:

@@ -42,9 +42,22 @@ NEAR_CHANCE = 0.1
 LOGITS_PER_PASS = 1 << 25
 
 
+# A language model (a label at every position) that trained predicts the next token better than
+# a uniform guess over its vocabulary: its test loss lies at least this many nats under
+# log(vocabulary). Its accuracy is no guide: one that learned the most frequent tokens scores
+# about 5% on news, under 1/vocabulary + NEAR_CHANCE. The analysis keeps the same margin.
+NEAR_UNIFORM_NATS = 1.0
+
+
 def near_chance(accuracy: float, num_classes: int) -> bool:
     """True when `accuracy` is not clearly above chance: at most 1/num_classes + NEAR_CHANCE."""
     return accuracy <= 1.0 / num_classes + NEAR_CHANCE
+
+
+def near_uniform(loss: float, vocabulary: int) -> bool:
+    """True when a language model's test `loss` is not clearly under a uniform guess's:
+    above log(vocabulary) − NEAR_UNIFORM_NATS."""
+    return not loss <= math.log(vocabulary) - NEAR_UNIFORM_NATS
 
 
 @dataclass(frozen=True)
@@ -100,13 +113,16 @@ class UtilityResult:
     epsilon: float | None  # worst client's ε at spec.delta (DP defenses only)
     seconds: float
     history: list[dict] = field(default_factory=list)  # per round: mean client loss before the round
-    # lets the analysis tell a model that did not train (accuracy near 1/classes) from a cheap defense
+    # lets the analysis tell a model that did not train (accuracy near 1/classes, or a language
+    # model's loss near a uniform guess's) from a cheap defense
     num_classes: int | None = None
+    next_token: bool = False  # a label at every position: a language model's next tokens
 
     def to_json(self) -> dict:
         return {"defenses": list(self.spec.defenses), "dataset": self.spec.dataset, "model": self.spec.model,
                 "rounds": self.spec.rounds, "train_loss": self.train_loss, "test_accuracy": self.test_accuracy,
-                "test_loss": self.test_loss, "num_classes": self.num_classes, **self._privacy(),
+                "test_loss": self.test_loss, "num_classes": self.num_classes, "next_token": self.next_token,
+                **self._privacy(),
                 "seconds": self.seconds, "history": self.history,
                 "spec": self.spec.to_dict()}
 
@@ -217,7 +233,7 @@ def run_utility(spec: UtilitySpec, progress: Callable[[int, int, dict], None] | 
     test_loss, test_accuracy = evaluate(model, test)
     epsilon = _epsilon(chain, shards, dp_steps, training, spec.delta)
     return UtilityResult(spec, train_loss, test_accuracy, test_loss, epsilon, time.perf_counter() - start, history,
-                         num_classes=train.num_classes)
+                         num_classes=train.num_classes, next_token=train.labels.dim() > 1)
 
 
 def _epsilon(chain, shards, dp_steps, training: TrainingSpec, delta: float) -> float | None:

@@ -4,6 +4,7 @@ passes. The sigmoid MLP on digits stays at chance (0.100) under these FedAvg set
 MLP reaches 0.55."""
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -43,6 +44,33 @@ def test_the_refusal_and_the_analysis_share_one_rule():
     assert utility.near_chance(0.2, 10) and not utility.near_chance(0.21, 10)
     assert analysis.did_not_train({"test_accuracy": 0.2, "num_classes": 10}, "test_accuracy")
     assert not analysis.did_not_train({"test_accuracy": 0.21, "num_classes": 10}, "test_accuracy")
+
+
+def test_a_language_model_is_judged_by_its_loss_against_a_uniform_guess():
+    """Next-token accuracy is no guide (a model that learned the frequent tokens scores about 5%
+    on news, under chance + 0.1); its test loss against log(vocabulary) is, by the same rule in
+    the sweep's refusal and in the analysis."""
+    from types import SimpleNamespace
+
+    from gradleak.sweep.run import untrained_baseline
+
+    vocabulary = 50257
+    uniform = math.log(vocabulary)
+    assert utility.NEAR_UNIFORM_NATS == analysis.NEAR_UNIFORM_NATS == 1.0
+    assert utility.near_uniform(uniform - 0.99, vocabulary) and not utility.near_uniform(uniform - 1.01, vocabulary)
+    assert utility.near_uniform(float("nan"), vocabulary)
+    cell = SimpleNamespace(labels={"dataset": "news", "model": "gpt2"}, spec={"seed": 0})
+    for loss, refused in ((uniform - 0.99, True), (uniform - 1.01, False)):
+        metrics = {"test_accuracy": 0.05, "test_loss": loss, "num_classes": vocabulary, "next_token": True}
+        assert bool(analysis.did_not_train(metrics, "test_loss")) is refused
+        assert bool(untrained_baseline("text", cell, metrics)) is refused
+    message = untrained_baseline("text", cell, {"test_accuracy": 0.05, "test_loss": 10.5, "num_classes": vocabulary,
+                                                "next_token": True})
+    assert "to test loss 10.5 (a uniform guess over its 50257 tokens: 10.8; one that trained is under 9.82)" in message
+    assert "give it more rounds or a larger lr" in message and "\n" not in message
+    # the analysis measures a language model's utility loss in test loss (lower is better)
+    table = {("news", "gpt2", "none", ""): {"next_token": 1.0, "test_accuracy": 0.05, "test_loss": 9.4}}
+    assert analysis._utility_metric(table) == ("test_loss", False)
 
 
 def test_untrained_baseline_stops_the_sweep_before_the_attack_cells(tmp_path):

@@ -348,7 +348,7 @@ def test_text_recoveries_are_re_identified_by_their_words_not_their_order(news):
 
 
 def test_language_model_utility_splits_sequences_and_scores_next_tokens():
-    from gradleak.utility import dirichlet_partition, evaluate
+    from gradleak.utility import dirichlet_partition, evaluate, near_uniform
 
     labels = torch.zeros(10, 4, dtype=torch.long)  # a next token at every position
     shards = dirichlet_partition(labels, 3, 0.5, seed=0)
@@ -357,6 +357,21 @@ def test_language_model_utility_splits_sequences_and_scores_next_tokens():
     model = gpt2(8, width=32, heads=2)
     loss, accuracy = evaluate(model, data)
     assert 0.0 <= accuracy <= 0.01 and loss == pytest.approx(torch.log(torch.tensor(float(VOCAB))).item(), rel=0.05)
+    assert near_uniform(loss, VOCAB)  # untrained: the sweep refuses it as a utility baseline
+
+
+def test_language_model_utility_run_that_trains_passes_where_accuracy_would_not():
+    """Three FedAvg rounds of a one-block gpt2 on news (about 40 s on one core): next-token
+    accuracy stays near 5% (the frequent tokens), under 1/vocabulary + 0.1, which would call it
+    untrained, while its test loss falls 1.35 nats under a uniform guess's (10.82 → 9.48,
+    seed 0): trained, by the loss."""
+    from gradleak.utility import NEAR_CHANCE, UtilitySpec, near_uniform, run_utility
+
+    result = run_utility(UtilitySpec(dataset="news", model="gpt2:width=32,heads=2,layers=1", clients=4, per_round=2,
+                                     rounds=3, local_steps=2, local_batch_size=16, lr=1.0, seed=0))
+    assert result.next_token and result.to_json()["next_token"] is True
+    assert result.test_accuracy <= 1 / VOCAB + NEAR_CHANCE
+    assert not near_uniform(result.test_loss, VOCAB)
 
 
 def test_user_token_tensors_are_text_data():

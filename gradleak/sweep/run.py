@@ -2,6 +2,7 @@
 writes every result (or failure) to the store as it arrives."""
 from __future__ import annotations
 
+import math
 import os
 import time
 from contextlib import closing
@@ -94,30 +95,42 @@ def is_utility_baseline(cell: Cell) -> bool:
 
 
 def untrained_baseline(sweep_name: str, cell: Cell, metrics: dict) -> str | None:
-    """One line refusing the sweep when the undefended utility run's test accuracy is not
-    clearly above chance (`gradleak.utility.near_chance`, the rule by which the analysis
-    calls a utility model untrained), else None. Such a baseline makes every defense look
-    free (utility loss 0), typically because utility.options names no model and FedAvg
-    trained the attacked architecture (the sigmoid LeNet stays at chance)."""
-    from ..utility import DEFAULT_MODEL, NEAR_CHANCE, near_chance
+    """One line refusing the sweep when the undefended utility run did not train, else None:
+    its test accuracy is not clearly above chance (`gradleak.utility.near_chance`), or, for a
+    language model, its test loss not clearly under a uniform guess's
+    (`gradleak.utility.near_uniform`) — the rules by which the analysis calls a utility model
+    untrained. Such a baseline makes every defense look free (utility loss 0), typically
+    because utility.options names no model and FedAvg trained the attacked architecture (the
+    sigmoid LeNet stays at chance)."""
+    from ..utility import DEFAULT_MODEL, NEAR_CHANCE, NEAR_UNIFORM_NATS, near_chance, near_uniform
 
     accuracy, classes = metrics.get("test_accuracy"), metrics.get("num_classes")
-    if not isinstance(accuracy, (int, float)) or not isinstance(classes, (int, float)) or classes < 2:
+    loss = metrics.get("test_loss")
+    if not isinstance(classes, (int, float)) or classes < 2:
         return None  # a result without them (an older utility module) cannot be judged
     classes = int(round(classes))
-    if not near_chance(float(accuracy), classes):
-        return None
+    if metrics.get("next_token"):
+        if not isinstance(loss, (int, float)) or not near_uniform(float(loss), classes):
+            return None
+        uniform = math.log(classes)
+        reached = (f"to test loss {float(loss):.3g} (a uniform guess over its {classes} tokens: "
+                   f"{uniform:.3g}; one that trained is under {uniform - NEAR_UNIFORM_NATS:.3g})")
+    else:
+        if not isinstance(accuracy, (int, float)) or not near_chance(float(accuracy), classes):
+            return None
+        chance = 1.0 / classes
+        reached = (f"to test accuracy {float(accuracy):.3g} (chance {chance:.3g}; one that trained clears "
+                   f"{chance + NEAR_CHANCE:.3g})")
+    fix = ("give it more rounds or a larger lr in utility.options" if metrics.get("next_token") else
+           f"name a model that trains in utility.options (e.g. model: \"{DEFAULT_MODEL}\") or give it more rounds")
     labels = cell.labels
     trained = cell.spec.get("model") or labels.get("trained_model") or labels.get("model")
     named = trained != labels.get("model")
     what = (f"utility.options.model '{trained}'" if named
             else f"the attacked model '{trained}' (utility.options names no model)")
-    chance = 1.0 / classes
     return (f"sweep '{sweep_name}': the undefended utility run did not train: FedAvg trained {what} on "
-            f"{labels.get('dataset', cell.spec.get('dataset'))} (seed {cell.spec.get('seed')}) to test accuracy "
-            f"{float(accuracy):.3g} (chance {chance:.3g}; one that trained clears {chance + NEAR_CHANCE:.3g}), "
-            f"so every defense would show no utility loss; name a model that trains in utility.options "
-            f"(e.g. model: \"{DEFAULT_MODEL}\") or give it more rounds; the sweep stopped, the cells that "
+            f"{labels.get('dataset', cell.spec.get('dataset'))} (seed {cell.spec.get('seed')}) {reached}, "
+            f"so every defense would show no utility loss; {fix}; the sweep stopped, the cells that "
             f"finished are stored")
 
 
