@@ -29,7 +29,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Iterator, Literal
 
 import torch
 import torch.nn.functional as F
@@ -135,7 +135,7 @@ class MatchingTrace:
     reported to the progress bar at every step, and the reconstruction it ends in."""
 
     def __init__(self, iterations: int, ctx: AttackContext):
-        self.iterations, self.ctx = iterations, ctx
+        self.iterations, self.ctx = iterations, ctx  # the current rung's budget (`extend` doubles it)
         self.every = max(1, iterations // TRACE_POINTS)
         self.started = time.perf_counter()
         self.distance = float("nan")
@@ -152,10 +152,14 @@ class MatchingTrace:
             self.trace_iterations.append(step + 1)
             self.trace_seconds.append(round(time.perf_counter() - self.started, 3))
 
+    def extend(self, iterations: int) -> None:
+        """The next rung of the ladder: the same run, continued to `iterations` steps."""
+        self.iterations = iterations
+
     def reconstruction(self, tokens: torch.Tensor) -> Reconstruction:
         return Reconstruction(inputs=tokens.cpu(), labels=None, iterations=self.iterations,
-                              final_distance=self.distance, trace=self.trace, trace_iterations=self.trace_iterations,
-                              trace_seconds=self.trace_seconds)
+                              final_distance=self.distance, trace=list(self.trace),
+                              trace_iterations=list(self.trace_iterations), trace_seconds=list(self.trace_seconds))
 
 
 @dataclass(frozen=True)
@@ -176,7 +180,8 @@ class TagOptions:
 
 class EmbeddingMatchingAttack(Attack):
     """What TAG and LAMP share: a GPT-2 text model, one FedSGD gradient, and candidates that are
-    input embeddings. One rung each: iterative, so the auditor never calls them saturated."""
+    input embeddings. Their budget ladder (`rungs`) continues one run: each rung doubles the
+    steps of the last and answers with the nearest tokens there; `reconstruct` is its first."""
 
     requires = frozenset({"batch_size"})
     modalities = ("text",)
@@ -187,6 +192,9 @@ class EmbeddingMatchingAttack(Attack):
     def unsupported(self, model, input_shape, num_classes, modality):
         return (super().unsupported(model, input_shape, num_classes, modality)
                 or check_result(lambda: check_text_model(model, self.name)))
+
+    def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
+        return next(iter(self.rungs(obs, ctx)))
 
     def simulator(self, obs: Observation, ctx: AttackContext) -> EmbeddingGradients:
         """The gradient of candidate embeddings on a copy of the sent model, after the checks."""
@@ -202,7 +210,7 @@ class TAG(EmbeddingMatchingAttack):
     name = "tag"
     Options = TagOptions
 
-    def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
+    def rungs(self, obs: Observation, ctx: AttackContext) -> Iterator[Reconstruction]:
         opt = self.options
         progress = MatchingTrace(opt.iterations, ctx)
         sim = self.simulator(obs, ctx)
@@ -210,12 +218,16 @@ class TAG(EmbeddingMatchingAttack):
         embeds = sim.random_embeddings(shape, ctx.generator(23)).requires_grad_(True)
         optimizer = torch.optim.Adam([embeds], lr=opt.lr)
         labels = sim.next_token_labels(sim.nearest_tokens(embeds))
-        for step in range(opt.iterations):
-            if step and step % opt.label_every == 0:
-                labels = sim.next_token_labels(sim.nearest_tokens(embeds))
-            optimizer.zero_grad(set_to_none=True)
-            loss = l2_l1_distance(sim(embeds, labels, create_graph=True), sim.target, opt.alpha)
-            loss.backward(inputs=[embeds])
-            optimizer.step()
-            progress.step(step, float(loss.detach()))
-        return progress.reconstruction(sim.nearest_tokens(embeds))
+        done = 0
+        while True:
+            for step in range(done, progress.iterations):
+                if step and step % opt.label_every == 0:
+                    labels = sim.next_token_labels(sim.nearest_tokens(embeds))
+                optimizer.zero_grad(set_to_none=True)
+                loss = l2_l1_distance(sim(embeds, labels, create_graph=True), sim.target, opt.alpha)
+                loss.backward(inputs=[embeds])
+                optimizer.step()
+                progress.step(step, float(loss.detach()))
+            done = progress.iterations
+            yield progress.reconstruction(sim.nearest_tokens(embeds))
+            progress.extend(2 * done)
