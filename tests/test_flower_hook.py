@@ -171,3 +171,36 @@ def test_update_without_buffers_when_the_reply_has_none():
     sent = {k: v.clone() for k, v in model.state_dict().items()}
     update = _received_update(model, sent, _reply(sent, 4), TrainingSpec(), 4)
     assert update.buffers == {} and isinstance(update, Update)
+
+
+def test_lora_keys_and_adapter_arrays():
+    """A run config's lora_rank (0: full fine-tuning) declares LoRA clients; the arrays the server
+    sends may then be the adapters alone, and the update holds just those. Adapter arrays for a
+    model the audit does not adapt are refused in one line that says what to declare."""
+    from gradleak.flower.hook import _load
+    from gradleak.models.gpt2 import GPT2
+    from gradleak.models.lora import apply_lora
+
+    def declared(config: dict) -> TrainingSpec:
+        return FlowerAudit(model_fn=_bn_net, ground_truth=lambda c, m: None,
+                           training_keys={"lr": "lr", "lora_rank": "rank", "lora_alpha": "alpha"}).training_from(config)
+
+    assert declared({"lr": 0.1, "rank": 0, "alpha": 16}).lora_rank is None
+    training = declared({"lr": 0.1, "rank": 8, "alpha": 16})
+    assert (training.lora_rank, training.lora_alpha) == (8, 16.0)
+
+    torch.manual_seed(0)
+    adapted = apply_lora(GPT2(vocab=64, positions=8, layers=1, width=16, heads=2), 8, seed=1)
+    adapters = {n: p.detach() + 0.5 for n, p in adapted.named_parameters() if p.requires_grad}
+    model = training.prepare_model(GPT2(vocab=64, positions=8, layers=1, width=16, heads=2), 0)
+    model.load_state_dict(adapted.state_dict())  # the same base weights
+    _load(model, adapters)
+    assert torch.equal(model.blocks[0].attn.qkv.lora_A, adapters["blocks.0.attn.qkv.lora_A"])
+    returned = {n: t - 0.25 for n, t in adapters.items()}
+    update = _received_update(model, adapters, _reply(returned, 2), training, 2)
+    assert set(update.tensors) == set(adapters)
+    assert all(torch.allclose(t, torch.full_like(t, 0.25)) for t in update.tensors.values())
+    with pytest.raises(GradleakError, match="declare lora_rank in training_keys"):
+        _load(GPT2(vocab=64, positions=8, layers=1, width=16, heads=2), adapters)
+    with pytest.raises(GradleakError, match="do not fit model_fn's model"):  # a trainable array missing
+        _load(model, {k: v for k, v in adapters.items() if not k.endswith("lora_B")})

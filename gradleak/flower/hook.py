@@ -43,10 +43,10 @@ OUT_ENV = "GRADLEAK_FLOWER_OUT"
 DEFAULT_OUT = "gradleak-flower"
 # TrainingSpec fields the server may learn from the run config.
 TRAINING_FIELDS = ("lr", "local_steps", "local_epochs", "local_batch_size", "optimizer", "shuffle_seed",
-                   "shuffle", "augment", "crop_padding", "label_smoothing", "clip_norm")
+                   "shuffle", "augment", "crop_padding", "label_smoothing", "clip_norm", "lora_rank", "lora_alpha")
 # how each field's run-config value is read (int otherwise); `augment` is "crop,flip"
 _TEXT_FIELDS = ("optimizer", "shuffle")
-_FLOAT_FIELDS = ("lr", "label_smoothing", "clip_norm")
+_FLOAT_FIELDS = ("lr", "label_smoothing", "clip_norm", "lora_alpha")
 # The optimizer's options (torch.optim's names), which a run config holds as keys of their own:
 # added to `optimizer` ("sgd" when not given) as its `name:k=v,...` text.
 OPTIMIZER_OPTION_FIELDS = tuple(dict.fromkeys(f.name for options in (SGDOptions, AdamOptions)
@@ -83,7 +83,10 @@ class FlowerAudit:
                    `eps`; `shuffle_seed`: one seed of every client's shuffling DataLoader
                    generator; `shuffle` ("unknown": a shuffle the server cannot replay),
                    `augment` ("crop,flip"), `crop_padding`, `label_smoothing`, `clip_norm`:
-                   docs/client-training.md); the server knows these.
+                   docs/client-training.md; `lora_rank` (0: no LoRA), `lora_alpha`: the
+                   clients fine-tune LoRA adapters (`gradleak.models.lora.apply_lora` on
+                   model_fn's model) and the server sends and receives only those); the
+                   server knows these.
     shuffle_seed_rule: `(run_config, server_round, client) -> seed`: the seed of a client's
                    shuffling DataLoader generator in a round, as the app derives it (`client`
                    is the node's partition-id, its node id without one). The server is taken
@@ -180,6 +183,9 @@ class FlowerAudit:
                 options.append(f"{name}={value}")
             else:
                 values[name] = _config_value(name, value)
+        if values.get("lora_rank") == 0:  # an app's switch for full fine-tuning
+            values.pop("lora_rank")
+            values.pop("lora_alpha", None)
         if options:
             base = values.get("optimizer", "sgd")
             values["optimizer"] = base + ("," if ":" in base else ":") + ",".join(options)
@@ -204,6 +210,9 @@ class FlowerAudit:
         model = self.model_fn()
         if not isinstance(model, nn.Module):
             raise GradleakError(f"FlowerAudit: model_fn returned {type(model).__name__}, not an nn.Module")
+        # LoRA clients: the adapters on model_fn's base model (its weights stay; the sent arrays
+        # are the adapters, whose draw here is overwritten)
+        model = training.prepare_model(model, self.seed)
         _load(model, sent)
         # Audit the same clients in every run: by partition id (node ids are drawn anew per run).
         candidates = []
@@ -274,17 +283,23 @@ def _state_dict_of(reply) -> dict[str, torch.Tensor]:
 
 
 def _load(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """The sent arrays into `model`: all of its state, or (LoRA) its trainable parameters, the
+    frozen rest being model_fn's own."""
     expected = model.state_dict()
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     missing = [k for k in expected if k not in state]
     extra = [k for k in state if k not in expected]
-    if missing or extra:
+    partial = any(not p.requires_grad for p in model.parameters()) and not trainable & set(missing)
+    if extra or (missing and not partial):
+        lora = " (LoRA clients: declare lora_rank in training_keys)" if extra and any(
+            k.endswith(("lora_A", "lora_B")) for k in extra) else ""
         raise GradleakError(f"FlowerAudit: the arrays the server sends do not fit model_fn's model "
-                            f"(missing {missing[:3]}, unexpected {extra[:3]})")
-    for k, v in expected.items():
-        if tuple(state[k].shape) != tuple(v.shape):
+                            f"(missing {missing[:3]}, unexpected {extra[:3]}){lora}")
+    for k in state:
+        if tuple(state[k].shape) != tuple(expected[k].shape):
             raise GradleakError(f"FlowerAudit: array '{k}' has shape {tuple(state[k].shape)}, "
-                                f"the model's {tuple(v.shape)}")
-    model.load_state_dict(state)
+                                f"the model's {tuple(expected[k].shape)}")
+    model.load_state_dict(state, strict=not missing)
 
 
 def _received_update(model: nn.Module, sent: dict[str, torch.Tensor], reply, training: TrainingSpec,
@@ -292,7 +307,9 @@ def _received_update(model: nn.Module, sent: dict[str, torch.Tensor], reply, tra
     """sent - returned for every parameter: a FedAvg delta in gradleak's sign convention; the
     returned buffers (batch-norm running statistics, num_batches_tracked) as they came back."""
     returned = _state_dict_of(reply)
-    names = [n for n, _ in model.named_parameters()]
+    # every trainable parameter, and a frozen one only when the reply carries it (a LoRA
+    # client returns its adapters alone)
+    names = [n for n, p in model.named_parameters() if p.requires_grad or (n in returned and n in sent)]
     buffers = {n: returned[n].detach().clone() for n, _ in model.named_buffers() if n in returned}
     missing = [n for n in names if n not in returned]
     if missing:

@@ -16,4 +16,5 @@ def _ground_truth(context, message):
 
 audit = FlowerAudit(model_fn=Net, ground_truth=_ground_truth, gallery=held_out_sequences, num_classes=VOCAB_SIZE,
                     tokenizer="gpt2",
-                    training_keys={"lr": "lr", "local_epochs": "local-epochs", "local_batch_size": "batch-size"})
+                    training_keys={"lr": "lr", "local_epochs": "local-epochs", "local_batch_size": "batch-size",
+                                   "lora_rank": "lora-rank"})
