@@ -140,3 +140,25 @@ def test_lora_client_under_fedavg():
     with every row exact; the floor 0.9 leaves room for the spread."""
     metrics, _ = dager(batch_size=4, lora=128, local_steps=2, lr=1e-2)
     assert metrics["rouge1"] >= 0.9
+
+
+# the pretrained MiniLM encoder on polarity sentences (WordPiece, 16 tokens): measured exact
+# (every sentence token for token) on seeds 0-2 where the seed is not given; each a few seconds
+ENCODER_CASES = [
+    dict(local_steps=2, lr=0.01),  # seeds 0, 1, 2: exact
+    dict(local_steps=5, lr=0.1),
+    dict(batch_size=4, local_epochs=1, local_batch_size=2, lr=0.01),  # two mini-batches of 2
+    dict(lora=64),  # zero B: the query's B gradient spans A x; seeds 0, 1: exact
+    dict(lora=64, lora_b_std=0.01),  # nonzero B: the stacked A gradients span x
+    dict(lora=64, local_steps=5, lr=0.1),
+]
+
+
+@pytest.mark.parametrize("case", ENCODER_CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+def test_dager_recovers_encoder_sentences_under_fedavg_and_lora(case):
+    spec = {"batch_size": 2, **case}
+    result = run_attack(AttackRunSpec(dataset="polarity:tokenizer=minilm", model="minilm", attack="dager",
+                                      seq_len=16, seed=0, lpips="none", **spec))
+    assert result.metrics["exact_sequence_accuracy"] == 1.0 and result.metrics["rouge1"] == 1.0
+    if "lora" in case:  # the spans come from the adapters: at most the rank, not the width
+        assert max(result.extras["span_ranks"][0]) <= 64

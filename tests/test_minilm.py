@@ -113,10 +113,11 @@ def test_wordpiece_rows_round_trip(polarity):
      "has BERT's GELU"),
     (("--dataset", "polarity:tokenizer=minilm", "--model", "minilm", "--attack", "dager", "--seq-len", "600"),
      "allowed with tokenizer=minilm: 2 to 512 tokens"),
-    (("--dataset", "polarity:tokenizer=minilm", "--model", "minilm", "--attack", "dager", "--local-steps", "2"),
-     "FedAvg updates of an encoder are not supported"),
+    (("--dataset", "polarity:tokenizer=minilm", "--model", "minilm", "--attack", "dager", "--local-steps", "2",
+      "--optimizer", "adam"),
+     "attack 'dager' reads a FedAvg delta as a sum of gradients: the client's optimizer 'adam'"),
     (("--dataset", "polarity:tokenizer=minilm", "--model", "minilm", "--attack", "dager", "--lora", "4"),
-     "LoRA clients of an encoder (--lora) are not supported"),
+     "dager: a LoRA adapter of rank 4 with zero B leaves no room for a span"),
 ])
 def test_mismatches_are_refused_in_one_line(capsys, args, message):
     code, out, err = cli(capsys, *args, "--json")

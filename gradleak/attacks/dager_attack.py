@@ -29,9 +29,6 @@ class DAGER(Attack):
                 or check_result(lambda: check_encoder(model) if is_encoder(model) else _check_architecture(model)))
 
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
-        if is_encoder(obs.model):
-            return reconstruct_encoder(obs, ctx, self.options)
-        _check_architecture(obs.model)
         update = obs.update
         if update.kind != "gradient":
             # FedAvg: a sum of gradients at moving weights; a server that knows the client ran
@@ -42,6 +39,9 @@ class DAGER(Attack):
                 raise GradleakError("attack 'dager' reads a FedAvg delta as a sum of gradients: the client's "
                                     f"optimizer '{training.optimizer}' rescales or decays the weights, which "
                                     "breaks the span test; attack plain SGD (with momentum at most)")
+        if is_encoder(obs.model):
+            return reconstruct_encoder(obs, ctx, self.options)
+        _check_architecture(obs.model)
         batch_size, seq_len = obs.batch_size, int(obs.input_shape[0])
         model = copy.deepcopy(obs.model).to(ctx.device)
         result = dager_search(model, update.as_gradient(), batch_size, seq_len, self.options,

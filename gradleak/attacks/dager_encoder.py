@@ -1,6 +1,7 @@
 """DAGER for encoders (Petrov, Dimitrov, Baader, Müller, Vechev, NeurIPS 2024): exact
 recovery of a batch of WordPiece sentences from one FedSGD gradient of the BERT-style
-`minilm` (gradleak.models.minilm), with the span test of gradleak.attacks.dager.
+`minilm` (gradleak.models.minilm), with the span test of gradleak.attacks.dager; a FedAvg
+delta and LoRA adapters (`layer_span`) are read as that module reads a decoder's.
 
 Layer 1 is the decoder case: the first block's Q/K/V projections read
 h = LN_emb(E[token] + P[position] + T[segment 0]) (the embedding LayerNorm's output: MiniLM is
@@ -34,6 +35,7 @@ whole batch.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -42,10 +44,18 @@ from types import SimpleNamespace
 import torch
 
 from ..errors import GradleakError
+from ..models.lora import LoRALinear
 from ..models.minilm import CLS_ID, PAD_ID, SEP_ID, MiniLM
 from ..threat import Observation
 from .base import AttackContext, Reconstruction
-from .dager import DagerOptions, InputSpan, _FirstLayerInputs, check_search_size, input_span
+from .dager import (
+    DagerOptions,
+    InputSpan,
+    _FirstLayerInputs,
+    _ProjectedFirstLayerInputs,
+    check_search_size,
+    input_span,
+)
 
 EXHAUSTIVE_LIMIT = 256  # candidate sentences of one length scored one by one; above: coordinate search
 RANDOM_STARTS = 64  # coordinate-search starts beyond the batch_size "k-th nearest" ones
@@ -94,6 +104,52 @@ def _stacked_gradient(gradients: dict[str, torch.Tensor], layer: int, width: int
     return torch.cat(parts, dim=0)
 
 
+def layer_span(model: MiniLM, gradients: dict[str, torch.Tensor], layer: int, max_rank: int,
+               options: DagerOptions, extra_rank: int = 0) -> InputSpan:
+    """Block `layer`'s input span. Plain projections: the stacked query/key/value weight
+    gradients. LoRA adapters on them, read as gradleak.attacks.dager reads the decoder's: while
+    every B is nonzero the stacked A gradients span the inputs (at most r of them); with zero
+    B, the query's B gradient spans the projected inputs A x. The adapters' rank must exceed
+    the inputs' count, else one line says so."""
+    attn = model.blocks[layer].attn
+    parts = [getattr(attn, part) for part in ("query", "key", "value")]
+    if not isinstance(parts[0], LoRALinear):
+        return input_span(_stacked_gradient(gradients, layer, model.width), max_rank, options,
+                          extra_rank=extra_rank)
+    prefix = f"blocks.{layer}.attn"
+    rank = parts[0].rank
+    if all(bool(part.lora_B.detach().abs().max() > 0) for part in parts):
+        names = [f"{prefix}.{part}.lora_A" for part in ("query", "key", "value")]
+        _check_gradients(gradients, names, [part.lora_A for part in parts])
+        span = input_span(torch.cat([gradients[n] for n in names]), max_rank, options, extra_rank=extra_rank,
+                          limit=rank)
+        needs = f"more than the batch's at most {max_rank} inputs"
+    else:
+        limit = rank - options.rank_margin
+        if limit < 1:
+            raise GradleakError(f"dager: a LoRA adapter of rank {rank} with zero B leaves no room for a span "
+                                f"(the rank must exceed rank_margin {options.rank_margin} plus the inputs)")
+        name = f"{prefix}.query.lora_B"
+        _check_gradients(gradients, [name], [parts[0].lora_B])
+        span = input_span(gradients[name], max_rank, options, extra_rank=extra_rank, limit=limit,
+                          projection=parts[0].lora_A)
+        needs = f"at least {max_rank + options.rank_margin + 1} (the batch's inputs + rank_margin)"
+    if span.saturated:
+        raise GradleakError(f"dager: the LoRA rank {rank} is too small to span the batch's layer inputs "
+                            f"(block {layer}: up to {max_rank} token positions); it needs a rank of {needs}: "
+                            "attack a larger --lora rank, a smaller batch or shorter sequences")
+    return span
+
+
+def _check_gradients(gradients: dict[str, torch.Tensor], names: list[str], params: list[torch.Tensor]) -> None:
+    for name, param in zip(names, params):
+        if name not in gradients:
+            raise GradleakError(f"dager needs the gradient of '{name}'")
+        if tuple(gradients[name].shape) != tuple(param.shape):
+            raise GradleakError(f"dager: gradient '{name}' has shape {tuple(gradients[name].shape)}, "
+                                f"expected {tuple(param.shape)}")
+
+
 def _first_layer(model: MiniLM, span: InputSpan) -> _FirstLayerInputs:
     """The layer-1 test of gradleak.attacks.dager on MiniLM's embeddings: its `ln_1` is the
     embedding LayerNorm and its position vectors are P[p] + T[0]."""
@@ -101,7 +157,7 @@ def _first_layer(model: MiniLM, span: InputSpan) -> _FirstLayerInputs:
     view = SimpleNamespace(blocks=[SimpleNamespace(ln_1=model.embedding_norm)],
                            token_embedding=model.token_embedding,
                            position_embedding=SimpleNamespace(weight=positions))
-    return _FirstLayerInputs(view, span)
+    return (_ProjectedFirstLayerInputs if span.projection is not None else _FirstLayerInputs)(view, span)
 
 
 def layer2_distances(model: MiniLM, sentences: torch.Tensor, span: InputSpan) -> torch.Tensor:
@@ -208,15 +264,20 @@ def _agree(a: list[int], b: list[int]) -> bool:
 
 
 def encoder_search(model: MiniLM, gradients: dict[str, torch.Tensor], batch_size: int, seq_len: int,
-                   options: DagerOptions | None = None) -> EncoderResult:
+                   options: DagerOptions | None = None, *, fedavg: bool = False) -> EncoderResult:
     """Recover the `batch_size` WordPiece sentences (padded to `seq_len`) behind a FedSGD
-    gradient of `model` (the first two blocks' query/key/value weight gradients are read)."""
+    gradient of `model` (the first two blocks' query/key/value weight gradients, or their LoRA
+    adapters', are read). `fedavg`: a FedAvg delta read as the decoder's is
+    (gradleak.attacks.dager: `fedavg_extra_rank` more span directions, the FedAvg thresholds)."""
     options = options or DagerOptions()
     check_encoder(model)
     check_search_size(model, batch_size, seq_len, options, shortest=2)  # [CLS] and [SEP]
+    if fedavg:
+        options = dataclasses.replace(options, l1_threshold=options.fedavg_l1_threshold,
+                                      l2_threshold=options.fedavg_l2_threshold)
     max_rank = batch_size * seq_len
-    span1 = input_span(_stacked_gradient(gradients, 0, model.width), max_rank, options)
-    span2 = input_span(_stacked_gradient(gradients, 1, model.width), max_rank, options)
+    extra_rank = options.fedavg_extra_rank if fedavg else 0
+    span1, span2 = (layer_span(model, gradients, layer, max_rank, options, extra_rank) for layer in (0, 1))
     saturated = span1.saturated or span2.saturated
     with torch.no_grad():
         first = _first_layer(model, span1)
@@ -300,17 +361,12 @@ def is_encoder(model) -> bool:
 
 
 def reconstruct_encoder(obs: Observation, ctx: AttackContext, options: DagerOptions) -> Reconstruction:
-    """Attack 'dager' on minilm: `encoder_search` on one FedSGD gradient."""
+    """Attack 'dager' on minilm: `encoder_search` on one FedSGD gradient or FedAvg delta."""
     check_encoder(obs.model)
-    if any(name.endswith(("lora_A", "lora_B")) for name, _ in obs.model.named_parameters()):
-        raise GradleakError("attack 'dager' on minilm reads the full Q/K/V weight gradients; LoRA clients of an "
-                            "encoder (--lora) are not supported")
-    if obs.update.kind != "gradient":
-        raise GradleakError("attack 'dager' on minilm recovers text from one FedSGD gradient (--local-steps 1); "
-                            "FedAvg updates of an encoder are not supported")
     batch_size, seq_len = obs.batch_size, int(obs.input_shape[0])
     model = copy.deepcopy(obs.model).to(ctx.device)
-    result = encoder_search(model, obs.update.as_gradient(), batch_size, seq_len, options)
+    result = encoder_search(model, obs.update.as_gradient(), batch_size, seq_len, options,
+                            fedavg=obs.update.kind != "gradient")
     extras = {"exact_rows": int(result.exact.sum()), "span_ranks": list(result.ranks),
               "candidates_per_position": result.candidates, "sentence_ends": result.lengths}
     if result.saturated:
