@@ -125,6 +125,30 @@ class DagerOptions:
         return self.max_prefixes or 4 * batch_size + 16
 
 
+def adapter_span(a_gradient: torch.Tensor, b_gradient: torch.Tensor, adapter: LoRALinear, use_a: bool,
+                 max_rank: int, options: DagerOptions, extra_rank: int, block: int) -> InputSpan:
+    """The input span of one LoRA adapter's layer (see `_layer_spans`): from A's gradient (its
+    rows span the inputs) when `use_a`, else from B's gradient, which spans the projected inputs
+    A x. One line when the adapter's rank cannot hold the batch's inputs."""
+    rank = adapter.rank
+    if use_a:
+        span = input_span(a_gradient, max_rank, options, extra_rank=extra_rank, limit=rank)
+        needs = f"more than the batch's at most {max_rank} distinct inputs"
+    else:
+        limit = rank - options.rank_margin
+        if limit < 1:
+            raise GradleakError(f"dager: a LoRA adapter of rank {rank} with zero B leaves no room for a span "
+                                f"(the rank must exceed rank_margin {options.rank_margin} plus the inputs)")
+        span = input_span(b_gradient, max_rank, options, extra_rank=extra_rank, limit=limit,
+                          projection=adapter.lora_A)
+        needs = f"at least {max_rank + options.rank_margin + 1} (the batch's inputs + rank_margin)"
+    if span.saturated:
+        raise GradleakError(f"dager: the LoRA rank {rank} is too small to span the batch's layer inputs "
+                            f"(block {block}: up to {max_rank} distinct token positions); it needs a rank of "
+                            f"{needs}: attack a larger --lora rank, a smaller batch or shorter sequences")
+    return span
+
+
 @dataclass
 class DagerResult:
     tokens: torch.Tensor  # (B, T) recovered token ids, exact rows first
@@ -334,26 +358,8 @@ def _layer_spans(model: GPT2, gradients: dict[str, torch.Tensor], max_rank: int,
         return tuple(input_span(gradients[qkv_gradient_name(layer)], max_rank, options, extra_rank=extra_rank)
                      for layer in (0, 1))
     use_a = all(bool(qkv.lora_B.detach().abs().max() > 0) for qkv in qkvs)
-    spans = []
-    for layer, qkv in enumerate(qkvs):
-        rank = qkv.rank
-        if use_a:
-            span = input_span(gradients[f"{_qkv_prefix(layer)}.lora_A"], max_rank, options, extra_rank=extra_rank,
-                              limit=rank)
-            needs = f"more than the batch's at most {max_rank} distinct inputs"
-        else:
-            limit = rank - options.rank_margin
-            if limit < 1:
-                raise GradleakError(f"dager: a LoRA adapter of rank {rank} with zero B leaves no room for a span "
-                                    f"(the rank must exceed rank_margin {options.rank_margin} plus the inputs)")
-            span = input_span(gradients[f"{_qkv_prefix(layer)}.lora_B"], max_rank, options, extra_rank=extra_rank,
-                              limit=limit, projection=qkv.lora_A)
-            needs = f"at least {max_rank + options.rank_margin + 1} (the batch's inputs + rank_margin)"
-        if span.saturated:
-            raise GradleakError(f"dager: the LoRA rank {rank} is too small to span the batch's layer inputs "
-                                f"(block {layer}: up to {max_rank} distinct token positions); it needs a rank of "
-                                f"{needs}: attack a larger --lora rank, a smaller batch or shorter sequences")
-        spans.append(span)
+    spans = [adapter_span(gradients[f"{_qkv_prefix(layer)}.lora_A"], gradients[f"{_qkv_prefix(layer)}.lora_B"],
+                          qkv, use_a, max_rank, options, extra_rank, layer) for layer, qkv in enumerate(qkvs)]
     return spans[0], spans[1]
 
 

@@ -53,6 +53,7 @@ from .dager import (
     InputSpan,
     _FirstLayerInputs,
     _ProjectedFirstLayerInputs,
+    adapter_span,
     check_search_size,
     input_span,
 )
@@ -117,28 +118,12 @@ def layer_span(model: MiniLM, gradients: dict[str, torch.Tensor], layer: int, ma
         return input_span(_stacked_gradient(gradients, layer, model.width), max_rank, options,
                           extra_rank=extra_rank)
     prefix = f"blocks.{layer}.attn"
-    rank = parts[0].rank
-    if all(bool(part.lora_B.detach().abs().max() > 0) for part in parts):
-        names = [f"{prefix}.{part}.lora_A" for part in ("query", "key", "value")]
-        _check_gradients(gradients, names, [part.lora_A for part in parts])
-        span = input_span(torch.cat([gradients[n] for n in names]), max_rank, options, extra_rank=extra_rank,
-                          limit=rank)
-        needs = f"more than the batch's at most {max_rank} inputs"
-    else:
-        limit = rank - options.rank_margin
-        if limit < 1:
-            raise GradleakError(f"dager: a LoRA adapter of rank {rank} with zero B leaves no room for a span "
-                                f"(the rank must exceed rank_margin {options.rank_margin} plus the inputs)")
-        name = f"{prefix}.query.lora_B"
-        _check_gradients(gradients, [name], [parts[0].lora_B])
-        span = input_span(gradients[name], max_rank, options, extra_rank=extra_rank, limit=limit,
-                          projection=parts[0].lora_A)
-        needs = f"at least {max_rank + options.rank_margin + 1} (the batch's inputs + rank_margin)"
-    if span.saturated:
-        raise GradleakError(f"dager: the LoRA rank {rank} is too small to span the batch's layer inputs "
-                            f"(block {layer}: up to {max_rank} token positions); it needs a rank of {needs}: "
-                            "attack a larger --lora rank, a smaller batch or shorter sequences")
-    return span
+    names = [f"{prefix}.{part}.lora_{matrix}" for matrix in "AB" for part in ("query", "key", "value")]
+    _check_gradients(gradients, names, [getattr(part, f"lora_{matrix}") for matrix in "AB" for part in parts])
+    stacked_a = torch.cat([gradients[n] for n in names[:3]])
+    use_a = all(bool(part.lora_B.detach().abs().max() > 0) for part in parts)
+    return adapter_span(stacked_a, gradients[f"{prefix}.query.lora_B"], parts[0], use_a, max_rank, options,
+                        extra_rank, layer)
 
 
 def _check_gradients(gradients: dict[str, torch.Tensor], names: list[str], params: list[torch.Tensor]) -> None:
