@@ -189,9 +189,8 @@ class LAMP(EmbeddingMatchingAttack):
         generator = ctx.generator(31)
         labels = sim.next_token_labels(sim.nearest_tokens(embeds))
         best_tokens, best_score = None, math.inf
-        done = 0
-        while True:
-            for step in range(done, progress.iterations):
+        for steps in progress.rungs():
+            for step in steps:
                 if scorer is not None and step and step % opt.discrete_every == 0 and length > 1:
                     with torch.no_grad():
                         tokens, score, source = self._discrete_step(
@@ -212,7 +211,6 @@ class LAMP(EmbeddingMatchingAttack):
                 if step < opt.iterations:  # later rungs continue at the decayed learning rate
                     schedule.step()
                 progress.step(step, float(matching.detach()))
-            done = progress.iterations
             final = sim.nearest_tokens(embeds)
             # score=tokens with discrete steps: the best-scoring guess, the final one included
             if scorer is not None and best_tokens is not None:
@@ -222,7 +220,6 @@ class LAMP(EmbeddingMatchingAttack):
                 if score > best_score:
                     final = best_tokens
             yield progress.reconstruction(final)
-            progress.extend(2 * done)
 
     def _initial_embeddings(self, sim: EmbeddingGradients, shape: tuple[int, int],
                             generator: torch.Generator) -> torch.Tensor:

@@ -135,7 +135,7 @@ class MatchingTrace:
     reported to the progress bar at every step, and the reconstruction it ends in."""
 
     def __init__(self, iterations: int, ctx: AttackContext):
-        self.iterations, self.ctx = iterations, ctx  # the current rung's budget (`extend` doubles it)
+        self.iterations, self.ctx = iterations, ctx  # the current rung's budget (`rungs` doubles it)
         self.every = max(1, iterations // TRACE_POINTS)
         self.started = time.perf_counter()
         self.distance = float("nan")
@@ -152,9 +152,13 @@ class MatchingTrace:
             self.trace_iterations.append(step + 1)
             self.trace_seconds.append(round(time.perf_counter() - self.started, 3))
 
-    def extend(self, iterations: int) -> None:
-        """The next rung of the ladder: the same run, continued to `iterations` steps."""
-        self.iterations = iterations
+    def rungs(self) -> Iterator[range]:
+        """The new steps of each rung of the budget ladder: the first budget's, then, after each
+        `reconstruction`, those of the same run continued to twice the steps."""
+        done = 0
+        while True:
+            yield range(done, self.iterations)
+            done, self.iterations = self.iterations, 2 * self.iterations
 
     def reconstruction(self, tokens: torch.Tensor) -> Reconstruction:
         return Reconstruction(inputs=tokens.cpu(), labels=None, iterations=self.iterations,
@@ -218,9 +222,8 @@ class TAG(EmbeddingMatchingAttack):
         embeds = sim.random_embeddings(shape, ctx.generator(23)).requires_grad_(True)
         optimizer = torch.optim.Adam([embeds], lr=opt.lr)
         labels = sim.next_token_labels(sim.nearest_tokens(embeds))
-        done = 0
-        while True:
-            for step in range(done, progress.iterations):
+        for steps in progress.rungs():
+            for step in steps:
                 if step and step % opt.label_every == 0:
                     labels = sim.next_token_labels(sim.nearest_tokens(embeds))
                 optimizer.zero_grad(set_to_none=True)
@@ -228,6 +231,4 @@ class TAG(EmbeddingMatchingAttack):
                 loss.backward(inputs=[embeds])
                 optimizer.step()
                 progress.step(step, float(loss.detach()))
-            done = progress.iterations
             yield progress.reconstruction(sim.nearest_tokens(embeds))
-            progress.extend(2 * done)
