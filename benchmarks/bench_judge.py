@@ -274,13 +274,68 @@ def calibrate(quick: bool = False) -> dict:
     return {"images": calibrate_images(n), "text": calibrate_text(n), "tabular": calibrate_tabular(n)}
 
 
+CLI_ARGS = ["attack", "--dataset", "mnist", "--model", "lenet5", "--attack", "mkor", "--threat", "malicious",
+            "--batch-size", "100", "--json"]
+
+
+def cli(root: str | None = None) -> dict:
+    """The CLI command in a fresh process on one thread: its wall seconds (interpreter and
+    imports included) and, inside it, the seconds spent reading the gallery and judging.
+    `root`: the checkout whose gradleak runs (default: this one), to time another version."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = root or str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, __file__, "cli-child", *CLI_ARGS], capture_output=True, text=True,
+                          env=env, cwd=root, timeout=1800)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-2000:])
+    inside = json.loads(proc.stderr.strip().splitlines()[-1])
+    judging = inside["judge_seconds"] + inside["gallery_load_seconds"]
+    return {"root": root, "wall_seconds": round(wall, 3), **inside,
+            "judge_share_of_wall": round(judging / wall, 3),
+            "judge_share_of_run": round(judging / inside["run_seconds"], 3)}
+
+
+def _cli_child(argv: list[str]) -> None:
+    import contextlib
+    import io
+
+    import gradleak.experiment as experiment
+    from gradleak.cli import main
+    from gradleak.metrics import scoring
+
+    torch.set_num_threads(1)
+    judged: list[float] = []
+    loaded: list[float] = []
+    _timed(scoring, "judge" if hasattr(scoring, "judge") else "gallery_ranks", judged)
+    _timed(experiment, "gallery_for", loaded)
+    out = io.StringIO()
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(out):
+        rc = main(argv)
+    metrics = json.loads(out.getvalue())["metrics"] if rc == 0 else {}
+    print(json.dumps({"run_seconds": round(time.perf_counter() - start, 3), "judge_seconds": round(sum(judged), 3),
+                      "gallery_load_seconds": round(sum(loaded), 3), "reid": metrics.get("reid"),
+                      "linkage": metrics.get("linkage"), "recognizable": metrics.get("recognizable")}),
+          file=sys.stderr)
+
+
 def run(quick: bool) -> dict:
-    return {"speed": speed(), "calibration": calibrate(quick)}
+    return {"cli": cli(), "in_process": speed(), "calibration": calibrate(quick)}
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
     if args and args[0] == "calibrate":
         print(json.dumps(calibrate("--quick" in args), indent=2))
+    elif args and args[0] == "cli":
+        print(json.dumps(cli(args[1] if len(args) > 1 else None), indent=2))
+    elif args and args[0] == "cli-child":
+        _cli_child(args[1:])
     else:
         print(json.dumps(speed(), indent=2))

@@ -23,6 +23,23 @@ carries nothing about its original finds it by chance with probability at most
 (number of distances) / (gallery size + 1) — the union bound, which is the chance level
 reported. Gallery examples identical to the original (duplicates in the data) are left
 out of its comparison.
+
+A yes/no rank-0 test has little power, and one chance event flips it. Each example also gets
+its *linkage* (`judge`): the fraction of gallery examples strictly farther from the
+reconstruction than its original (ties count one half) — the AUC of telling the original
+from the gallery by that distance — averaged over the modality's linkage distances
+(`linkage_distances`). A reconstruction that carries nothing ranks its original uniformly
+among the gallery, so each distance's AUC, and their mean, is 0.5 on average; a
+recognisable one is near 1. Which distances enter, and the perceptual bars of
+`recognizable` (re-identified *and* looking like the original: scoring.RECOGNIZABLE_*,
+text.RECOGNIZABLE_ROUGE1), were calibrated on data the project does not report on:
+docs/judging.md.
+
+All reconstructions of a batch are judged against the gallery at once
+(gradleak.metrics.distance_matrix: SSIM and LPIPS as matrix products, the gallery's filtered
+moments and features computed once per Gallery); pairs whose fast distance lies within
+float32 rounding of the original's are recomputed pair by pair (`_refine`), so ranks and
+ties are those of the per-pair definition.
 """
 from __future__ import annotations
 

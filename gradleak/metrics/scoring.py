@@ -46,8 +46,8 @@ ASR_MSE_THRESHOLD = 1e-3
 # RECOGNIZABLE_LPIPS; a tabular record with an RMSE, in units of each feature's gallery
 # spread, of at most RECOGNIZABLE_TABULAR_Z.
 RECOGNIZABLE_SSIM = 0.3
-RECOGNIZABLE_LPIPS = 0.25
-RECOGNIZABLE_TABULAR_Z = 0.5
+RECOGNIZABLE_LPIPS = 0.15
+RECOGNIZABLE_TABULAR_Z = 0.3
 
 
 @dataclass
