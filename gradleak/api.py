@@ -49,6 +49,7 @@ from .fl.update import Update
 from .ladder import LADDER_DOUBLINGS
 from .leakage import SAMPLE_SEED_OFFSET, Tolerance, parse_tolerance
 from .metrics.reidentify import Gallery
+from .models.base import hash_weights
 from .models.references import fit_classes, resolve_model
 from .options import ComponentSpec, parse_spec
 from .threat import ThreatModel, capture_bn_statistics, expected_view, make_threat_model, observe
@@ -562,15 +563,11 @@ def select_attacks(attacks: str | Sequence[str | Attack], model: nn.Module, inpu
 
 
 def _why_not(attack: Attack, model, input_shape, num_classes, modality, threat: ThreatModel) -> str | None:
-    missing = sorted(attack.needs() - threat.grants)
-    if missing:
-        why = dict(threat.unseen)
-        notes = "".join(f" ({key} not from the update: {why[key]})" for key in missing if key in why)
-        return f"needs {', '.join(missing)}, which threat model '{threat.name}' does not grant{notes}"
-    if modality not in attack.modalities:
-        return f"does not handle {modality} data"
-    check = getattr(attack, "unsupported", None)
-    return check(model, tuple(input_shape), num_classes, modality) if check else None
+    """The one attack/threat/architecture compatibility check: the threat model's refusal, else
+    the attack's own (`Attack.unsupported`: the modality, then the architecture)."""
+    if modality not in attack.modalities:  # before the architecture: an override may not check it
+        return threat.refuses(attack.needs()) or f"does not handle {modality} data"
+    return threat.refuses(attack.needs()) or attack.unsupported(model, tuple(input_shape), num_classes, modality)
 
 
 def _budget_options(name: str, budget: str) -> dict:
@@ -673,9 +670,7 @@ def _defense_labels(defenses: tuple[str, ...]) -> dict:
 
 def _model_digest(model: nn.Module) -> str:
     h = hashlib.sha256(type(model).__qualname__.encode())
-    for name, tensor in model.state_dict().items():
-        h.update(name.encode())
-        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    hash_weights(h, model)
     return h.hexdigest()[:16]
 
 

@@ -24,7 +24,7 @@ from .data.references import dataset_path_form, dataset_spec, held_out_examples,
 from .defenses import DefenseChain, make_chain
 from .errors import GradleakError
 from .fl import TrainingSpec, aggregate_updates, compute_update
-from .fl.training import check_bn_mode
+from .fl.training import check_bn_mode, scenario_fields, training_from_scenario
 from .ladder import climb_budget_ladder, convergence_summary, ladder_summary
 from .metrics import summarize
 from .metrics.reidentify import Gallery
@@ -114,13 +114,7 @@ class AttackRunSpec:
 
     def training(self) -> TrainingSpec:
         """The client's local training this spec declares."""
-        return TrainingSpec(lr=self.lr, local_steps=self.local_steps, local_epochs=self.local_epochs,
-                            local_batch_size=self.local_batch_size, batchnorm=self.bn_mode, optimizer=self.optimizer,
-                            shuffle_seed=self.shuffle_seed, shuffle=self.shuffle,  # type: ignore[arg-type]
-                            augment=self.augment, crop_padding=self.crop_padding,
-                            label_smoothing=self.label_smoothing, clip_norm=self.clip_norm,
-                            sends_buffers=self.sends_buffers, lora_rank=self.lora, lora_alpha=self.lora_alpha,
-                            lora_b_std=self.lora_b_std)
+        return training_from_scenario(self)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -129,13 +123,7 @@ class AttackRunSpec:
 def training_fields(training: TrainingSpec) -> dict:
     """The `AttackRunSpec` fields that declare `training` (the inverse of
     `AttackRunSpec.training`)."""
-    return dict(lr=training.lr, local_steps=training.local_steps, local_epochs=training.local_epochs,
-                local_batch_size=training.local_batch_size, bn_mode=training.batchnorm,
-                optimizer=training.optimizer, shuffle_seed=training.shuffle_seed, shuffle=training.shuffle,
-                augment=training.augment, crop_padding=training.crop_padding,
-                label_smoothing=training.label_smoothing, clip_norm=training.clip_norm,
-                sends_buffers=training.sends_buffers, lora=training.lora_rank, lora_alpha=training.lora_alpha,
-                lora_b_std=training.lora_b_std)
+    return scenario_fields(training)
 
 
 @dataclass
