@@ -403,6 +403,8 @@ class Matrix:
     corner: str  # the top-left heading, "defense \ attack" or "attack \ defense"
     columns: list[str]
     rows: list[MatrixRow]
+    # attacks that ran in no setting of this matrix, with why: one collapsed list under it
+    not_run: list[str] = field(default_factory=list)
 
 
 def _matrix_cell(slot: dict | None, images: _Images) -> MatrixCell:
@@ -447,6 +449,17 @@ def _setting_words(setting: tuple) -> str:
 def _matrices(matrices: list[dict], images: _Images) -> list[Matrix]:
     views = []
     for m in matrices:
+        # an attack that ran nowhere in this matrix gets no column, only a line in the list below it
+        ran = [c for c in m["columns"] if any((m["cells"].get((r, c)) or {}).get("best") is not None
+                                              or (m["cells"].get((r, c)) or {}).get("failed") for r in m["rows"])]
+        not_run = []
+        for c in m["columns"]:
+            if c in ran:
+                continue
+            reasons = sorted({str(slot["not_run"]) for r in m["rows"]
+                              if (slot := m["cells"].get((r, c))) and slot.get("not_run")})
+            not_run.append(f"{c}: {'; '.join(reasons) or 'not in the sweep'}")
+        m = {**m, "columns": ran}
         # rows are sorted by (batch size, local steps) first: one header per setting, never mixed
         settings = list(dict.fromkeys(r[:2] for r in m["rows"]))
         title = f"{_threat_title(m['threat'])} · {m['dataset']} · {m['model']}"
@@ -457,7 +470,7 @@ def _matrices(matrices: list[dict], images: _Images) -> list[Matrix]:
             rows = [MatrixRow(c, [_matrix_cell(m["cells"].get((r, c)), images) for r in m["rows"]])
                     for c in m["columns"]]
             views.append(Matrix(title, setting, "attack \\ defense",
-                                [_row_label(r, len(settings) > 1) for r in m["rows"]], rows))
+                                [_row_label(r, len(settings) > 1) for r in m["rows"]], rows, not_run))
             continue
         rows, previous = [], None
         for row in m["rows"]:
@@ -465,7 +478,7 @@ def _matrices(matrices: list[dict], images: _Images) -> list[Matrix]:
             previous = row[:2]
             rows.append(MatrixRow(_row_label(row), [_matrix_cell(m["cells"].get((row, c)), images)
                                                     for c in m["columns"]], group))
-        views.append(Matrix(title, setting, "defense \\ attack", list(m["columns"]), rows))
+        views.append(Matrix(title, setting, "defense \\ attack", list(m["columns"]), rows, not_run))
     return views
 
 

@@ -3,6 +3,7 @@ the undefended run with its interval, the refusal of a baseline that did not tra
 utility–privacy frontier."""
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 
@@ -33,7 +34,8 @@ def utility_table(cells: list[CellRecord]) -> dict[tuple, dict]:
     table = {}
     for key, members in groups.items():
         names = {k for m in members for k, v in m.metrics.items() if isinstance(v, (int, float))}
-        table[key] = {"seeds": len(members), "trained_model": members[0].labels.get("trained_model")}
+        table[key] = {"seeds": len(members), "trained_model": members[0].labels.get("trained_model"),
+                      "dataset_spec": members[0].spec.get("dataset") if isinstance(members[0].spec, dict) else None}
         for n in names:
             table[key][n], table[key][f"{n}_ci"] = interval95([m.metrics.get(n) for m in members])
     return table
@@ -50,11 +52,24 @@ def utility_metric(table: dict) -> tuple[str, bool] | None:
 
 
 def _num_classes(row: dict) -> int | None:
-    """The class count a utility row was trained on, as the run stored it (None without)."""
+    """The class count a utility row was trained on: stored with the run, or (stores written
+    before it was) read from the dataset reference itself; None when neither is available."""
     stored = row.get("num_classes")
     if isinstance(stored, (int, float)) and stored >= 2:
         return int(round(stored))
-    return None
+    return _classes_of(row.get("dataset_spec"))
+
+
+@functools.lru_cache(maxsize=16)
+def _classes_of(reference) -> int | None:
+    if not isinstance(reference, str):
+        return None
+    try:
+        from ..data.references import load_reference
+
+        return load_reference(reference).num_classes
+    except Exception:  # a dataset no longer at hand: the rule is not applied
+        return None
 
 
 def did_not_train(baseline: dict, metric: str) -> str | None:

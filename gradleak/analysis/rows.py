@@ -59,7 +59,7 @@ def attack_rows(cells: list[CellRecord]) -> list[dict]:
                    and ld.get("iterations")]
         row = {**{k: scenario_label(lab, k) for k in SCENARIO_KEYS}, "defense": lab["defense"],
                "strength": lab["strength"], "attack": lab["attack"], "attack_spec": lab["attack_spec"],
-               "init": lab.get("init"), "seeds": len({m.spec.get("seed") for m in members}) or len(members),
+               "init": lab.get("init"), "seeds": len({m.labels.get("seed", m.key) for m in members}),
                "cells": len(members), "seconds": average([m.seconds for m in members]),
                "saturated": all(cell_saturated(m) for m in members),
                "undecided": sum(ld.get("decision", "undecided") == "undecided" for ld in ladders),
