@@ -21,7 +21,7 @@ def build_named_model(text: str, input_shape, num_classes: int, seed: int = 0,
     """A built-in model (`name[:k=v,...]`) or the user's own
     (`path/to/file.py:factory[:k=v,...]`, `package.module:factory[:k=v,...]`),
     seeded, checked to output at least one logit per class."""
-    from .models.user import build_user_model, check_model_fits, is_user_model_ref
+    from .user import build_user_model, check_model_fits, is_user_model_ref
 
     if is_user_model_ref(text):
         if activation:
