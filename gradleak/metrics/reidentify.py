@@ -31,7 +31,17 @@ from typing import Literal
 
 import torch
 
-Distance = Literal["lpips", "ssim", "l2", "tokens"]
+from .distance_matrix import (
+    REFINE_MARGIN,
+    l2_matrix,
+    lpips_matrix,
+    rows_first,
+    ssim_filters,
+    ssim_matrix,
+    ssim_statistics,
+)
+
+Distance = Literal["lpips", "ssim", "l2", "l2z", "tokens"]
 # LPIPS judges images of at least this side, not much longer than wide (it upsamples the
 # short side to 64 px: an 8 px digit or a 1 × 2000 strip would be judged on interpolation).
 LPIPS_MIN_SIDE = 16
@@ -79,44 +89,154 @@ def chance_rate(gallery_size: int, distances: int) -> float:
     return min(1.0, distances / (gallery_size + 1))
 
 
+def linkage_distances(distances: tuple[Distance, ...]) -> tuple[Distance, ...]:
+    """The distances whose linkage AUCs are averaged into an example's `linkage`
+    (docs/judging.md: each has power on the calibration data; tabular records are compared
+    on features standardised by the gallery's spread, so no one feature's units dominate)."""
+    return tuple("l2z" if d == "l2" else d for d in distances)
+
+
+@dataclass
+class Judgement:
+    """Re-identification of one batch: per example, its rank under each distance (`ranks`:
+    gallery examples at least as close to the reconstruction as its original, duplicates of
+    the original left out), `rank` the best over the identifying distances, and `linkage`
+    the mean over the linkage distances of the fraction of gallery examples strictly
+    farther than the original (ties one half; None for an empty gallery)."""
+
+    ranks: list[dict[str, int]]
+    rank: list[int]
+    linkage: list[float | None]
+    aucs: list[dict[str, float]] = field(default_factory=list)  # each linkage distance's AUC
+
+
+def judge(originals: torch.Tensor, reconstructions: torch.Tensor, gallery: Gallery,
+          distances: tuple[Distance, ...], linkage: tuple[Distance, ...] | None = None,
+          backbone: str = "alex", pad_token: int | None = None) -> Judgement:
+    """Re-identify every reconstruction among `gallery` (Judgement). `distances` identify,
+    `linkage` (default: `linkage_distances(distances)`) enter the linkage AUC. A
+    reconstruction that is not finite identifies nothing (rank = gallery size under every
+    distance) and links at 0.5, as one carrying nothing does."""
+    linkage = linkage_distances(distances) if linkage is None else linkage
+    wanted = tuple(dict.fromkeys(distances + linkage))
+    n, size = len(originals), len(gallery)
+    if "tokens" in wanted:
+        originals, reconstructions = originals.long().cpu(), reconstructions.long().cpu()
+        finite = torch.ones(n, dtype=torch.bool)
+    else:
+        originals = originals.detach().float().cpu()
+        reconstructions = reconstructions.detach().float().cpu()
+        finite = torch.isfinite(reconstructions.flatten(1)).all(1) if n else torch.ones(0, dtype=torch.bool)
+    ranks: list[dict[str, int]] = [{d: size for d in wanted} for _ in range(n)]
+    aucs: list[dict[str, float]] = [{d: 0.5 for d in linkage} for _ in range(n)]
+    keep = finite.nonzero().flatten().tolist()
+    if size == 0:
+        return Judgement([{d: 0 for d in wanted} for _ in range(n)], [0] * n, [None] * n, [{} for _ in range(n)])
+    if keep:
+        x, r = originals[keep], reconstructions[keep]
+        others = gallery.inputs.to(x.dtype)
+        duplicate = _duplicates(x, others)
+        for distance in wanted:
+            to_gallery, to_original = _matrix(r, x, gallery, distance, backbone, pad_token)
+            to_gallery, to_original = _refine(r, x, gallery, distance, backbone, to_gallery, to_original)
+            counted = ~duplicate
+            at_least_as_close = ((to_gallery <= to_original[:, None]) & counted).sum(1)
+            farther = ((to_gallery > to_original[:, None]) & counted).sum(1).double()
+            tied = ((to_gallery == to_original[:, None]) & counted).sum(1).double()
+            auc = (farther + tied / 2) / counted.sum(1).clamp_min(1).double()
+            for k, i in enumerate(keep):
+                ranks[i][distance] = int(at_least_as_close[k])
+                if distance in linkage:
+                    aucs[i][distance] = float(auc[k])
+    return Judgement(ranks, [min(r[d] for d in distances) for r in ranks],
+                     [sum(a.values()) / len(a) if a else 0.5 for a in aucs], aucs)
+
+
 def gallery_ranks(originals: torch.Tensor, reconstructions: torch.Tensor, gallery: Gallery,
                   distances: tuple[Distance, ...], backbone: str = "alex", pad_token: int | None = None) -> list[int]:
     """For each original, how many gallery examples its reconstruction is at least as close
     to as to the original, under the distance that ranks the original best (0: the
     reconstruction identifies it). A reconstruction that is not finite identifies nothing
     (rank = gallery size). `pad_token`: the padding id the token distance leaves out."""
-    if "tokens" in distances:
-        return _token_ranks(originals, reconstructions, gallery, pad_token)
-    originals = originals.detach().float().cpu()
-    reconstructions = reconstructions.detach().float().cpu()
-    ranks = []
-    for original, recon in zip(originals, reconstructions):
-        if not bool(torch.isfinite(recon).all()):
-            ranks.append(len(gallery))
-            continue
-        if len(gallery) == 0:
-            ranks.append(0)
-            continue
-        duplicate = (gallery.inputs - original).flatten(1).abs().amax(1) == 0
-        best = len(gallery)
-        for distance in distances:
-            to_original = float(_distances(recon, original[None], distance, backbone)[0])
-            to_gallery = _gallery_distances(recon, gallery, distance, backbone)
-            best = min(best, int(((to_gallery <= to_original) & ~duplicate).sum()))
-        ranks.append(best)
-    return ranks
+    return judge(originals, reconstructions, gallery, distances, (), backbone, pad_token).rank
 
 
-def _token_ranks(originals: torch.Tensor, recovered: torch.Tensor, gallery: Gallery, pad_token: int | None
-                 ) -> list[int]:
-    others = gallery.inputs.long().cpu()
-    ranks = []
-    for original, recon in zip(originals.long().cpu(), recovered.long().cpu()):
-        duplicate = (others == original).all(1)
-        to_original = float(token_overlap_distance(recon, original[None], pad_token)[0])
-        to_gallery = token_overlap_distance(recon, others, pad_token)
-        ranks.append(int(((to_gallery <= to_original) & ~duplicate).sum()))
-    return ranks
+def _duplicates(originals: torch.Tensor, others: torch.Tensor) -> torch.Tensor:
+    """(R, G): gallery example g is identical to original r. Only pairs whose random
+    projections agree are compared in full."""
+    flat_x, flat_g = originals.flatten(1).double(), others.flatten(1).double()
+    direction = torch.rand(flat_x.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    key_x, key_g = flat_x @ direction, flat_g @ direction
+    candidates = ((key_x[:, None] - key_g[None]).abs() <= 1e-9 * (1 + key_x.abs()[:, None])).nonzero()
+    duplicate = torch.zeros(len(flat_x), len(flat_g), dtype=torch.bool)
+    for r, g in candidates.tolist():
+        duplicate[r, g] = bool(torch.equal(originals[r], others[g]))
+    return duplicate
+
+
+def _matrix(recons, originals, gallery: Gallery, distance: str, backbone: str, pad_token):
+    """Fast distances (distance_matrix) of every reconstruction to the gallery and its original."""
+    if distance == "tokens":
+        to_gallery = torch.stack([token_overlap_distance(r, gallery.inputs.long().cpu(), pad_token) for r in recons])
+        to_original = torch.stack([token_overlap_distance(r, x[None], pad_token)[0]
+                                   for r, x in zip(recons, originals)])
+        return to_gallery, to_original
+    if distance == "l2":
+        return l2_matrix(recons, originals, gallery.inputs)
+    if distance == "l2z":
+        return l2_matrix(recons, originals, gallery.inputs, gallery_scale(gallery))
+    if distance == "ssim":
+        if "ssim" not in gallery._features:  # the gallery's filtered moments, computed once
+            images = rows_first(gallery.inputs)
+            gallery._features["ssim"] = images, ssim_statistics(images, ssim_filters(tuple(gallery.inputs.shape[1:])))
+        images, statistics = gallery._features["ssim"]
+        return ssim_matrix(recons, originals, images, statistics)
+    from .lpips import load_lpips
+
+    model = load_lpips(backbone)  # type: ignore[arg-type]
+    with torch.no_grad():
+        features = _gallery_features(gallery, backbone)
+        mine = _features(model, recons)
+        theirs = _features(model, originals)
+        return lpips_matrix(model, mine, theirs, features)
+
+
+def gallery_scale(gallery: Gallery) -> torch.Tensor:
+    """Each feature's spread over the gallery (1 where it does not vary): the unit of `l2z`."""
+    flat = gallery.inputs.flatten(1).float()
+    spread = flat.std(0) if len(flat) > 1 else torch.ones(flat.shape[1])
+    return torch.where(spread > 0, spread, torch.ones_like(spread))
+
+
+def _features(model, images: torch.Tensor) -> list[torch.Tensor]:
+    chunks = [model.unit_features(images[i:i + CHUNK]) for i in range(0, len(images), CHUNK)]
+    return [torch.cat(layer) for layer in zip(*chunks)]
+
+
+def _gallery_features(gallery: Gallery, backbone: str) -> list[torch.Tensor]:
+    from .lpips import load_lpips
+
+    key = ("lpips", backbone)
+    if key not in gallery._features:  # computed once per gallery, then reused by every attack
+        with torch.no_grad():
+            gallery._features[key] = _features(load_lpips(backbone), gallery.inputs)  # type: ignore[arg-type]
+    return gallery._features[key]
+
+
+def _refine(recons, originals, gallery: Gallery, distance: str, backbone: str,
+            to_gallery: torch.Tensor, to_original: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Recompute by the per-pair reference (`_reference_distances`) the distances the fast
+    ones cannot order against the original's: pairs within REFINE_MARGIN of it."""
+    if distance in ("tokens", "l2z"):  # already exact: computed as the reference computes them
+        return to_gallery, to_original
+    margin = REFINE_MARGIN * to_original.abs().clamp_min(1)
+    close = (to_gallery - to_original[:, None]).abs() <= margin[:, None]
+    to_gallery, to_original = to_gallery.clone(), to_original.clone()
+    for k in close.any(1).nonzero().flatten().tolist():
+        columns = close[k].nonzero().flatten()
+        to_original[k] = _reference_distances(recons[k], originals[k][None], distance, backbone)[0]
+        to_gallery[k, columns] = _reference_gallery_distances(recons[k], gallery, columns, distance, backbone)
+    return to_gallery, to_original
 
 
 def token_overlap_distance(sequence: torch.Tensor, others: torch.Tensor, pad_token: int | None) -> torch.Tensor:
@@ -133,36 +253,36 @@ def token_overlap_distance(sequence: torch.Tensor, others: torch.Tensor, pad_tok
 
 
 def reid_summary(scores: list) -> dict:
-    """`reid` (the fraction of judged examples that identify their original), `reid_chance`
-    and `gallery` (its size), from per-example scores with a `gallery_rank`; {} when none
-    was judged."""
+    """`reid` (the fraction of judged examples that identify their original), `reid_chance`,
+    `gallery` (its size), `linkage` (the mean linkage AUC of the judged examples: 0.5 when
+    reconstructions carry nothing) and `recognizable` (the fraction re-identified that also
+    pass their modality's perceptual bar), from per-example scores with a `gallery_rank`;
+    {} when none was judged."""
     judged = [s for s in scores if s.gallery_rank is not None]
     if not judged:
         return {}
+    linked = [s.linkage for s in judged if getattr(s, "linkage", None) is not None]
     return {"reid": sum(bool(s.identified) for s in judged) / len(judged),
             "reid_chance": max(s.reid_chance or 0.0 for s in judged),
-            "gallery": min(s.gallery_size or 0 for s in judged)}
+            "gallery": min(s.gallery_size or 0 for s in judged),
+            "linkage": sum(linked) / len(linked) if linked else None,
+            "recognizable": sum(bool(getattr(s, "recognizable", False)) for s in judged) / len(judged)}
 
 
-def _gallery_distances(recon: torch.Tensor, gallery: Gallery, distance: Distance, backbone: str) -> torch.Tensor:
+def _reference_gallery_distances(recon: torch.Tensor, gallery: Gallery, columns: torch.Tensor,
+                                 distance: str, backbone: str) -> torch.Tensor:
+    """Distances from one reconstruction to the gallery examples `columns`, pair by pair."""
     if distance != "lpips":
-        return torch.cat([_distances(recon, gallery.inputs[i:i + CHUNK], distance, backbone)
-                          for i in range(0, len(gallery), CHUNK)])
+        return _reference_distances(recon, gallery.inputs[columns].float(), distance, backbone)
     from .lpips import load_lpips
 
     model = load_lpips(backbone)  # type: ignore[arg-type]
-    key = ("lpips", backbone)
     with torch.no_grad():
-        if key not in gallery._features:  # computed once per gallery, then reused by every attack
-            chunks = [model.unit_features(gallery.inputs[i:i + CHUNK]) for i in range(0, len(gallery), CHUNK)]
-            gallery._features[key] = [torch.cat(layer) for layer in zip(*chunks)]
-        mine = model.unit_features(recon[None])
-        features = gallery._features[key]
-        return torch.cat([model.feature_distance(mine, [f[i:i + CHUNK] for f in features])
-                          for i in range(0, len(gallery), CHUNK)])
+        features = _gallery_features(gallery, backbone)
+        return model.feature_distance(model.unit_features(recon[None]), [f[columns] for f in features])
 
 
-def _distances(recon: torch.Tensor, others: torch.Tensor, distance: Distance, backbone: str) -> torch.Tensor:
+def _reference_distances(recon: torch.Tensor, others: torch.Tensor, distance: Distance, backbone: str) -> torch.Tensor:
     """Distance from one reconstruction to each of `others`."""
     if distance == "l2":
         return (others - recon).flatten(1).pow(2).sum(1)

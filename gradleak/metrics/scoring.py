@@ -37,9 +37,17 @@ from scipy.optimize import linear_sum_assignment
 
 from ..data.modality import modality as modality_of
 from .image import mse, psnr, psnr_from_mse, ssim
-from .reidentify import Gallery, chance_rate, gallery_ranks, reid_distances, reid_summary
+from .reidentify import Gallery, chance_rate, gallery_scale, judge, linkage_distances, reid_distances, reid_summary
 
 ASR_MSE_THRESHOLD = 1e-3
+# Perceptual bars of `recognizable` (calibrated on LFW, sklearn digits and skimage/sklearn/
+# ImageNet-sample photos, never on the reported MNIST/CIFAR-10: docs/judging.md). An image
+# passes with SSIM to its original at least RECOGNIZABLE_SSIM or LPIPS at most
+# RECOGNIZABLE_LPIPS; a tabular record with an RMSE, in units of each feature's gallery
+# spread, of at most RECOGNIZABLE_TABULAR_Z.
+RECOGNIZABLE_SSIM = 0.3
+RECOGNIZABLE_LPIPS = 0.25
+RECOGNIZABLE_TABULAR_Z = 0.5
 
 
 @dataclass
@@ -59,6 +67,15 @@ class ImageScore:
     gallery_rank: int | None = None
     gallery_size: int | None = None
     reid_chance: float | None = None
+    # the rank under each distance ({"ssim": 0, "lpips": 3}); gallery_rank is their minimum
+    gallery_ranks: dict[str, int] | None = None
+    # linkage AUC in [0, 1]: the fraction of the gallery strictly farther from the reconstruction
+    # than its original (ties half), averaged over the linkage distances; 0.5 carries nothing
+    linkage: float | None = None
+    # re-identified and past the modality's perceptual bar (RECOGNIZABLE_*); None without a gallery
+    recognizable: bool | None = None
+    # tabular records: the RMSE in units of each feature's spread over the gallery
+    rmse_z: float | None = None
 
     @property
     def identified(self) -> bool | None:
@@ -143,13 +160,32 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
         aligned[i] = candidates[assignment[i]]
     if gallery is not None:
         distances = reid_distances(modality, tuple(originals.shape[1:]), lpips)
-        ranks = gallery_ranks(originals[matched], aligned[matched], gallery, distances,
-                              lpips if lpips != "none" else "alex")
-        chance = chance_rate(len(gallery), len(distances))
+        verdict = judge(originals[matched], aligned[matched], gallery, distances,
+                        backbone=lpips if lpips != "none" else "alex")
+        scale = None if image or not len(gallery) else gallery_scale(gallery)
         for s in scores:
-            s.gallery_size, s.reid_chance = len(gallery), chance
-            s.gallery_rank = ranks[matched.index(s.index)] if s.matched else len(gallery)
+            s.gallery_size, s.reid_chance = len(gallery), chance_rate(len(gallery), len(distances))
+            if s.matched:
+                k = matched.index(s.index)
+                s.gallery_rank, s.gallery_ranks, s.linkage = verdict.rank[k], verdict.ranks[k], verdict.linkage[k]
+            else:  # nothing returned: identifies nothing, links as chance does
+                s.gallery_rank = len(gallery)
+                s.gallery_ranks = dict.fromkeys(distances + linkage_distances(distances), len(gallery))
+                s.linkage = 0.5 if len(gallery) else None
+            if scale is not None:
+                s.rmse_z = float(((aligned[s.index] - originals[s.index]).flatten() / scale).pow(2).mean().sqrt())
+            s.recognizable = bool(s.identified) and s.matched and passes_bar(s)
     return scores, aligned
+
+
+def passes_bar(score: ImageScore) -> bool:
+    """Whether a reconstruction looks enough like its original for a person to recognise it
+    (the RECOGNIZABLE_* bars; docs/judging.md)."""
+    if score.ssim is not None:
+        return score.ssim >= RECOGNIZABLE_SSIM or (score.lpips is not None and score.lpips <= RECOGNIZABLE_LPIPS)
+    if score.rmse_z is not None:
+        return score.rmse_z <= RECOGNIZABLE_TABULAR_Z
+    return True
 
 
 def _assign_labels_by_count(scores: list[ImageScore], recovered: torch.Tensor | None) -> None:

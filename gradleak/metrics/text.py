@@ -27,9 +27,13 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from ..data.text import PAD_TOKEN, decode, pad_token_of
-from .reidentify import Gallery, chance_rate, gallery_ranks, reid_summary
+from .reidentify import Gallery, chance_rate, judge, reid_summary
 
 ROUGE_KEYS = ("rouge1", "rouge2", "rougeL")
+# Perceptual bar of `recognizable` for text: a recovery re-identified among the gallery that
+# shares at least this ROUGE-1 F-measure with its original (calibrated on the gensim news
+# windows: docs/judging.md).
+RECOGNIZABLE_ROUGE1 = 0.5
 
 
 @functools.lru_cache(maxsize=1)
@@ -142,6 +146,12 @@ class SequenceScore:
     gallery_rank: int | None = None
     gallery_size: int | None = None
     reid_chance: float | None = None
+    gallery_ranks: dict[str, int] | None = None  # the rank under each distance ({"tokens": 0})
+    # linkage AUC in [0, 1]: the fraction of gallery sequences strictly farther from the recovery
+    # than its original (ties half); 0.5 for a recovery that carries nothing
+    linkage: float | None = None
+    # re-identified and ROUGE-1 at least RECOGNIZABLE_ROUGE1; None without a gallery
+    recognizable: bool | None = None
 
     @property
     def identified(self) -> bool | None:
@@ -180,10 +190,15 @@ def score_sequences(originals: torch.Tensor, labels: torch.Tensor, recovered: to
             if s.recovered_label in pool:
                 pool.remove(s.recovered_label)
     if gallery is not None:
-        ranks = gallery_ranks(originals, aligned, gallery, ("tokens",), pad_token=pad_token)
-        for s, rank in zip(scores, ranks):
+        verdict = judge(originals, aligned, gallery, ("tokens",), pad_token=pad_token)
+        for s, rank, ranks, linkage in zip(scores, verdict.rank, verdict.ranks, verdict.linkage):
             s.gallery_size, s.reid_chance = len(gallery), chance_rate(len(gallery), 1)
-            s.gallery_rank = rank if s.matched else len(gallery)
+            if s.matched:
+                s.gallery_rank, s.gallery_ranks, s.linkage = rank, ranks, linkage
+            else:  # nothing returned: identifies nothing, links as chance does
+                s.gallery_rank, s.gallery_ranks = len(gallery), {"tokens": len(gallery)}
+                s.linkage = 0.5 if len(gallery) else None
+            s.recognizable = bool(s.identified) and s.matched and s.rouge1 >= RECOGNIZABLE_ROUGE1
     return scores, aligned
 
 

@@ -1,0 +1,286 @@
+"""Re-identification's judge: its speed beside the attack, and the calibration of its bars.
+
+Speed (`python -m benchmarks judge`): the CLI's run of MKOR on MNIST, LeNet-5, batch 100,
+malicious server, one thread, with its 1,000-example gallery: the seconds spent judging
+(everything re-identification adds: the gallery's cached SSIM moments and LPIPS features,
+then every reconstruction against the gallery) apart from the rest of the run (the
+attack, with its own scoring). `gallery_load_seconds` (reading the gallery's split) is
+data loading, shown apart.
+
+Calibration (`python -m benchmarks.bench_judge calibrate [--quick]`, also part of the
+benchmark's run): degraded copies of 100 originals (40 with --quick) judged against
+1,000-example galleries of data the project does not report on (never MNIST or CIFAR-10):
+
+* digits: scikit-learn's 8 × 8 digits upsampled to 28 × 28 (MNIST-like strokes);
+* gray: LFW faces (skimage.data.lfw_subset) and 28 × 28 tiles of grayscale photos
+  (scikit-image's and scikit-learn's sample photos, the foolbox ImageNet samples) downsized
+  to a short side of 64, 96 and 128 px;
+* colour: 32 × 32 tiles of the same photos in colour (CIFAR-like);
+* text: gensim news windows (16 GPT-2 tokens) against the train split's windows;
+* tabular: scikit-learn's breast-cancer records (standardised) against the others.
+
+Per degradation: the rate re-identified (rank 0 under any distance, and under each), the
+mean linkage AUC per distance, the mean SSIM / LPIPS (ROUGE-1, standardised RMSE) to the
+original, and the rate `recognizable` passes. docs/judging.md holds the table.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import torch
+
+
+def _timed(module, name: str, spent: list[float]):
+    original = getattr(module, name)
+
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            spent.append(time.perf_counter() - start)
+
+    setattr(module, name, wrapper)
+    return original
+
+
+def speed(batch_size: int = 100) -> dict:
+    """Seconds of one MKOR run on MNIST (as `gradleak attack --dataset mnist --model lenet5
+    --attack mkor --threat malicious --batch-size 100`), split into judging and the rest."""
+    from gradleak.experiment import AttackRunSpec, gallery_for, run_scenario, scenario_data, scenario_model
+    from gradleak.metrics import scoring
+
+    torch.set_num_threads(1)
+    spec = AttackRunSpec(dataset="mnist", model="lenet5", attack="mkor", threat="malicious", batch_size=batch_size)
+    data = scenario_data(spec)
+    model = scenario_model(spec, data)
+    start = time.perf_counter()
+    gallery = gallery_for(spec.dataset, spec.split, spec.resize, data, torch.arange(0))
+    load = time.perf_counter() - start
+    spent: list[float] = []
+    original = _timed(scoring, "judge", spent)
+    try:
+        out = {}
+        for name in ("cold", "warm"):  # cold: the gallery's moments and features are computed in this run
+            spent.clear()
+            start = time.perf_counter()
+            result = run_scenario(spec, model, data, gallery=lambda targets: gallery)
+            total = time.perf_counter() - start
+            judging = sum(spent)
+            out[name] = {"run_seconds": round(total, 3), "judge_seconds": round(judging, 3),
+                         "attack_seconds": round(total - judging, 3),
+                         "judge_share": round(judging / total, 3)}
+    finally:
+        scoring.judge = original
+    metrics = result.metrics
+    return {**out, "gallery_load_seconds": round(load, 3), "gallery": len(gallery), "batch_size": batch_size,
+            "reid": metrics.get("reid"), "linkage": metrics.get("linkage"),
+            "recognizable": metrics.get("recognizable"), "ssim": metrics.get("ssim"),
+            "threads": torch.get_num_threads()}
+
+
+# ----------------------------------------------------------------------------- calibration
+
+
+def _photos() -> list[torch.Tensor]:
+    """(3, H, W) photos in [0, 1]: scikit-image's and scikit-learn's samples, foolbox's ImageNet samples."""
+    import numpy as np
+    import skimage.data as sk
+    from sklearn.datasets import load_sample_images
+
+    from gradleak.data import DatasetSpec, load_dataset
+
+    arrays = [getattr(sk, name)() for name in ("astronaut", "camera", "chelsea", "coffee", "rocket", "coins",
+                                               "moon", "page", "text", "brick", "grass", "gravel", "retina",
+                                               "immunohistochemistry", "hubble_deep_field", "cell")]
+    arrays += list(load_sample_images().images)
+    photos = []
+    for a in arrays:
+        a = np.asarray(a, dtype=np.float32) / (255.0 if np.asarray(a).max() > 1 else 1.0)
+        x = torch.from_numpy(a)
+        photos.append(x[None].expand(3, -1, -1) if x.dim() == 2 else x[..., :3].permute(2, 0, 1))
+    photos += list(load_dataset(DatasetSpec("imagenet-samples", split="test")).inputs)
+    return photos
+
+
+def _tiles(photos: list[torch.Tensor], side: int, gray: bool) -> torch.Tensor:
+    from gradleak.data.transforms import resize_images
+
+    tiles = []
+    for photo in photos:
+        for short in (64, 96, 128):
+            h, w = photo.shape[-2:]
+            x = resize_images(photo[None], (max(short, round(h * short / min(h, w))),
+                                            max(short, round(w * short / min(h, w)))))[0]
+            x = x.mean(0, keepdim=True) if gray else x
+            for top in range(0, x.shape[1] - side + 1, side):
+                for left in range(0, x.shape[2] - side + 1, side):
+                    tiles.append(x[:, top:top + side, left:left + side])
+    return torch.stack(tiles)
+
+
+def image_pools() -> dict[str, torch.Tensor]:
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from gradleak.data.lfw import _faces
+    from gradleak.data.transforms import resize_images
+
+    digits = torch.from_numpy(load_digits().images.astype(np.float32) / 16)[:, None]
+    faces = resize_images(torch.from_numpy(_faces())[:, None], 28)
+    photos = _photos()
+    return {"digits": resize_images(digits, 28),
+            "gray": torch.cat([faces, _tiles(photos, 28, gray=True)]),
+            "colour": _tiles(photos, 32, gray=False)}
+
+
+def _split(pool: torch.Tensor, n: int, size: int = 1000, seed: int = 0):
+    order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed))
+    return pool[order[:n]], pool[order[n:n + size]], pool[order[n + size:]]
+
+
+def _blur(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    import torch.nn.functional as F
+
+    k = kernel / kernel.sum()
+    pad = len(k) // 2
+    c = x.shape[1]
+    x = F.pad(x, (pad, pad, pad, pad), mode="replicate")
+    x = F.conv2d(x, k.view(1, 1, 1, -1).expand(c, 1, 1, -1), groups=c)
+    return F.conv2d(x, k.view(1, 1, -1, 1).expand(c, 1, -1, 1), groups=c)
+
+
+def _gauss(sigma: float) -> torch.Tensor:
+    r = max(1, int(3 * sigma + 0.5))
+    t = torch.arange(-r, r + 1, dtype=torch.float32)
+    return torch.exp(-t ** 2 / (2 * sigma ** 2))
+
+
+def _shift(x: torch.Tensor, px: int) -> torch.Tensor:
+    import torch.nn.functional as F
+
+    return F.pad(x, (px, 0, px, 0), mode="replicate")[..., :x.shape[-2], :x.shape[-1]]
+
+
+def image_degradations(x: torch.Tensor, spare: torch.Tensor, seed: int = 1) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    noise = torch.randn(x.shape, generator=g)
+    uniform = torch.rand(x.shape, generator=g)
+    out = {"copy": x.clone()}
+    for sigma in (0.5, 1.0, 1.5, 2.0, 3.0):
+        out[f"gaussian blur sigma {sigma:g} px"] = _blur(x, _gauss(sigma))
+    for width in (3, 5, 7):
+        out[f"box blur {width}x{width}"] = _blur(x, torch.ones(width))
+    for sigma in (0.05, 0.1, 0.2, 0.3, 0.5):
+        out[f"noise sigma {sigma:g}"] = (x + sigma * noise).clamp(0, 1)
+    for px in (1, 2, 4):
+        out[f"shift {px} px"] = _shift(x, px)
+    out["faint copy in speckle (0.2 x + 0.8 u)"] = 0.2 * x + 0.8 * uniform
+    out["binarised noisy copy (x + N(0, 0.5) > 0.5)"] = ((x + 0.5 * noise) > 0.5).float()
+    out["uniform speckle"] = uniform
+    out["sign-like binary noise"] = (noise > 0).float()
+    out["grey + noise 0.25"] = (0.5 + 0.25 * noise).clamp(0, 1)
+    out["another example"] = spare[torch.randint(len(spare), (len(x),), generator=g)]
+    return out
+
+
+def _row(verdict, bar) -> dict:
+    n = len(verdict.rank)
+    per = {d: sum(r[d] == 0 for r in verdict.ranks) / n for d in verdict.ranks[0]}
+    aucs = {d: sum(a[d] for a in verdict.aucs) / n for d in verdict.aucs[0]}
+    passed = [b for b in bar]
+    return {"rank0": sum(r == 0 for r in verdict.rank) / n, "rank0_by": per, "linkage": sum(verdict.linkage) / n,
+            "auc_by": aucs, "auc_sd": float(torch.tensor(verdict.linkage).std()),
+            "passes_bar": sum(passed) / n,
+            "recognizable": sum(p and r == 0 for p, r in zip(passed, verdict.rank)) / n}
+
+
+def calibrate_images(n: int) -> dict:
+    from gradleak.metrics.image import ssim
+    from gradleak.metrics.lpips import lpips_distance
+    from gradleak.metrics.reidentify import Gallery, judge
+    from gradleak.metrics.scoring import RECOGNIZABLE_LPIPS, RECOGNIZABLE_SSIM
+
+    out = {}
+    for name, pool in image_pools().items():
+        originals, gallery_inputs, spare = _split(pool, n)
+        gallery = Gallery(gallery_inputs, name)
+        rows = {}
+        for degradation, recon in image_degradations(originals, spare).items():
+            recon = recon.clamp(0, 1)
+            s, lp = ssim(originals, recon), lpips_distance(originals, recon).detach()
+            verdict = judge(originals, recon, gallery, ("ssim", "lpips"))
+            bar = [(a >= RECOGNIZABLE_SSIM or b <= RECOGNIZABLE_LPIPS) for a, b in zip(s.tolist(), lp.tolist())]
+            rows[degradation] = {**_row(verdict, bar), "ssim": float(s.mean()), "ssim_p10": float(s.quantile(0.1)),
+                                 "lpips": float(lp.mean()), "lpips_p90": float(lp.quantile(0.9))}
+        out[name] = {"originals": len(originals), "gallery": len(gallery), "rows": rows}
+    return out
+
+
+def calibrate_text(n: int) -> dict:
+    from gradleak.data import DatasetSpec, load_dataset
+    from gradleak.data.text import PAD_TOKEN
+    from gradleak.metrics.reidentify import Gallery, judge
+    from gradleak.metrics.text import RECOGNIZABLE_ROUGE1, score_text
+
+    test = load_dataset(DatasetSpec("news", split="test"))
+    train = load_dataset(DatasetSpec("news", split="train"))
+    g = torch.Generator().manual_seed(0)
+    x = test.inputs[torch.randperm(len(test), generator=g)[:n]]
+    gallery = Gallery(train.inputs[torch.randperm(len(train), generator=g)[:1000]], "news train")
+    vocab = int(max(test.inputs.max(), train.inputs.max())) + 1
+    cases = {"copy": x.clone(), "shuffled words": torch.stack([r[torch.randperm(len(r), generator=g)] for r in x])}
+    for p in (0.25, 0.5, 0.75):
+        swap = torch.rand(x.shape, generator=g) < p
+        random = torch.randint(0, vocab, x.shape, generator=g)
+        cases[f"{int(p * 100)}% tokens substituted"] = torch.where(swap, random, x)
+    cases["random tokens"] = torch.randint(0, vocab, x.shape, generator=g)
+    cases["another window"] = train.inputs[torch.randint(len(train), (n,), generator=g)]
+    rows = {}
+    for name, recon in cases.items():
+        verdict = judge(x, recon, gallery, ("tokens",), pad_token=PAD_TOKEN)
+        rouge1 = [score_text(x[i:i + 1], recon[i:i + 1]).rouge1 for i in range(n)]
+        rows[name] = {**_row(verdict, [r >= RECOGNIZABLE_ROUGE1 for r in rouge1]), "rouge1": sum(rouge1) / n}
+    return {"originals": n, "gallery": len(gallery), "rows": rows}
+
+
+def calibrate_tabular(n: int) -> dict:
+    from gradleak.data import DatasetSpec, load_dataset
+    from gradleak.metrics.reidentify import Gallery, gallery_scale, judge
+    from gradleak.metrics.scoring import RECOGNIZABLE_TABULAR_Z
+
+    data = torch.cat([load_dataset(DatasetSpec("breast-cancer", split=s)).inputs for s in ("train", "test")])
+    x, gallery_inputs, _ = _split(data, n)
+    gallery = Gallery(gallery_inputs, "breast-cancer")
+    scale = gallery_scale(gallery)
+    g = torch.Generator().manual_seed(1)
+    noise = torch.randn(x.shape, generator=g)
+    cases = {f"noise sigma {s:g} (standardised)": x + s * noise for s in (0.1, 0.25, 0.5, 1.0, 2.0)}
+    cases["gaussian record"] = torch.randn(x.shape, generator=g)
+    cases["another record"] = gallery_inputs[torch.randint(len(gallery_inputs), (n,), generator=g)]
+    rows = {}
+    for name, recon in cases.items():
+        verdict = judge(x, recon, gallery, ("l2",))
+        rmse_z = ((recon - x) / scale).pow(2).mean(1).sqrt()
+        rows[name] = {**_row(verdict, (rmse_z <= RECOGNIZABLE_TABULAR_Z).tolist()), "rmse_z": float(rmse_z.mean())}
+    return {"originals": n, "gallery": len(gallery), "rows": rows}
+
+
+def calibrate(quick: bool = False) -> dict:
+    torch.set_num_threads(1)
+    n = 40 if quick else 100
+    return {"images": calibrate_images(n), "text": calibrate_text(n), "tabular": calibrate_tabular(n)}
+
+
+def run(quick: bool) -> dict:
+    return {"speed": speed(), "calibration": calibrate(quick)}
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if args and args[0] == "calibrate":
+        print(json.dumps(calibrate("--quick" in args), indent=2))
+    else:
+        print(json.dumps(speed(), indent=2))
