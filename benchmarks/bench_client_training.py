@@ -31,9 +31,10 @@ import torch
 
 from gradleak.api import audit_update
 from gradleak.data import load_dataset
-from gradleak.experiment import build_named_model, dataset_spec
+from gradleak.data.references import dataset_spec
 from gradleak.fl import TrainingSpec
 from gradleak.fl.client import compute_update
+from gradleak.models.references import build_named_model
 
 RECIPE = "sgd:momentum=0.9,weight_decay=5e-4"
 

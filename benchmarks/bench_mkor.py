@@ -15,7 +15,7 @@ import torch
 from gradleak.attacks.mkor_decoding import sampled_pixels
 from gradleak.batch_attack import attack_batch, one_per_class
 from gradleak.data import load_dataset
-from gradleak.experiment import dataset_spec
+from gradleak.data.references import dataset_spec
 from gradleak.metrics.image import psnr
 
 

@@ -27,22 +27,17 @@ from typing import Any, Callable, Iterable, Literal, Sequence
 import torch
 from torch import nn
 
-from .attacks import ATTACKS, Attack, AttackContext, make_attack
+from .attacks import ATTACKS, Attack, make_attack
 from .data import Dataset
+from .data.references import resolve_data
 from .defenses import make_chain
 from .errors import GradleakError
 from .experiment import (
-    LADDER_DOUBLINGS,
     AttackRunResult,
     AttackRunSpec,
-    batch_attack_seed,
-    build_named_model,
-    climb,
-    convergence_summary,
-    dataset_spec,
+    attack_observations,
     gallery_for,
     gallery_from,
-    ladder_summary,
     pick_device,
     result_record,
     run_scenario,
@@ -51,8 +46,11 @@ from .experiment import (
 )
 from .fl import TrainingSpec
 from .fl.update import Update
-from .metrics import summarize
+from .ladder import LADDER_DOUBLINGS
+from .leakage import SAMPLE_SEED_OFFSET, Tolerance, parse_tolerance
 from .metrics.reidentify import Gallery
+from .models.base import hash_weights
+from .models.references import fit_classes, resolve_model
 from .options import ComponentSpec, parse_spec
 from .threat import ThreatModel, capture_bn_statistics, expected_view, make_threat_model, observe
 
@@ -117,6 +115,8 @@ class AuditResult:
     setting: dict = field(default_factory=dict)
     # for a captured update: whether the declared training reproduced it (audit_update)
     training_check: TrainingCheck | None = None
+    # what the user accepts: the verdict's "holds" means every attack meets it
+    tolerance: Tolerance = field(default_factory=Tolerance)
 
     def __repr__(self) -> str:
         s = self.setting
@@ -133,7 +133,7 @@ class AuditResult:
         verdict, verdict_text, grade, re-identification counts, ..."""
         from .analysis import strongest_attacks
 
-        return strongest_attacks(self.records())
+        return strongest_attacks(self.records(), self.tolerance)
 
     def summary(self) -> str:
         """The verdict in a few lines: the setting, the verdict in words, then one line per
@@ -165,7 +165,8 @@ class AuditResult:
         for run in self.runs:
             spec = {**json.loads(json.dumps(run.spec.to_dict(), default=list)), **self._identity()}
             record = result_record(run, images=False)
-            out.append(CellRecord(cell_key("attack", spec), "attack", "audit", spec, attack_labels(run.spec),
+            labels = {**attack_labels(run.spec), "tolerance": self.tolerance.to_text()}
+            out.append(CellRecord(cell_key("attack", spec), "attack", "audit", spec, labels,
                                   record["metrics"], record["extras"], record["seconds"]))
         return out
 
@@ -194,7 +195,7 @@ class AuditResult:
         with ResultStore(store_path) as store:
             for run in self.runs:
                 spec = {**json.loads(json.dumps(run.spec.to_dict(), default=list)), **self._identity(), **extra}
-                row_labels = {**attack_labels(run.spec), **extra}
+                row_labels = {**attack_labels(run.spec), "tolerance": self.tolerance.to_text(), **extra}
                 written += store_result_record(store, sweep, "attack", spec, row_labels, result_record(run))
             for skip in self.skipped:
                 spec = {"attack": skip.attack, "threat": self.setting.get("threat"), **self._scenario_labels(),
@@ -213,7 +214,7 @@ class AuditResult:
         out = Path(out)
         store_path = Path(store_path) if store_path is not None else out / "results.db"
         self.save(store_path)
-        return Path(write_report(store_path, out)["html"])
+        return Path(write_report(store_path, out, self.tolerance)["html"])
 
     def _identity(self) -> dict:
         return {k: self.setting[k] for k in ("model_digest", "data_digest") if k in self.setting}
@@ -238,7 +239,8 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
           lpips: str = "alex", device: str = "auto", checkpoint: str | None = None,
           split: str = "test", resize: int | None = None, seq_len: int | None = None, gallery: Any = None,
           out: str | Path | None = None, progress: bool = False,
-          artifacts: str | Path | None = None) -> AuditResult:
+          artifacts: str | Path | None = None, tolerance: Any = None,
+          sample_rungs: int = 2, max_examples: int = 64) -> AuditResult:
     """Attack a simulated client that trains `model` on `data` and sends its update.
 
     model:   an `nn.Module` (not modified), a zero-argument factory, or a model
@@ -267,6 +269,12 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
     gallery: more examples of your data's distribution, not among those the client
              trains on (tensors, a Dataset or DataLoader): reconstructions are
              re-identified among them and the examples of `data` that were not attacked.
+    tolerance: what you accept (`gradleak.leakage.Tolerance`, a mapping, or
+             `"linkage=0.6,recognizable=0.1"`): `holds` means every saturated attack's linkage
+             AUC and recognizable rate are bounded within it at 95%.
+    sample_rungs, max_examples: while a verdict is still open (too few examples to bound the
+             rates), up to `sample_rungs` more rounds attack fresh examples of `data` (new seeds),
+             until each attack was judged on `max_examples` (0 rungs: none are added).
     out:     when given, the store and the HTML report are written there.
     artifacts: the folder where attacks keep what they train once per setting (the learned
              inverters), so that later calls with the same model, defenses and training reuse
@@ -279,43 +287,70 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
                                         shuffle_seed=shuffle_seed, sends_buffers=sends_buffers)
     _check_budget(budget)
     seeds = _seeds(seed)
+    tolerance = parse_tolerance(tolerance)
+    if not isinstance(sample_rungs, int) or isinstance(sample_rungs, bool) or not 0 <= sample_rungs <= 10:
+        raise GradleakError(f"sample_rungs must be an integer from 0 to 10, got {sample_rungs!r}")
+    if not isinstance(max_examples, int) or isinstance(max_examples, bool) or max_examples < 1:
+        raise GradleakError(f"max_examples must be a positive integer, got {max_examples!r}")
     threat_model = make_threat_model(threat, tuple(knows))
-    dataset, data_label, prior_loader = _resolve_data(data, split, resize, seq_len)
+    dataset, data_label, prior_loader = resolve_data(data, split, resize, seq_len)
     extra_gallery = _gallery_inputs(gallery, dataset) if gallery is not None else None
     defense_texts = tuple(_component_text(d, "defense") for d in defenses)
     runs: list[AttackRunResult] = []
     skipped: list[SkippedAttack] = []
-    for run_seed in seeds:
-        built, model_label = _resolve_model(model, dataset, run_seed)
+
+    def attack_seed(run_seed: int, examples: int | None, only: set[str] | None = None) -> tuple[nn.Module, str]:
+        nonlocal dataset
+        built, model_label = resolve_model(model, dataset, run_seed)
         if checkpoint:
             from .models.checkpoint import load_checkpoint
             load_checkpoint(built, checkpoint)
-        dataset = _fit_classes(built, dataset)
+        dataset = fit_classes(built, dataset)
         expected = expected_view(threat_model, training, batch_size, make_chain(defense_texts).aggregate_clients)
         selected, not_run = select_attacks(attacks, built, dataset.input_shape, dataset.num_classes,
                                            dataset.modality, expected, budget, training, batch_size)
         if run_seed == seeds[0]:
-            skipped += not_run
+            skipped.extend(not_run)
         base = AttackRunSpec(dataset=data_label, model=model_label, attack="ig", batch_size=batch_size,
-                             defenses=defense_texts, images=images, **training_fields(training),
+                             defenses=defense_texts, images=examples, **training_fields(training),
                              seed=run_seed, threat=threat,
                              knows=tuple(knows), seq_len=seq_len, lpips=lpips, device=device,
                              doublings=BUDGET_DOUBLINGS[budget])
         judge = _gallery_maker(data, dataset, split, resize, extra_gallery, seq_len)
         for text in selected:
+            if only is not None and text not in only:
+                continue
             spec = dataclasses.replace(base, attack=text)
             try:
                 runs.append(_run_with_progress(spec, built, dataset, prior_loader, judge, progress, kept))
             except GradleakError as exc:
                 if run_seed == seeds[0]:
                     skipped.append(SkippedAttack(text, str(exc)))
+        return built, model_label
+
+    for run_seed in seeds:
+        built, model_label = attack_seed(run_seed, images)
+    for rung in range(1, sample_rungs + 1):
+        # the sample ladder: fresh examples (new seeds) while the verdict is still open
+        entries = AuditResult(runs, skipped, {}, tolerance=tolerance).verdicts()
+        open_entries = [e for e in entries if e.get("open")]
+        if not open_entries:
+            break
+        have = min(e.get("min_examples") or 1 for e in open_entries)
+        target = min(max_examples, max(2 * have, max(e.get("needed_examples") or 0 for e in open_entries)))
+        missing = target - have
+        if missing <= 0 or len(dataset) < batch_size:
+            break
+        per_seed = min(len(dataset), math.ceil(missing / len(seeds) / batch_size) * batch_size)
+        for run_seed in seeds:
+            attack_seed(run_seed + SAMPLE_SEED_OFFSET * rung, per_seed)
     setting = {"dataset": data_label, "model": model_label, "batch_size": batch_size,
                "local_steps": training.local_steps, "local_epochs": training.local_epochs,
                "lr": training.lr, "seed": seeds[0], "seeds": seeds, "threat": threat_model.name, "budget": budget,
                "defenses": list(defense_texts), **_defense_labels(defense_texts),
                "model_digest": _model_digest(built), "data_digest": _data_digest(dataset),
                "seconds": time.perf_counter() - start}
-    result = AuditResult(runs, skipped, setting)
+    result = AuditResult(runs, skipped, setting, tolerance=tolerance)
     if out is not None:
         result.write_report(out)
     return result
@@ -387,7 +422,7 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
     threat_model = make_threat_model(threat, tuple(knows))
     update.check_finite()
     data = dataset_from_tensors(inputs, labels, name=data_label, num_classes=num_classes, tokenizer=tokenizer)
-    data = _fit_classes(model, data)
+    data = fit_classes(model, data)
     _check_update_fits(model, update)
     # whether the client sent its buffers is what the update shows, whatever `training` says
     training = dataclasses.replace(training, sends_buffers=bool(update.buffers))
@@ -528,15 +563,11 @@ def select_attacks(attacks: str | Sequence[str | Attack], model: nn.Module, inpu
 
 
 def _why_not(attack: Attack, model, input_shape, num_classes, modality, threat: ThreatModel) -> str | None:
-    missing = sorted(attack.needs() - threat.grants)
-    if missing:
-        why = dict(threat.unseen)
-        notes = "".join(f" ({key} not from the update: {why[key]})" for key in missing if key in why)
-        return f"needs {', '.join(missing)}, which threat model '{threat.name}' does not grant{notes}"
-    if modality not in attack.modalities:
-        return f"does not handle {modality} data"
-    check = getattr(attack, "unsupported", None)
-    return check(model, tuple(input_shape), num_classes, modality) if check else None
+    """The one attack/threat/architecture compatibility check: the threat model's refusal, else
+    the attack's own (`Attack.unsupported`: the modality, then the architecture)."""
+    if modality not in attack.modalities:  # before the architecture: an override may not check it
+        return threat.refuses(attack.needs()) or f"does not handle {modality} data"
+    return threat.refuses(attack.needs()) or attack.unsupported(model, tuple(input_shape), num_classes, modality)
 
 
 def _budget_options(name: str, budget: str) -> dict:
@@ -581,56 +612,6 @@ def _format_option(value: Any) -> str:
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
         return str(int(value))
     return repr(value) if isinstance(value, float) else str(value)
-
-
-def _resolve_data(data: Any, split: str, resize: int | None, seq_len: int | None = None):
-    """(Dataset, label, prior-data loader or None)."""
-    if isinstance(data, str):
-        from .data import load_dataset
-        from .experiment import prior_data
-
-        dataset = load_dataset(dataset_spec(data, split, resize, seq_len))
-        return dataset, data, lambda targets: prior_data(data, split, resize, dataset, targets, seq_len)
-    if seq_len is not None:
-        raise GradleakError("seq_len applies to the named text datasets (news, polarity); your own token "
-                            "sequences keep their length")
-    from .data.tensors import dataset_from_user
-
-    dataset = dataset_from_user(data)
-    return dataset, dataset.name, None
-
-
-def _resolve_model(model: Any, data: Dataset, seed: int) -> tuple[nn.Module, str]:
-    if isinstance(model, nn.Module):
-        return model, type(model).__name__
-    if isinstance(model, str):
-        return build_named_model(model, data.input_shape, data.num_classes, seed, modality=data.modality), model
-    if callable(model):
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(seed))
-            try:
-                built = model()
-            except GradleakError:
-                raise
-            except Exception as exc:
-                raise GradleakError(f"model factory {getattr(model, '__name__', model)!s} raised "
-                                    f"{type(exc).__name__}: {_first_line(exc)}") from None
-        if not isinstance(built, nn.Module):
-            raise GradleakError(f"model factory returned {type(built).__name__}, not a torch.nn.Module")
-        return built.float(), getattr(model, "__name__", type(built).__name__)
-    raise GradleakError(f"model must be an nn.Module, a factory or a model name, got {type(model).__name__}")
-
-
-def _fit_classes(model: nn.Module, data: Dataset) -> Dataset:
-    """Check the model's output against the data's classes; widen the class list
-    when the model has more outputs than the data's labels reach."""
-    from .models.user import check_model_fits
-
-    width = check_model_fits(model, data.input_shape, data.num_classes, "model", data.modality)
-    if width > data.num_classes:
-        names = list(data.class_names) + [str(i) for i in range(data.num_classes, width)]
-        data = dataclasses.replace(data, class_names=names)
-    return data
 
 
 def _check_update_fits(model: nn.Module, update: Update) -> None:
@@ -678,13 +659,7 @@ def _attack_captured(spec: AttackRunSpec, attack: Attack, model: nn.Module, upda
                   training=training, batch_size=update.samples, labels=y,
                   defenses=make_chain(spec.defenses).defenses,
                   modality=data.modality, bn_statistics=bn, tokenizer=data.tokenizer)
-    ctx = AttackContext(seed=batch_attack_seed(spec.seed, 0), device=device, artifacts=artifacts)
-    rec, scores, aligned, ladder = climb(attack, obs, x, y, ctx, spec.lpips, gallery, spec.doublings)
-    metrics = summarize(scores)
-    metrics["iterations"] = float(rec.iterations)
-    extras = {**rec.extras, "ladder": ladder_summary([ladder], gallery)}
-    return AttackRunResult(spec, metrics, [s.to_dict() for s in scores], time.perf_counter() - start,
-                           x, aligned, extras, convergence_summary([rec]))
+    return attack_observations(spec, attack, [(obs, x, y)], gallery, device, artifacts=artifacts, started=start)
 
 
 def _defense_labels(defenses: tuple[str, ...]) -> dict:
@@ -695,9 +670,7 @@ def _defense_labels(defenses: tuple[str, ...]) -> dict:
 
 def _model_digest(model: nn.Module) -> str:
     h = hashlib.sha256(type(model).__qualname__.encode())
-    for name, tensor in model.state_dict().items():
-        h.update(name.encode())
-        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    hash_weights(h, model)
     return h.hexdigest()[:16]
 
 

@@ -14,9 +14,9 @@ from typing import Any, Literal
 import torch
 
 from .attacks import Attack, AttackContext, Reconstruction, make_attack
-from .experiment import build_named_model
 from .fl import TrainingSpec, compute_update
 from .metrics.scoring import score_batch, summarize
+from .models.references import build_named_model
 from .threat import make_threat_model, observe
 
 

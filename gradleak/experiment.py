@@ -13,27 +13,28 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
 
-from .attacks import Attack, AttackContext, Reconstruction, make_attack
+from .attacks import Attack, AttackContext, make_attack
 from .data import Dataset, DatasetSpec, load_dataset
+from .data.references import dataset_path_form, dataset_spec, held_out_examples, prior_data
 from .defenses import DefenseChain, make_chain
 from .errors import GradleakError
 from .fl import TrainingSpec, aggregate_updates, compute_update
-from .fl.training import check_bn_mode
-from .metrics import score_batch, summarize
+from .fl.training import check_bn_mode, scenario_fields, training_from_scenario
+from .ladder import climb_budget_ladder, convergence_summary, ladder_summary
+from .metrics import summarize
 from .metrics.reidentify import Gallery
-from .models import ModelSpec, build_model
+from .models.references import build_named_model
 from .options import (
     RUN_SPEC_BOUNDS,
     ComponentSpec,
     check_device,
     check_range,
     parse_spec,
-    path_kind,
 )
 from .seeding import stream
 from .threat import Observation, ThreatModel, capture_bn_statistics, expected_view, make_threat_model, observe
@@ -79,7 +80,7 @@ class AttackRunSpec:
     lpips: str = "alex"
     device: str = "auto"
     # how many times the auditor may double an iterative attack's budget while its verdict is
-    # undecided (see `climb`); 0: the attack runs once at its own budget
+    # undecided (gradleak.ladder); 0: the attack runs once at its own budget
     doublings: int = 0
 
     def __post_init__(self):
@@ -113,13 +114,7 @@ class AttackRunSpec:
 
     def training(self) -> TrainingSpec:
         """The client's local training this spec declares."""
-        return TrainingSpec(lr=self.lr, local_steps=self.local_steps, local_epochs=self.local_epochs,
-                            local_batch_size=self.local_batch_size, batchnorm=self.bn_mode, optimizer=self.optimizer,
-                            shuffle_seed=self.shuffle_seed, shuffle=self.shuffle,  # type: ignore[arg-type]
-                            augment=self.augment, crop_padding=self.crop_padding,
-                            label_smoothing=self.label_smoothing, clip_norm=self.clip_norm,
-                            sends_buffers=self.sends_buffers, lora_rank=self.lora, lora_alpha=self.lora_alpha,
-                            lora_b_std=self.lora_b_std)
+        return training_from_scenario(self)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -128,13 +123,7 @@ class AttackRunSpec:
 def training_fields(training: TrainingSpec) -> dict:
     """The `AttackRunSpec` fields that declare `training` (the inverse of
     `AttackRunSpec.training`)."""
-    return dict(lr=training.lr, local_steps=training.local_steps, local_epochs=training.local_epochs,
-                local_batch_size=training.local_batch_size, bn_mode=training.batchnorm,
-                optimizer=training.optimizer, shuffle_seed=training.shuffle_seed, shuffle=training.shuffle,
-                augment=training.augment, crop_padding=training.crop_padding,
-                label_smoothing=training.label_smoothing, clip_norm=training.clip_norm,
-                sends_buffers=training.sends_buffers, lora=training.lora_rank, lora_alpha=training.lora_alpha,
-                lora_b_std=training.lora_b_std)
+    return scenario_fields(training)
 
 
 @dataclass
@@ -188,6 +177,9 @@ class AttackRunResult:
             "n_images": len(self.per_image),
             "metrics": self.metrics,
             "seconds": self.seconds,
+            # the attack's seconds and the auditor's seconds judging it (scores, gallery), apart
+            "attack_seconds": (self.extras.get("ladder") or {}).get("attack_seconds"),
+            "judge_seconds": (self.extras.get("ladder") or {}).get("judge_seconds"),
             "per_image": self.per_image,
             "convergence": {k: v for k, v in self.convergence.items() if not k.startswith("trace")},
             "spec": s.to_dict(),
@@ -204,81 +196,8 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(text)
 
 
-# A bare path in place of a dataset name: a folder of images or a tensor file.
-TENSOR_FILE_SUFFIXES = (".npz", ".safetensors", ".pt", ".pth")
-
-
-def dataset_path_form(text: str) -> str | None:
-    """The registered loader for a bare path (`data/client.npz`, `photos/`), or
-    None when `text` is a dataset name."""
-    head = text.strip()
-    if not head or (":" in head and parse_spec(head, "dataset").name in _dataset_names()):
-        return None
-    if "/" not in head and "\\" not in head and not head.lower().endswith(TENSOR_FILE_SUFFIXES):
-        return None
-    if head.lower().endswith(TENSOR_FILE_SUFFIXES):
-        return "tensors"
-    return "image-folder"
-
-
-def _dataset_names():
-    from .data import DATASETS
-
-    return DATASETS.names()
-
-
-def dataset_spec(text: str, split: str, resize: int | None, seq_len: int | None = None) -> DatasetSpec:
-    loader = dataset_path_form(text)
-    if seq_len is not None and loader is not None:
-        raise GradleakError("--seq-len applies to the text datasets (news, polarity), not to a file of inputs")
-    if loader is not None:
-        path = Path(text.strip()).expanduser()
-        if path_kind(path, "dataset path") is None:
-            raise GradleakError(f"dataset path '{path}' not found")
-        return DatasetSpec(loader, split=split, resize=resize, path=str(path))
-    spec = parse_spec(text, "dataset")
-    opts = dict(spec.options)
-    known = {"path", "resize", "crop", "channels", "tokenizer"}
-    bad = [k for k in opts if k not in known]
-    if bad:
-        raise GradleakError(f"dataset option '{bad[0]}' unknown; valid: {', '.join(sorted(known))}")
-
-    def as_int(key):
-        if key not in opts:
-            return None
-        try:
-            return int(opts[key])
-        except ValueError:
-            raise GradleakError(f"dataset option '{key}' must be an integer, got '{opts[key]}'") from None
-
-    return DatasetSpec(spec.name, split=split, resize=resize if resize is not None else as_int("resize"),
-                       crop=as_int("crop"), path=opts.get("path"), channels=as_int("channels"), seq_len=seq_len,
-                       options={"tokenizer": opts["tokenizer"]} if "tokenizer" in opts else {})
-
-
 def build_scenario_model(spec: AttackRunSpec, input_shape, num_classes, modality: str = "image"):
     return build_named_model(spec.model, input_shape, num_classes, spec.seed, spec.activation, modality)
-
-
-def build_named_model(text: str, input_shape, num_classes: int, seed: int = 0,
-                      activation: str | None = None, modality: str = "image") -> nn.Module:
-    """A built-in model (`name[:k=v,...]`) or the user's own
-    (`path/to/file.py:factory[:k=v,...]`, `package.module:factory[:k=v,...]`),
-    seeded, checked to output at least one logit per class."""
-    from .models.user import build_user_model, check_model_fits, is_user_model_ref
-
-    if is_user_model_ref(text):
-        if activation:
-            raise GradleakError("--activation applies to built-in models only; set it in your own model")
-        model = build_user_model(text, tuple(input_shape), num_classes, seed)
-    else:
-        model_spec = parse_spec(text, "model")
-        options = dict(model_spec.options)
-        activation = activation or options.pop("activation", None)
-        model = build_model(ModelSpec(model_spec.name, tuple(input_shape), num_classes,
-                                      activation=activation, seed=seed, options=options))
-    check_model_fits(model, tuple(input_shape), num_classes, f"model '{text}'", modality)
-    return model
 
 
 def scenario_data(spec: AttackRunSpec, load: Callable[[DatasetSpec], Dataset] = load_dataset) -> Dataset:
@@ -361,7 +280,7 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
     auditor re-identifies reconstructions among (default: up to GALLERY_SIZE
     non-target examples of `data`); `artifacts` the folder where attacks keep what they
     train once per setting (None: nothing is kept). An iterative attack climbs its budget
-    ladder (`climb`) up to `spec.doublings` doublings."""
+    ladder (gradleak.ladder) up to `spec.doublings` doublings."""
     start = time.perf_counter()
     device = pick_device(spec.device)
     attack, chain, threat = check_scenario(spec, data)
@@ -377,7 +296,7 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
     pool = order[n_images:]
     prior = None
     if "prior_data" in threat.grants:
-        prior = held_out(targets) if held_out is not None else _held_out(data, targets)
+        prior = held_out(targets) if held_out is not None else held_out_examples(data, targets)
     ctx = AttackContext(seed=spec.seed, device=device, progress=progress, prior_data=prior, artifacts=artifacts)
     judge = gallery(targets) if gallery is not None else gallery_from(data, targets, f"examples of {data.name}")
     server_secrets = None
@@ -386,34 +305,50 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
         model, server_secrets = prepared.model, prepared.secrets
     model = model.to("cpu")
 
+    def batches():
+        for b in range(math.ceil(n_images / spec.batch_size)):
+            idx = targets[b * spec.batch_size:(b + 1) * spec.batch_size]
+            x, y = data.inputs[idx], data.labels[idx]
+            # Each client's defense randomness is its own stream: clients summed by secure
+            # aggregation must not share a noise draw.
+            update = compute_update(model, x, y, training, chain, stream(spec.seed, "client", "target", b))
+            batch_total = x.shape[0]
+            if others:
+                updates = [update]
+                for k in range(others):
+                    oidx = pool[(b * others + k) * spec.batch_size:(b * others + k + 1) * spec.batch_size]
+                    updates.append(compute_update(model, data.inputs[oidx], data.labels[oidx], training,
+                                                  chain, stream(spec.seed, "client", "other", b, k)))
+                update = aggregate_updates(updates)
+                batch_total = update.samples
+            bn = capture_bn_statistics(model, x) if threat.declares("bn_statistics") else None
+            obs = observe(update, copy.deepcopy(model), threat, input_shape=data.input_shape,
+                          num_classes=data.num_classes, training=training, batch_size=batch_total,
+                          labels=y, defenses=chain.defenses, modality=data.modality, tokenizer=data.tokenizer,
+                          bn_statistics=bn, prior_data=prior, server_secrets=server_secrets)
+            yield obs, x, y
+
+    return attack_observations(spec, attack, batches(), judge, device, progress, artifacts, start)
+
+
+def attack_observations(spec: AttackRunSpec, attack: Attack, batches: Iterable[tuple[Observation, torch.Tensor,
+                                                                                     torch.Tensor]],
+                        gallery: Gallery | None, device: torch.device,
+                        progress: Callable[[int, int, float], None] | None = None, artifacts: Path | None = None,
+                        started: float | None = None) -> AttackRunResult:
+    """The one run pipeline: attack each observed update (simulated by `run_scenario` or captured
+    from a real client, `gradleak.api.audit_update`) up its budget ladder, score it against the
+    batch it came from, and gather the result. `batches` yields (observation, inputs, labels)."""
+    start = time.perf_counter() if started is None else started
     scores, originals, recons, iterations, extras, runs, ladders = [], [], [], [], {}, [], []
-    n_batches = math.ceil(n_images / spec.batch_size)
-    for b in range(n_batches):
-        idx = targets[b * spec.batch_size:(b + 1) * spec.batch_size]
-        x, y = data.inputs[idx], data.labels[idx]
-        # Each client's defense randomness is its own stream: clients summed by secure
-        # aggregation must not share a noise draw.
-        update = compute_update(model, x, y, training, chain, stream(spec.seed, "client", "target", b))
-        batch_total = x.shape[0]
-        if others:
-            updates = [update]
-            for k in range(others):
-                oidx = pool[(b * others + k) * spec.batch_size:(b * others + k + 1) * spec.batch_size]
-                updates.append(compute_update(model, data.inputs[oidx], data.labels[oidx], training,
-                                              chain, stream(spec.seed, "client", "other", b, k)))
-            update = aggregate_updates(updates)
-            batch_total = update.samples
-        bn = capture_bn_statistics(model, x) if threat.declares("bn_statistics") else None
-        obs = observe(update, copy.deepcopy(model), threat, input_shape=data.input_shape,
-                      num_classes=data.num_classes, training=training, batch_size=batch_total,
-                      labels=y, defenses=chain.defenses, modality=data.modality, tokenizer=data.tokenizer,
-                      bn_statistics=bn, prior_data=prior, server_secrets=server_secrets)
+    for b, (obs, x, y) in enumerate(batches):
         batch_ctx = AttackContext(seed=batch_attack_seed(spec.seed, b), device=device, progress=progress,
                                   artifacts=artifacts)
-        rec, batch_scores, aligned, ladder = climb(attack, obs, x, y, batch_ctx, spec.lpips, judge, spec.doublings)
-        ladders.append(ladder)
+        climbed = climb_budget_ladder(attack, obs, x, y, batch_ctx, spec.lpips, gallery, spec.doublings)
+        rec, batch_scores, aligned = climbed.reconstruction, climbed.scores, climbed.aligned
+        ladders.append(climbed.ladder)
         for s in batch_scores:
-            s.index += b * spec.batch_size
+            s.index += len(scores)
         scores += batch_scores
         originals.append(x)
         recons.append(aligned)
@@ -424,7 +359,7 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
 
     metrics = summarize(scores)
     metrics["iterations"] = float(sum(iterations) / len(iterations))
-    extras["ladder"] = ladder_summary(ladders, judge)
+    extras["ladder"] = ladder_summary(ladders, gallery)
     return AttackRunResult(spec, metrics, [s.to_dict() for s in scores], time.perf_counter() - start,
                            torch.cat(originals), torch.cat(recons), extras, convergence_summary(runs))
 
@@ -463,166 +398,6 @@ def output_ignores_input(model: nn.Module, inputs: torch.Tensor, tolerance: floa
 def batch_attack_seed(seed: int, batch: int) -> int:
     """The attack's own seed (initialisation, restarts) for batch `batch` of a run."""
     return seed * 7919 + batch
-
-
-# --------------------------------------------------------------------------- the budget ladder
-# The auditor holds the ground truth, so it can see whether more budget would change a
-# verdict: an iterative attack is scored at its own budget and after each doubling of it
-# (resuming, not restarting), and stops climbing once its verdict is decided.
-
-# A doubling that raised the batch's PSNR (of its mean MSE; for other data the same dB of
-# MSE) by at most this much, and re-identified no more examples, leaves the attack saturated.
-SATURATION_MARGIN_DB = 0.5
-# the same for token sequences, on the batch's mean ROUGE-1 (a word in 50 of the batch's)
-SATURATION_MARGIN_ROUGE = 0.02
-# The doublings sweeps, `gradleak.audit` and the Flower audit allow an attack by default.
-LADDER_DOUBLINGS = 3
-
-
-@dataclass
-class Rung:
-    """One rung of an attack's budget ladder, scored by the auditor."""
-
-    iterations: int  # the attack's own count (all restarts together)
-    budget: int | None  # iterations per restart this rung allowed
-    seconds: float
-    mse: float | None  # None for token sequences, which have no MSE
-    psnr: float | None
-    examples: int
-    copies: int  # examples reconstructed exactly (ASR's criterion)
-    identified: int | None  # examples re-identified among the gallery (None: no gallery)
-    rouge1: float | None = None  # token sequences: mean ROUGE-1 (None for other data)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def climb(attack: Attack, obs: Observation, x: torch.Tensor, y: torch.Tensor, ctx: AttackContext,
-          lpips: str, gallery: Gallery | None, doublings: int):
-    """Attack one observation up the budget ladder: score each rung against (x, y) and stop
-    at the first rung whose verdict is decided (`rung_decision`) or after `doublings`
-    doublings. Returns the last rung's (Reconstruction, scores, aligned reconstructions) and
-    the ladder: its rungs and how it ended."""
-    started = time.perf_counter()
-    rungs: list[Rung] = []
-    chance = None
-    decision = None
-    first = attack.budget()
-    blind = attack.blind_to(obs.training) if obs.knows("local_training") else None
-    for index, rec in enumerate(attack.rungs(obs, ctx)):
-        if blind:
-            rec.extras["training_blind"] = blind
-        broken = int((~torch.isfinite(rec.inputs.detach().flatten(1)).all(1)).sum()) if rec.inputs.numel() else 0
-        if broken:
-            rec.extras["not_finite"] = (f"{broken} of {len(rec.inputs)} reconstruction(s) held NaN or infinite "
-                                        "values: scored as not reconstructed")
-        scores, aligned = score_batch(x, y, rec.inputs, rec.labels, obs.modality, lpips, gallery=gallery,
-                                      tokenizer=obs.tokenizer)
-        chance = scores[0].reid_chance if scores else None
-        budget = first * 2 ** index if first else None
-        rungs.append(rung_of(rec, scores, budget, time.perf_counter() - started))
-        analytic = not attack.iterative and not rec.trace
-        decision = rung_decision(rungs, analytic, rec.converged, chance, attack.saturation_floor())
-        if decision is not None or index >= doublings:
-            break
-    return rec, scores, aligned, {"rungs": [r.to_dict() for r in rungs], "decision": decision or "undecided",
-                                  "saturated": decision is not None and decision != "leak",
-                                  "reid_chance": chance}
-
-
-def rung_of(rec: Reconstruction, scores: list, budget: int | None, seconds: float) -> Rung:
-    from .metrics.image import psnr_from_mse
-
-    errors = [getattr(s, "mse", None) for s in scores]
-    mse = sum(errors) / len(errors) if errors and None not in errors else None
-    judged = [s for s in scores if s.gallery_rank is not None]
-    rouge1 = [getattr(s, "rouge1", None) for s in scores]
-    return Rung(iterations=int(rec.iterations), budget=budget, seconds=round(seconds, 3), mse=mse,
-                psnr=psnr_from_mse(mse) if mse is not None and getattr(scores[0], "psnr", None) is not None else None,
-                examples=len(scores), copies=sum(bool(s.success) for s in scores),
-                identified=sum(bool(s.identified) for s in judged) if judged else None,
-                rouge1=sum(rouge1) / len(rouge1) if rouge1 and None not in rouge1 else None)
-
-
-def rung_decision(rungs: list[Rung], analytic: bool, converged: bool | None, chance: float | None,
-                  floor: int = 1) -> str | None:
-    """How the ladder ends at its last rung, or None while undecided:
-    'leak' — some example copied, or more re-identified than chance gives (its interval);
-    'analytic' — an attack whose result more budget cannot change;
-    'stop rule' — the attack met its own stop rule (CPL's distance threshold);
-    'saturated' — the last doubling raised neither PSNR by more than SATURATION_MARGIN_DB
-    (for token sequences: the copies, nor ROUGE-1 by more than SATURATION_MARGIN_ROUGE) nor
-    the number re-identified, at a budget of at least `floor` iterations (the attack's
-    `saturation_floor`). One rung of an iterative attack is never saturated."""
-    from .stats import above_chance
-
-    last = rungs[-1]
-    if last.copies or (last.identified is not None and chance is not None
-                       and above_chance(last.identified, last.examples, chance)):
-        return "leak"
-    if analytic:
-        return "analytic"
-    if converged:
-        return "stop rule"
-    if len(rungs) < 2 or (last.budget or 0) < floor:
-        return None
-    before = rungs[-2]
-    more_identified = (last.identified or 0) > (before.identified or 0)
-    if last.mse is None or before.mse is None:  # token sequences: copies, ROUGE-1 and re-identification
-        gained = (last.copies > before.copies or more_identified
-                  or (last.rouge1 or 0.0) - (before.rouge1 or 0.0) > SATURATION_MARGIN_ROUGE)
-        return None if gained else "saturated"
-    gain_db = 10 * math.log10(max(before.mse, 1e-12) / max(last.mse, 1e-12))
-    return "saturated" if gain_db <= SATURATION_MARGIN_DB and not more_identified else None
-
-
-def ladder_summary(ladders: list[dict], gallery: Gallery | None) -> dict:
-    """A run's ladders (one per attacked batch) as the store keeps them: saturated when every
-    batch's attack saturated (a leak decides the verdict without it)."""
-    decisions = [ladder["decision"] for ladder in ladders]
-    return {"batches": ladders, "decision": "leak" if "leak" in decisions else
-            ("undecided" if "undecided" in decisions else decisions[0] if decisions else "undecided"),
-            "saturated": bool(ladders) and all(ladder["saturated"] for ladder in ladders),
-            # the budget per restart the ladders ended at (the attack's own count when it has none)
-            "iterations": max((ladder["rungs"][-1]["budget"] or ladder["rungs"][-1]["iterations"]
-                               for ladder in ladders if ladder["rungs"]), default=0),
-            "gallery": gallery.describe() if gallery is not None else None}
-
-
-def convergence_summary(runs: list[Reconstruction]) -> dict:
-    """Whether every batch's attack reported convergence, its final matching distance, its
-    trace, and whether its matching distance was still falling at the end (the attacker's
-    own view; the auditor's judgement of saturation is the ladder's, see `climb`)."""
-    flags = [r.converged for r in runs if r.converged is not None]
-    distances = [r.final_distance for r in runs if r.final_distance is not None]
-    improving = [still_improving(r.trace) for r in runs]
-    converged = all(flags) if flags else None
-    return {"converged": converged,
-            "final_distance": max(distances) if distances else None,
-            "still_improving": any(v for v in improving if v is not None) if any(
-                v is not None for v in improving) else None,
-            "trace": [list(r.trace) for r in runs] if any(r.trace for r in runs) else [],
-            "trace_iterations": [list(r.trace_iterations) for r in runs] if any(r.trace_iterations for r in runs)
-            else [],
-            "trace_seconds": [list(r.trace_seconds) for r in runs] if any(r.trace_seconds for r in runs) else []}
-
-
-# The last tenth of an attack's iterations counts as "still improving" when it found a
-# matching distance this much (relatively) below the best of the iterations before it.
-IMPROVING_TAIL = 0.1
-IMPROVING_GAIN = 0.01
-
-
-def still_improving(trace: list[float], tail: float = IMPROVING_TAIL, gain: float = IMPROVING_GAIN
-                    ) -> bool | None:
-    """Whether an iterative attack was still lowering its matching distance when its
-    budget ran out (None for a trace too short to tell, e.g. an analytic attack)."""
-    values = [v for v in trace if math.isfinite(v)]
-    if len(values) < 10:
-        return None
-    cut = max(1, int(len(values) * (1 - tail)))
-    before, last = min(values[:cut]), min(values[cut:])
-    return last < before * (1 - gain) if before > 0 else False
 
 
 # Re-identification compares each reconstruction with this many other examples when the
@@ -665,12 +440,6 @@ def _split_gallery(dataset: str, split: str, resize: int | None, seq_len: int | 
     return gallery_from(other, None, f"{split}-split examples of {other.name}")
 
 
-def _held_out(data: Dataset, targets: torch.Tensor) -> Dataset:
-    mask = torch.ones(len(data), dtype=torch.bool)
-    mask[targets] = False
-    return data.subset(mask.nonzero().flatten())
-
-
 def pretraining_data(spec: AttackRunSpec, load: Callable[[DatasetSpec], Dataset] = load_dataset) -> Dataset:
     """The train split `--pretrain-steps` trains on; refused for a set of sample images."""
     train = load(dataset_spec(spec.dataset, "train", spec.resize, spec.seq_len))
@@ -685,16 +454,6 @@ def _pretrained(model, spec: AttackRunSpec):
 
     pretrain(model, pretraining_data(spec), steps=spec.pretrain_steps, seed=spec.seed)
     return model
-
-
-def prior_data(dataset: str, split: str, resize: int | None, data: Dataset, targets: torch.Tensor,
-               seq_len: int | None = None) -> Dataset:
-    """Held-out examples for attacks that may use the data distribution: the
-    other split of a named dataset, or the non-target examples of a sample set."""
-    if data.samples_only:
-        return _held_out(data, targets)
-    other = "train" if split == "test" else "test"
-    return load_dataset(dataset_spec(dataset, other, resize, seq_len))
 
 
 def result_record(result: AttackRunResult, images: bool = True) -> dict:

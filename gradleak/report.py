@@ -81,6 +81,8 @@ STRONGEST_COLUMNS = [("dataset", "dataset"), ("model", "model"), ("batch_size", 
                      ("verdict", "verdict"), ("verdict_text", "in words"), ("seeds", "seeds"),
                      ("utility", "utility"), ("utility_loss", "utility loss"), ("utility_loss_ci", "±"),
                      ("utility_model", "utility trained on"),
+                     ("grade_text", "grade"), ("linkage_text", "linkage AUC"),
+                     ("recognizable_text", "recognizable"), ("evidence_text", "examples"),
                      ("reid_text", "re-identified"), ("budget_text", "budget"),
                      ("mse", "best MSE"), ("best_mse", "by"), ("psnr", "best PSNR"), ("psnr_ci", "±"),
                      ("best_psnr", "by"), ("ssim", "best SSIM"), ("ssim_ci", "±"), ("best_ssim", "by"),
@@ -153,16 +155,29 @@ def verdict_in_words(entries: list[dict]) -> list[tuple[str, list[str]]]:
 
 
 def _with_words(entry: dict, full: bool = False) -> dict:
-    """The entry with its re-identification and budget in words; `full` adds the rate's 95%
-    interval and the gallery it was measured among (the report's table)."""
+    """The entry with its grade, evidence, re-identification and budget in words; `full` adds
+    the intervals and the gallery it was measured among (the report's table)."""
     reid = None
     if entry.get("identified") is not None:
         chance = f"chance {percent(entry.get('reid_chance') or 0)}"
-        if full and entry.get("reid_low") is not None:
-            chance = (f"95% interval {100 * entry['reid_low']:.3g}–{100 * entry['reid_high']:.3g}%, {chance}"
-                      + (f"; among {entry['gallery_note']}" if entry.get("gallery_note") else ""))
+        if full and entry.get("gallery_note"):
+            chance += f"; among {entry['gallery_note']}"
         reid = f"{entry['identified']} of {entry['identified_of']} ({chance})"
-    return {**entry, "reid_text": reid, "budget_text": budget_range(entry)}
+    linkage = recognizable = None
+    if entry.get("ev_examples"):
+        linkage = f"{entry['ev_linkage']:.2f}"
+        recognizable = f"{entry['ev_recognizable']} of {entry['ev_examples']}"
+        if full:
+            linkage += f" ({entry['ev_linkage_low']:.2f}–{entry['ev_linkage_high']:.2f})"
+            recognizable += (f" ({100 * entry['ev_recognizable_low']:.2g}–"
+                             f"{100 * entry['ev_recognizable_high']:.2g}%)")
+    grade = entry.get("grade") or ("holds" if entry.get("verdict") == "holds" else "–")
+    examples = entry.get("min_examples")
+    rungs = entry.get("sample_rungs") or 0
+    evidence = (f"{examples}" + (f" ({rungs} sample rung{'s' if rungs != 1 else ''})" if rungs else "")
+                if examples else None)
+    return {**entry, "reid_text": reid, "budget_text": budget_range(entry), "grade_text": grade,
+            "linkage_text": linkage, "recognizable_text": recognizable, "evidence_text": evidence}
 
 
 def format_strongest(entries: list[dict]) -> str:
@@ -175,8 +190,8 @@ def format_strongest(entries: list[dict]) -> str:
         score = "rouge1" if all(e.get("psnr") is None and e.get("rouge1") is not None for e in members) else "psnr"
         cols = [("batch_size", "B"), ("local_steps", "T"), ("defense", "defense"), ("strength", "strength"),
                 ("utility_loss", "util.loss"), (score, "best ROUGE-1" if score == "rouge1" else "best PSNR"),
-                (f"best_{score}", "by"), ("reid_text", "re-identified"), ("budget_text", "budget"),
-                ("verdict_text", "verdict")]
+                (f"best_{score}", "by"), ("grade_text", "grade"), ("linkage_text", "linkage"),
+                ("recognizable_text", "recognizable"), ("budget_text", "budget"), ("verdict_text", "verdict")]
         head = [_threat_title(threat)] + [f"  {_scenario_words(a)}: {a['text']}" for a in answers
                                           if str(a["threat"]) == threat]
         rows = [[_fmt(e.get(k), 3) for k, _ in cols] for e in map(_with_words, members)]
@@ -388,6 +403,8 @@ class Matrix:
     corner: str  # the top-left heading, "defense \ attack" or "attack \ defense"
     columns: list[str]
     rows: list[MatrixRow]
+    # attacks that ran in no setting of this matrix, with why: one collapsed list under it
+    not_run: list[str] = field(default_factory=list)
 
 
 def _matrix_cell(slot: dict | None, images: _Images) -> MatrixCell:
@@ -415,9 +432,10 @@ def _matrix_cell(slot: dict | None, images: _Images) -> MatrixCell:
     ladder = cell_ladder(best)
     if ladder.get("decision") == "undecided":
         lines.append(MatrixLine(f"not saturated at {int(ladder.get('iterations') or 0):,} iterations", True))
-    scores = [m.get("reid"), m.get("examples")]
+    scores = [m.get("recognizable"), m.get("examples"), m.get("linkage")]
     if all(isinstance(v, (int, float)) for v in scores):
-        lines.append(MatrixLine(f"re-identified {round(scores[0] * scores[1])} of {int(scores[1])}"))
+        lines.append(MatrixLine(f"recognizable {round(scores[0] * scores[1])} of {int(scores[1])} · "
+                                f"linkage AUC {scores[2]:.2f}"))
     if slot["failed"]:
         lines.append(MatrixLine(f"{len(slot['failed'])} run(s) failed", True))
     alt = f"{lab.get('attack_spec')} under {lab.get('defense')} {lab.get('strength') or ''}: {score}"
@@ -431,6 +449,17 @@ def _setting_words(setting: tuple) -> str:
 def _matrices(matrices: list[dict], images: _Images) -> list[Matrix]:
     views = []
     for m in matrices:
+        # an attack that ran nowhere in this matrix gets no column, only a line in the list below it
+        ran = [c for c in m["columns"] if any((m["cells"].get((r, c)) or {}).get("best") is not None
+                                              or (m["cells"].get((r, c)) or {}).get("failed") for r in m["rows"])]
+        not_run = []
+        for c in m["columns"]:
+            if c in ran:
+                continue
+            reasons = sorted({str(slot["not_run"]) for r in m["rows"]
+                              if (slot := m["cells"].get((r, c))) and slot.get("not_run")})
+            not_run.append(f"{c}: {'; '.join(reasons) or 'not in the sweep'}")
+        m = {**m, "columns": ran}
         # rows are sorted by (batch size, local steps) first: one header per setting, never mixed
         settings = list(dict.fromkeys(r[:2] for r in m["rows"]))
         title = f"{_threat_title(m['threat'])} · {m['dataset']} · {m['model']}"
@@ -441,7 +470,7 @@ def _matrices(matrices: list[dict], images: _Images) -> list[Matrix]:
             rows = [MatrixRow(c, [_matrix_cell(m["cells"].get((r, c)), images) for r in m["rows"]])
                     for c in m["columns"]]
             views.append(Matrix(title, setting, "attack \\ defense",
-                                [_row_label(r, len(settings) > 1) for r in m["rows"]], rows))
+                                [_row_label(r, len(settings) > 1) for r in m["rows"]], rows, not_run))
             continue
         rows, previous = [], None
         for row in m["rows"]:
@@ -449,7 +478,7 @@ def _matrices(matrices: list[dict], images: _Images) -> list[Matrix]:
             previous = row[:2]
             rows.append(MatrixRow(_row_label(row), [_matrix_cell(m["cells"].get((row, c)), images)
                                                     for c in m["columns"]], group))
-        views.append(Matrix(title, setting, "defense \\ attack", list(m["columns"]), rows))
+        views.append(Matrix(title, setting, "defense \\ attack", list(m["columns"]), rows, not_run))
     return views
 
 
@@ -549,8 +578,9 @@ def _tradeoff_figures(entries: list[dict], out: Path) -> list[Figure]:
     return figures
 
 
-def write_report(store_path: str | Path, out: str | Path) -> dict:
-    """Write index.html, plots, image files and CSV/JSON exports to `out`."""
+def write_report(store_path: str | Path, out: str | Path, tolerance=None) -> dict:
+    """Write index.html, plots, image files and CSV/JSON exports to `out`; the verdicts at
+    `tolerance` (default: the one the study was run with)."""
     store = ResultStore(store_path, create=False)
     try:
         cells = store.cells()
@@ -558,8 +588,8 @@ def write_report(store_path: str | Path, out: str | Path) -> dict:
             raise GradleakError(f"store '{store_path}' holds no finished cells")
         out = Path(out)
         (out / "images").mkdir(parents=True, exist_ok=True)
-        entries = strongest_attacks(cells)
-        rows = attack_rows(cells)
+        entries = strongest_attacks(cells, tolerance)
+        rows = [{k: v for k, v in r.items() if k != "evidence"} for r in attack_rows(cells)]
         images = _Images(out, store)
         rounds = leakage_by_round(cells)
         gallery = _gallery(cells, images)

@@ -37,16 +37,24 @@ class ThreatModel:
     # (knowledge, why the update does not carry it) for what a client's update might carry
     unseen: tuple[tuple[str, str], ...] = ()
 
-    def check(self, attack_name: str, needs: frozenset[str]) -> None:
+    def refuses(self, needs: frozenset[str]) -> str | None:
+        """Why an attack that needs `needs` cannot run under this threat model (one line, as
+        the attack's reason for not running), or None when everything is granted."""
         missing = sorted(needs - self.grants)
-        if missing:
+        if not missing:
+            return None
+        why = dict(self.unseen)
+        notes = "".join(f" ({key} not from the update: {why[key]})" for key in missing if key in why)
+        return f"needs {', '.join(missing)}, which threat model '{self.name}' does not grant{notes}"
+
+    def check(self, attack_name: str, needs: frozenset[str]) -> None:
+        """Raise the one-line refusal of `refuses`, with what to add on the command line."""
+        reason = self.refuses(needs)
+        if reason:
+            missing = sorted(needs - self.grants)
             hint = ("--threat malicious" if "malicious_model" in missing
                     else "--knows " + ",".join(missing))
-            why = dict(self.unseen)
-            notes = "".join(f" ({key} not from the update: {why[key]})" for key in missing if key in why)
-            raise GradleakError(
-                f"attack '{attack_name}' needs {', '.join(missing)}, which threat model "
-                f"'{self.name}' does not grant; add {hint}{notes}")
+            raise GradleakError(f"attack '{attack_name}' {reason}; add {hint}")
 
     def seeing(self, key: str) -> "ThreatModel":
         """This threat model, reading `key` off the update (declared knowledge stays declared)."""

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from .data import Dataset
+from .data.references import dataset_spec
 from .defenses import make_chain
 from .errors import GradleakError
-from .experiment import dataset_spec
 from .fl import TrainingSpec, aggregate_updates, compute_update
 from .fl.local import batch_loss
 from .fl.training import check_bn_mode

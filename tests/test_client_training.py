@@ -76,7 +76,8 @@ def test_an_optimizer_gradleak_does_not_model_is_one_line(capsys, text, said):
 @pytest.mark.slow
 def test_an_attack_that_replays_the_clients_momentum_recovers_what_plain_sgd_replay_cannot():
     from gradleak.attacks import AttackContext, make_attack
-    from gradleak.experiment import AttackRunSpec, build_scenario_model, climb, scenario_data
+    from gradleak.experiment import AttackRunSpec, build_scenario_model, scenario_data
+    from gradleak.ladder import climb_budget_ladder
     from gradleak.metrics import summarize
     from gradleak.threat import make_threat_model, observe
 
@@ -90,7 +91,8 @@ def test_an_attack_that_replays_the_clients_momentum_recovers_what_plain_sgd_rep
         update = compute_update(model, x, y, client)
         obs = observe(update, model, make_threat_model("honest"), input_shape=data.input_shape, num_classes=10,
                       training=declared, batch_size=1, labels=y, defenses=[])
-        _, scores, _, _ = climb(make_attack(spec.attack), obs, x, y, AttackContext(seed=seed), "none", None, 0)
+        scores = climb_budget_ladder(make_attack(spec.attack), obs, x, y, AttackContext(seed=seed), "none", None,
+                                     0).scores
         return summarize(scores)["psnr"]
 
     # 4 momentum steps on one example, seeds 0-3 on one thread: replaying the momentum

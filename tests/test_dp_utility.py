@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from gradleak.data import load_dataset
-from gradleak.experiment import dataset_spec
+from gradleak.data.references import dataset_spec
 from gradleak.models import ModelSpec, build_model
 from gradleak.utility import UtilitySpec, dirichlet_partition, evaluate, run_utility
 

@@ -89,7 +89,7 @@ def test_a_client_whose_order_the_server_does_not_know_is_still_reconstructed(mn
     training in order 3.8 / 3.4 / 3.6 / 3.7 dB. Bounds: every seed ≥ 10 dB (3.5 dB under the
     lowest, about one sd) and ≥ 6 dB above the in-order replay."""
     from gradleak.attacks import AttackContext, make_attack
-    from gradleak.experiment import build_named_model
+    from gradleak.models.references import build_named_model
 
     for seed in range(3):
         pick = torch.randperm(len(mnist_train.labels), generator=torch.Generator().manual_seed(seed))[:4]

@@ -1,5 +1,5 @@
 """The package layout follows the data flow: data + models → fl → defenses →
-Observation (threat) → attacks → metrics → experiment → store → sweep → analysis
+Observation (threat) → attacks → metrics → ladder → experiment → store → analysis → sweep
 → report → api → integrations and the command line. Every import, including
 those inside functions, must point down this order, and no modules may import
 each other in a circle."""
@@ -16,22 +16,24 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gradleak"
 RANKS: dict[str, int] = {
     "errors": 0,
     "options": 1, "registry": 1, "seeding": 1, "progress": 1, "viz": 1, "priors": 1, "stats": 1, "knowledge": 1,
-    "data": 2, "analytic": 2, "postprocess": 2,
-    "models": 3,
-    "fl": 4,
-    "defenses": 5,
-    "threat": 6,
-    "attacks": 7,
-    "metrics": 8,
-    "experiment": 9, "inspect": 9, "theory": 9,
-    "batch_attack": 10, "utility": 10,
-    "store": 11,
-    "sweep": 12,
-    "analysis": 13,
-    "report": 14,
-    "api": 15,
-    "flower": 16,
-    "commands": 17, "cli": 18, "__main__": 19, "__init__": 19,
+    "leakage": 2,
+    "data": 3, "analytic": 3, "postprocess": 3,
+    "models": 4,
+    "fl": 5,
+    "defenses": 6,
+    "threat": 7,
+    "attacks": 8,
+    "metrics": 9,
+    "ladder": 10,
+    "experiment": 11, "inspect": 11, "theory": 11,
+    "batch_attack": 12, "utility": 12,
+    "store": 13,
+    "analysis": 14,
+    "sweep": 15,
+    "report": 16,
+    "api": 17,
+    "flower": 18, "guard": 18,
+    "commands": 19, "cli": 20, "__main__": 21, "__init__": 21,
 }
 
 

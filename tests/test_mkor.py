@@ -11,8 +11,9 @@ from gradleak.attacks.mkor_decoding import sampled_pixels
 from gradleak.batch_attack import attack_batch, one_per_class
 from gradleak.commands.inspect_model import inspect_attack
 from gradleak.data import load_dataset
+from gradleak.data.references import dataset_spec
 from gradleak.errors import GradleakError
-from gradleak.experiment import AttackRunSpec, dataset_spec, run_attack
+from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.metrics.image import psnr
 
 

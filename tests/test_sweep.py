@@ -271,15 +271,17 @@ def test_report_renders_in_headless_chromium(workdir, reference_store):
 
 
 def _attack_cell(seed=0, *, threat="honest", attack="ig", defense="noise", strength="sigma=0.1", psnr=8.0,
-                 examples=4, identified=0, copies=0, saturated=True, decision=None, batch_size=4, iterations=400):
+                 examples=40, identified=0, copies=0, saturated=True, decision=None, batch_size=4, iterations=400,
+                 linkage=0.5, linkage_sd=0.1):
     """A stored attack cell as `experiment.run_scenario` writes it: scores over `examples`
-    examples, of which `identified` re-identified among a gallery of 1,000 and `copies` copied,
-    and the ladder the attack climbed."""
+    examples, of which `identified` re-identified among a gallery of 1,000 and recognizable and
+    `copies` copied, their mean linkage AUC and its spread, and the ladder the attack climbed."""
     labels = {"threat": threat, "dataset": "mnist", "model": "lenet", "batch_size": batch_size, "local_steps": 1,
               "seed": seed, "defense": defense, "strength": strength, "defenses": [], "attack": attack,
               "attack_spec": attack, "init": None}
     metrics = {"mse": 10 ** (-psnr / 10), "psnr": psnr, "ssim": 0.1, "asr": copies / examples, "examples": examples,
-               "reid": identified / examples, "reid_chance": 2 / 1001, "gallery": 1000}
+               "reid": identified / examples, "reid_chance": 2 / 1001, "gallery": 1000,
+               "recognizable": identified / examples, "linkage": linkage, "linkage_sd": linkage_sd}
     decision = decision or ("saturated" if saturated else "undecided")
     ladder = {"decision": decision, "saturated": saturated and decision != "leak", "iterations": iterations,
               "gallery": "1,000 train-split examples of mnist", "batches": []}
@@ -291,18 +293,18 @@ def test_threat_models_get_separate_verdicts_and_weaker_servers_attacks_count_fo
     from gradleak.analysis import strongest_attacks
     from gradleak.report import format_strongest
 
-    cells = [_attack_cell(s, attack="ig", psnr=9.0, identified=2) for s in (0, 1)]
+    cells = [_attack_cell(s, attack="ig", psnr=9.0, identified=2, examples=4) for s in (0, 1)]
     cells += [_attack_cell(s, threat="malicious", attack="rtf", psnr=9.5, decision="analytic") for s in (0, 1)]
     by_threat = {e["threat"]: e for e in strongest_attacks(cells)}
     # what the malicious server gets never stands for what an honest one gets ...
     assert by_threat["honest"]["psnr"] == 9.0 and by_threat["honest"]["attacks"] == 1
     # ... but a malicious server may run the honest server's attacks too: rtf alone finds
-    # nothing, ig re-identifies 4 of 8, so the defense leaks against the malicious server
+    # nothing, ig's reconstructions are recognizable (4 of 8), so the defense leaks against the malicious server
     assert by_threat["malicious"]["attacks"] == 2 and by_threat["malicious"]["verdict"] == "leaks"
     assert "ig (as the honest server)" in by_threat["malicious"]["verdict_text"]
     text = format_strongest(list(by_threat.values()))
     assert text.index("Honest-but-curious") < text.index("Malicious server")
-    assert "4 of 8 examples re-identified by ig" in text
+    assert "leaks: recognizable reconstructions by ig" in text and "4 of 8 examples recognizable" in text
 
 
 @pytest.mark.parametrize("trace,expected", [
@@ -311,7 +313,7 @@ def test_threat_models_get_separate_verdicts_and_weaker_servers_attacks_count_fo
     ([0.5] * 5, None),                                  # too short to tell
 ])
 def test_still_improving(trace, expected):
-    from gradleak.experiment import still_improving
+    from gradleak.ladder import still_improving
 
     assert still_improving(trace) is expected
 
@@ -325,25 +327,27 @@ def test_holds_needs_two_seeds_saturated_attacks_and_no_reidentification():
 
     quiet = [_attack_cell(0), _attack_cell(1)]
     assert verdict(quiet)[0] == "holds"
-    assert "holds against ig (saturated at 400 iterations; 0 of 8 examples re-identified" in verdict(quiet)[1]
+    assert ("holds at the tolerance (linkage AUC ≤ 0.6 and recognizable ≤ 10% at 95%) against ig (saturated at "
+            "400 iterations; over 80 or more examples per attack") in verdict(quiet)[1]
     assert verdict(quiet[:1])[0] == "not shown (one seed)"
     # an attack still gaining at its cap never lets a defense hold, whatever it scored
     word, text = verdict([_attack_cell(0), _attack_cell(1, saturated=False)])
     assert word == "not shown (attack not saturated)" and "ig still improving at its cap" in text
-    # one example of eight re-identified among 1,000 is far above chance (0.2%): a leak, graded
-    word, text = verdict([_attack_cell(0, identified=1), _attack_cell(1)])
-    assert word == "leaks" and text.startswith("leaks: 1 of 8 examples re-identified by ig")
+    # two examples of eight recognised among 1,000 is far above chance (0.2%): a leak, graded
+    word, text = verdict([_attack_cell(0, identified=2, examples=4), _attack_cell(1, examples=4)])
+    assert word == "leaks" and text.startswith("leaks: recognizable reconstructions by ig")
+    # one of 80, among three attacks tested twice each, is not (Holm): the tolerance still holds
+    assert verdict([_attack_cell(0, identified=1), _attack_cell(1)] + [
+        _attack_cell(s, attack=a) for s in (0, 1) for a in ("cpl", "rog")])[0] == "holds"
     # an exact copy is the strongest grade, named first
     word, text = verdict([_attack_cell(0, identified=1), _attack_cell(1, attack="cpl", copies=1, identified=1)])
-    assert text.startswith("leaks: 1 of 4 examples copied exactly")
-    # with a gallery of 4 (chance 2/5), 1 of 8 re-identified is neither a leak nor at chance...
-    small = [_attack_cell(s, identified=i) for s, i in ((0, 1), (1, 0))]
-    for cell in small:
-        cell.metrics["reid_chance"] = 0.4
-    assert verdict(small)[0] == "holds"  # 1/8 = 12.5% ≤ chance 40%
-    for cell in small:
-        cell.metrics["reid_chance"] = 0.1
-    assert verdict(small)[0].startswith("not shown (re-identification above chance")
+    assert text.startswith("leaks: 1 of 40 examples copied exactly")
+    # measurably nearer their originals than chance, none recognised: linkable, not a leak
+    word, text = verdict([_attack_cell(s, linkage=0.8, linkage_sd=0.15) for s in (0, 1)])
+    assert word == "linkable" and text.startswith("linkable, not recognizable: reconstructions by ig")
+    # eight examples cannot bound the rates: not shown, with how far they do
+    word, text = verdict([_attack_cell(s, examples=4) for s in (0, 1)])
+    assert word == "not shown (rates not bounded)" and "8 examples per attack bound the linkage AUC only to" in text
     # a failed cell of the same setting blocks holds
     failed = CellRecord("f", "failed", "t", {}, {**quiet[0].labels, "cell_kind": "attack"}, {}, {"error": "x"}, 0.0)
     assert verdict(quiet + [failed])[0] == "not shown (attack failed)"
@@ -363,7 +367,8 @@ def test_the_answer_names_the_cheapest_setting_that_holds_or_the_least_leaky():
 
     cells = [utility("none", "", s, 0.9) for s in (0, 1)]
     for strength, acc, identified in (("sigma=0.01", 0.88, 3), ("sigma=0.1", 0.80, 0), ("sigma=1", 0.5, 0)):
-        cells += [_attack_cell(s, strength=strength, identified=identified) for s in (0, 1)]
+        cells += [_attack_cell(s, strength=strength, identified=identified, examples=4 if identified else 40)
+                  for s in (0, 1)]
         cells += [utility("noise", strength, s, acc + 0.01 * s) for s in (0, 1)]
     entries = strongest_attacks(cells)
     (best,) = answer(entries)
@@ -374,7 +379,7 @@ def test_the_answer_names_the_cheapest_setting_that_holds_or_the_least_leaky():
     (none_holds,) = answer(leaky)
     assert not none_holds["holds"]
     assert none_holds["text"].startswith("none of the 1 tested settings is shown to hold; the least leaky is "
-                                         "noise sigma=0.01 (leaks: 6 of 8 examples re-identified by ig")
+                                         "noise sigma=0.01 (leaks: recognizable reconstructions by ig")
 
 
 def _untrained_store_cells(baseline_accuracy: float, num_classes: int | None):
@@ -429,10 +434,13 @@ def test_matrix_picks_each_attacks_best_seed_and_says_why_a_cell_is_empty(tmp_pa
                         {k: v for k, v in labels("noise", "ig", 0, reason="needs labels").items() if k != "threat"},
                         {}, {}, 0.0),
              CellRecord("f", "failed", "t", {}, labels("none", "cpl", 0, cell_kind="attack"), {},
-                        {"error": "RuntimeError: out of memory"}, 0.0)]
+                        {"error": "RuntimeError: out of memory"}, 0.0),
+             CellRecord("d", "skipped", "t", {"threat": "honest"},
+                        {k: v for k, v in labels("none", "dager", 0, reason="does not handle image data").items()
+                         if k != "threat"}, {}, {}, 0.0)]
     (matrix,) = best_reconstructions(cells)
     none, noise = ("none", ""), ("noise", "sigma=0.1")
-    assert matrix["rows"] == [(1, 1, *none), (1, 1, *noise)] and matrix["columns"] == ["cpl", "ig"]
+    assert matrix["rows"] == [(1, 1, *none), (1, 1, *noise)] and matrix["columns"] == ["cpl", "dager", "ig"]
     assert matrix["cells"][((1, 1, *none), "ig")]["best"].key == "n1"  # lowest MSE of the two seeds
     assert matrix["cells"][((1, 1, *noise), "ig")]["not_run"] == "needs labels"
     assert matrix["cells"][((1, 1, *none), "cpl")]["failed"] == ["RuntimeError: out of memory"]
@@ -447,6 +455,10 @@ def test_matrix_picks_each_attacks_best_seed_and_says_why_a_cell_is_empty(tmp_pa
     assert "not run: needs labels" in matrix_html and "failed: RuntimeError: out of memory" in matrix_html
     assert "not in the sweep" in matrix_html  # noise × cpl: never in the grid
     assert "defense \\ attack" in matrix_html  # 2 settings, 2 attacks: settings as rows
+    # an attack that ran in no setting gets no column, only a line in the list under the matrix
+    assert "<th>dager</th>" not in matrix_html
+    assert "1 attack(s) not run in any setting here" in matrix_html
+    assert "dager: does not handle image data" in matrix_html
 
 
 def test_matrix_puts_attacks_in_rows_when_they_outnumber_the_settings(tmp_path):
@@ -463,7 +475,7 @@ def test_matrix_puts_attacks_in_rows_when_they_outnumber_the_settings(tmp_path):
     page = (tmp_path / "r" / "index.html").read_text()
     matrix_html = page[page.index("id='matrix'"):page.index("Strongest attack per defense")]
     assert "attack \\ defense" in matrix_html and matrix_html.count("<tr>") == 5  # a header and one row each
-    assert "re-identified 0 of 4" in matrix_html
+    assert "recognizable 0 of 40 · linkage AUC 0.50" in matrix_html
 
 
 def _png() -> bytes:

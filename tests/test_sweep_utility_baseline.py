@@ -70,7 +70,7 @@ def test_a_language_model_is_judged_by_its_loss_against_a_uniform_guess():
     assert "give it more rounds or a larger lr" in message and "\n" not in message
     # the analysis measures a language model's utility loss in test loss (lower is better)
     table = {("news", "gpt2", "none", ""): {"next_token": 1.0, "test_accuracy": 0.05, "test_loss": 9.4}}
-    assert analysis._utility_metric(table) == ("test_loss", False)
+    assert analysis.utility_metric(table) == ("test_loss", False)
 
 
 def test_untrained_baseline_stops_the_sweep_before_the_attack_cells(tmp_path):

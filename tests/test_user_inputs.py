@@ -12,9 +12,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 from gradleak.data import DatasetSpec, load_dataset
+from gradleak.data.references import dataset_spec
 from gradleak.data.tensors import dataset_from_tensors, dataset_from_user
 from gradleak.errors import GradleakError
-from gradleak.experiment import dataset_spec
 from gradleak.models.user import build_user_model, check_model_fits, is_user_model_ref
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradleak.experiment import AttackRunSpec, Rung, run_attack, rung_decision
+from gradleak.experiment import AttackRunSpec, run_attack
+from gradleak.ladder import Rung, rung_decision
 
 
 def test_a_readable_reconstruction_is_graded_identifies():

@@ -41,6 +41,7 @@ from torch import nn
 
 from ..errors import GradleakError
 from ..fl import aggregate_updates, compute_update
+from ..models.base import hash_weights
 from ..options import check
 from ..seeding import stream
 from ..threat import Observation
@@ -303,9 +304,7 @@ def inverter_key(obs: Observation, options: LearnedOptions, aux_source: str, see
     with their options, the client's training as the server knows it, the batch, the options
     (except the epochs, which are the ladder's), the auxiliary data and the seed."""
     digest = hashlib.sha256()
-    for name, tensor in obs.model.state_dict().items():
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    hash_weights(digest, obs.model)
     settings = {"defenses": [repr(d) for d in obs.get("defenses")], "training": repr(obs.training),
                 "batch": obs.batch_size, "shape": list(obs.input_shape), "classes": obs.num_classes,
                 "update": [obs.update.kind, obs.update.steps, obs.update.clients],

@@ -30,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=output_dir(), default="gradleak-audit",
                    help="report directory (index.html, results.db)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
+    p.add_argument("--tolerance", default=None, metavar="linkage=0.6,recognizable=0.1",
+                   help="what you accept: 'holds' means every saturated attack's linkage AUC and recognizable "
+                        "rate are bounded within it at 95%% (default linkage=0.6,recognizable=0.1)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     gallery = None
     if args.gallery:
         from ..data import load_dataset
-        from ..experiment import dataset_path_form, dataset_spec
+        from ..data.references import dataset_path_form, dataset_spec
 
         # a named text dataset's windows at the audited length; a file's examples as they are
         seq_len = args.seq_len if dataset_path_form(args.gallery) is None else None
@@ -52,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
                    training=training_from_args(args), batch_size=args.batch_size,
                    images=args.images, seed=_seeds(args.seeds) if args.seeds else args.seed, budget=args.budget,
                    lpips=args.lpips, device=args.device, checkpoint=args.checkpoint, split=args.split,
-                   resize=args.resize, seq_len=args.seq_len, gallery=gallery, progress=not args.json)
+                   resize=args.resize, seq_len=args.seq_len, gallery=gallery, progress=not args.json,
+                   tolerance=args.tolerance)
     html = result.write_report(args.out)
     if args.json:
         print(json.dumps({**result.to_json(), "verdict": [e["verdict_text"] for e in result.verdicts()],

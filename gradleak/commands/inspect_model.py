@@ -10,8 +10,9 @@ import torch
 from ..attacks import make_attack
 from ..attacks.base import AttackContext
 from ..data import load_dataset
+from ..data.references import dataset_spec
 from ..errors import GradleakError
-from ..experiment import AttackRunSpec, build_scenario_model, dataset_spec
+from ..experiment import AttackRunSpec, build_scenario_model
 from ..inspect import format_report, inspect_model
 from ..options import MAX_BATCH, MAX_IMAGE_SIDE, MIN_IMAGE_SIDE, parse_spec, ranged
 from .attack import seed_type

@@ -12,10 +12,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", required=True, help="results database written by `gradleak sweep`")
     p.add_argument("--out", type=output_dir(), required=True, help="report directory (index.html, images, CSV, JSON)")
     p.add_argument("--json", action="store_true", help="print the strongest-attack table as JSON")
+    p.add_argument("--tolerance", default=None, metavar="linkage=0.6,recognizable=0.1",
+                   help="judge the store at this tolerance instead of the one it was run with")
 
 
 def run(args: argparse.Namespace) -> int:
-    report = write_report(args.store, args.out)
+    from ..leakage import parse_tolerance
+
+    tolerance = parse_tolerance(args.tolerance) if args.tolerance else None
+    report = write_report(args.store, args.out, tolerance)
     if args.json:
         print(json.dumps({"html": report["html"], "strongest": report["strongest"]}))
     else:

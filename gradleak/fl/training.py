@@ -253,3 +253,27 @@ class TrainingSpec:
             torch.randperm(samples, generator=generator)
             out += [tuple(order[i:i + b]) for i in range(0, samples, b)]
         return out[:steps]
+
+
+# The one list of the client's training fields: TrainingSpec's own. Where a scenario spec, the
+# command line, a sweep file or a Flower run config names one differently, it is listed here.
+SCENARIO_NAMES = {"batchnorm": "bn_mode", "lora_rank": "lora"}
+
+
+def training_field_names() -> tuple[str, ...]:
+    """TrainingSpec's fields, in order."""
+    import dataclasses
+
+    return tuple(f.name for f in dataclasses.fields(TrainingSpec))
+
+
+def scenario_fields(training: TrainingSpec) -> dict:
+    """The scenario (`AttackRunSpec`) fields that declare `training`."""
+    return {SCENARIO_NAMES.get(name, name): getattr(training, name) for name in training_field_names()}
+
+
+def training_from_scenario(values) -> TrainingSpec:
+    """The TrainingSpec a scenario (an object or mapping with `scenario_fields`' names) declares."""
+    get = values.get if isinstance(values, dict) else lambda name: getattr(values, name)
+    return TrainingSpec(**{name: get(SCENARIO_NAMES.get(name, name)) for name in training_field_names()})
+

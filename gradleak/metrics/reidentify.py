@@ -283,6 +283,9 @@ def reid_summary(scores: list) -> dict:
             "reid_chance": max(s.reid_chance or 0.0 for s in judged),
             "gallery": min(s.gallery_size or 0 for s in judged),
             "linkage": sum(linked) / len(linked) if linked else None,
+            # the spread over examples, so that evidence pools over cells (gradleak.leakage.Evidence)
+            "linkage_sd": (sum((v - sum(linked) / len(linked)) ** 2 for v in linked) / (len(linked) - 1)) ** 0.5
+            if len(linked) > 1 else (0.0 if linked else None),
             "recognizable": sum(bool(getattr(s, "recognizable", False)) for s in judged) / len(judged)}
 
 

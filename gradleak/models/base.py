@@ -98,3 +98,12 @@ def check_model_size(spec: ModelSpec, builder) -> None:
                 handle.remove()
         check_size(f"model '{spec.name}' on inputs {tuple(spec.input_shape)}", total[0], MAX_ACTIVATIONS,
                    "activations per example")
+
+
+def hash_weights(digest, model) -> None:
+    """Feed every tensor of `model`'s state dict, with its name, into `digest` (a hashlib
+    object): the one weight digest (audited models, kept inverters)."""
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+

@@ -6,7 +6,7 @@ from ..options import parse_spec
 
 
 def is_dataset_path(text: str) -> bool:
-    from ..experiment import dataset_path_form
+    from ..data.references import dataset_path_form
 
     return dataset_path_form(text) is not None
 

@@ -156,24 +156,41 @@ def run_sweep(sweep: Sweep, store, workers: int | None = None, executor: str = "
                 if refusal:
                     raise GradleakError(refusal)
     workers = workers or default_workers()
+    start = time.perf_counter()
+    totals = {"written": 0, "cpu_seconds": 0.0, "failed": []}
+    _run_cells(sweep, store, todo, baselines, workers, executor, address, show_progress, totals,
+               total=len(sweep.cells), already=len(sweep.cells) - len(todo))
+    extra = run_sample_ladder(sweep, store, workers, executor, address, show_progress, totals)
+    seconds = time.perf_counter() - start
+    written, failed = totals["written"], totals["failed"]
+    return {"sweep": sweep.name, "cells": len(sweep.cells) + extra["cells"],
+            "skipped": len(sweep.cells) - len(todo) + extra["skipped"],
+            "ran": written, "failed": failed, "seconds": round(seconds, 3),
+            "cpu_seconds": round(totals["cpu_seconds"], 3), "sample_cells": extra["cells"],
+            "sample_rungs": extra["rungs"], "workers": workers, "executor": executor,
+            "cells_per_minute": round(60 * written / seconds, 3) if written and seconds > 0 else None}
+
+
+def _run_cells(sweep: Sweep, store, todo: list[Cell], baselines: dict, workers: int, executor: str,
+               address: str | None, show_progress: bool, totals: dict, total: int, already: int) -> None:
+    """Run `todo` on the executor, writing each result (or failure) to the store as it arrives."""
+    if not todo:
+        return
     if workers > 1:
         todo.sort(key=estimated_cost, reverse=True)
     todo.sort(key=lambda c: c.key not in baselines)  # stable: baselines first, the rest as ordered
-    start = time.perf_counter()
-    written, cpu_seconds = 0, 0.0
-    failed: list[dict] = []
     refusal = None
-    with sweep_progress(len(sweep.cells), len(sweep.cells) - len(todo), enabled=show_progress) as bars:
+    with sweep_progress(total, already, enabled=show_progress) as bars:
         runner = make_executor(executor, workers, address, study_artifacts(store))
         # closing: stopping early stops the executor's running cells at once
         with closing(runner.run(todo, bars)) as results:
             for cell, result in results:
                 if isinstance(result, CellFailure):
                     store_failure(store, sweep.name, cell, result.error)
-                    failed.append({"key": cell.key, "cell": cell_title(cell), "error": result.error})
+                    totals["failed"].append({"key": cell.key, "cell": cell_title(cell), "error": result.error})
                 else:
-                    written += store_result(store, sweep.name, cell, result)
-                    cpu_seconds += result.get("cpu_seconds") or 0.0
+                    totals["written"] += store_result(store, sweep.name, cell, result)
+                    totals["cpu_seconds"] += result.get("cpu_seconds") or 0.0
                     if cell.key in baselines:
                         refusal = untrained_baseline(sweep.name, cell, result["metrics"])
                 bars.cell_done(cell)
@@ -181,8 +198,26 @@ def run_sweep(sweep: Sweep, store, workers: int | None = None, executor: str = "
                     break
     if refusal:
         raise GradleakError(refusal)
-    seconds = time.perf_counter() - start
-    return {"sweep": sweep.name, "cells": len(sweep.cells), "skipped": len(sweep.cells) - len(todo),
-            "ran": written, "failed": failed, "seconds": round(seconds, 3), "cpu_seconds": round(cpu_seconds, 3),
-            "workers": workers, "executor": executor,
-            "cells_per_minute": round(60 * written / seconds, 3) if written and seconds > 0 else None}
+
+
+def run_sample_ladder(sweep: Sweep, store, workers: int, executor: str, address: str | None,
+                      show_progress: bool, totals: dict) -> dict:
+    """Add examples to the settings whose verdict is still open (gradleak.sweep.samples), one
+    rung at a time, each rung judged on everything stored so far. Returns the cells it planned,
+    those already stored, and the rungs it ran."""
+    from ..analysis import strongest_attacks
+    from .samples import examples_judged, extension_cells
+
+    planned = skipped = rungs = 0
+    for rung in range(1, sweep.samples.rungs + 1):
+        cells = [c for c in store.cells() if c.sweep == sweep.name]
+        extension = extension_cells(sweep.cells, strongest_attacks(cells, sweep.tolerance), examples_judged(cells),
+                                    rung, sweep.samples)
+        if not extension:
+            break
+        done = store.finished_keys()
+        todo = [c for c in extension if c.key not in done]
+        planned, skipped, rungs = planned + len(extension), skipped + len(extension) - len(todo), rung
+        _run_cells(sweep, store, todo, {}, workers, executor, address, show_progress, totals,
+                   total=len(extension), already=len(extension) - len(todo))
+    return {"cells": planned, "skipped": skipped, "rungs": rungs}

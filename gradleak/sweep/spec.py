@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import GradleakError, InputFileError
-from ..experiment import LADDER_DOUBLINGS, AttackRunSpec
+from ..experiment import AttackRunSpec
+from ..ladder import LADDER_DOUBLINGS
+from ..leakage import Tolerance, parse_tolerance
 from ..options import MAX_SWEEP_CELLS, check_device, parse_spec, path_kind
 from .cells import attack_run_spec, utility_run_spec, utility_spec_type
 from .labels import attack_labels, dataset_label, defense_label, is_dataset_path, strength_label
@@ -19,7 +21,8 @@ CELL_VERSION = 4  # bump when a cell's result would change for the same spec
 _GRID_AXES = {"datasets": "dataset", "models": "model", "batch_sizes": "batch_size",
               "local_steps": "local_steps", "seeds": "seed"}
 _GRID_KEYS = set(_GRID_AXES) | {"defenses", "attacks", "defaults"}
-_TOP_KEYS = {"name", "description", "defaults", "grids", "utility"}
+_TOP_KEYS = {"name", "description", "defaults", "grids", "utility", "tolerance", "samples"}
+_SAMPLES_KEYS = {"rungs", "max_examples"}
 _UTILITY_KEYS = {"options", "seeds"}
 _ATTACK_RUN_KEYS = {"threat", "knows"}
 
@@ -37,11 +40,24 @@ class Cell:
             object.__setattr__(self, "key", cell_key(self.kind, self.spec))
 
 
+@dataclass(frozen=True)
+class SampleLadder:
+    """How far the auditor may add examples to a setting whose verdict is still open (its
+    attacks' examples cannot yet bound the rates within the tolerance, or a leak is
+    borderline): up to `rungs` rounds of fresh examples, until each attack has been judged on
+    `max_examples` (gradleak.sweep.samples)."""
+
+    rungs: int = 3
+    max_examples: int = 64
+
+
 @dataclass
 class Sweep:
     name: str
     cells: list[Cell]
     source: str = ""
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    samples: SampleLadder = field(default_factory=SampleLadder)
 
     @property
     def attack_cells(self) -> list[Cell]:
@@ -141,7 +157,28 @@ class _SweepParser:
             for cell in self.utility(doc["utility"], list(cells.values())):
                 cells.setdefault(cell.key, cell)
         self.validate(list(cells.values()))
-        return Sweep(name, list(cells.values()), self.source)
+        tolerance = self.tolerance(doc.get("tolerance"))
+        for cell in cells.values():  # the verdict reads it back from the store
+            cell.labels["tolerance"] = tolerance.to_text()
+        return Sweep(name, list(cells.values()), self.source, tolerance, self.samples(doc.get("samples")))
+
+    def tolerance(self, value) -> Tolerance:
+        try:
+            return parse_tolerance(self.mapping(value, "tolerance") if value is not None else None)
+        except GradleakError as exc:
+            self.fail("tolerance", str(exc))
+            raise
+
+    def samples(self, value) -> SampleLadder:
+        if value is None:
+            return SampleLadder()
+        value = self.mapping(value, "samples")
+        self.check_keys(value, _SAMPLES_KEYS, "samples.")
+        for key, low, high in (("rungs", 0, 10), ("max_examples", 1, 100_000)):
+            if key in value and (not isinstance(value[key], int) or isinstance(value[key], bool)
+                                 or not low <= value[key] <= high):
+                self.fail(f"samples.{key}", f"must be an integer from {low} to {high}, got {value[key]!r}")
+        return SampleLadder(**value)
 
     def validate(self, cells: list[Cell]) -> None:
         """Every check a cell's run makes before it computes anything, for every cell, before the

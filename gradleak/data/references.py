@@ -1,0 +1,105 @@
+"""Dataset references, resolved here and nowhere else: a registered name with options
+(`mnist`, `cifar10:resize=64`, `news:tokenizer=minilm`) or a bare path to the user's files (a
+folder of images, an `.npz`/`.safetensors`/`.pt` file of tensors) becomes a `DatasetSpec`, and
+`load_reference` a loaded `Dataset`. Code downstream receives the objects, never the names."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import GradleakError
+from ..options import parse_spec, path_kind
+from .base import Dataset, DatasetSpec
+
+# A bare path in place of a dataset name: a folder of images or a tensor file.
+TENSOR_FILE_SUFFIXES = (".npz", ".safetensors", ".pt", ".pth")
+
+
+def dataset_path_form(text: str) -> str | None:
+    """The registered loader for a bare path (`data/client.npz`, `photos/`), or
+    None when `text` is a dataset name."""
+    head = text.strip()
+    if not head or (":" in head and parse_spec(head, "dataset").name in _dataset_names()):
+        return None
+    if "/" not in head and "\\" not in head and not head.lower().endswith(TENSOR_FILE_SUFFIXES):
+        return None
+    if head.lower().endswith(TENSOR_FILE_SUFFIXES):
+        return "tensors"
+    return "image-folder"
+
+
+def _dataset_names():
+    from . import DATASETS
+
+    return DATASETS.names()
+
+
+def dataset_spec(text: str, split: str, resize: int | None, seq_len: int | None = None) -> DatasetSpec:
+    loader = dataset_path_form(text)
+    if seq_len is not None and loader is not None:
+        raise GradleakError("--seq-len applies to the text datasets (news, polarity), not to a file of inputs")
+    if loader is not None:
+        path = Path(text.strip()).expanduser()
+        if path_kind(path, "dataset path") is None:
+            raise GradleakError(f"dataset path '{path}' not found")
+        return DatasetSpec(loader, split=split, resize=resize, path=str(path))
+    spec = parse_spec(text, "dataset")
+    opts = dict(spec.options)
+    known = {"path", "resize", "crop", "channels", "tokenizer"}
+    bad = [k for k in opts if k not in known]
+    if bad:
+        raise GradleakError(f"dataset option '{bad[0]}' unknown; valid: {', '.join(sorted(known))}")
+
+    def as_int(key):
+        if key not in opts:
+            return None
+        try:
+            return int(opts[key])
+        except ValueError:
+            raise GradleakError(f"dataset option '{key}' must be an integer, got '{opts[key]}'") from None
+
+    return DatasetSpec(spec.name, split=split, resize=resize if resize is not None else as_int("resize"),
+                       crop=as_int("crop"), path=opts.get("path"), channels=as_int("channels"), seq_len=seq_len,
+                       options={"tokenizer": opts["tokenizer"]} if "tokenizer" in opts else {})
+
+
+def load_reference(text: str, split: str = "test", resize: int | None = None, seq_len: int | None = None
+                   ) -> Dataset:
+    """The dataset a reference names, loaded."""
+    from . import load_dataset
+
+    return load_dataset(dataset_spec(text, split, resize, seq_len))
+
+
+def held_out_examples(data: Dataset, targets: torch.Tensor) -> Dataset:
+    """The examples of `data` other than `targets`."""
+    mask = torch.ones(len(data), dtype=torch.bool)
+    mask[targets] = False
+    return data.subset(mask.nonzero().flatten())
+
+
+def prior_data(dataset: str, split: str, resize: int | None, data: Dataset, targets: torch.Tensor,
+               seq_len: int | None = None) -> Dataset:
+    """Held-out examples for attacks that may use the data distribution: the
+    other split of a named dataset, or the non-target examples of a sample set."""
+    if data.samples_only:
+        return held_out_examples(data, targets)
+    other = "train" if split == "test" else "test"
+    return load_reference(dataset, other, resize, seq_len)
+
+
+def resolve_data(data: Any, split: str, resize: int | None, seq_len: int | None = None):
+    """The user's data as (Dataset, label, prior-data loader or None): a dataset reference, or
+    tensors, a torch Dataset or DataLoader, or a gradleak Dataset (`data.tensors.dataset_from_user`)."""
+    if isinstance(data, str):
+        dataset = load_reference(data, split, resize, seq_len)
+        return dataset, data, lambda targets: prior_data(data, split, resize, dataset, targets, seq_len)
+    if seq_len is not None:
+        raise GradleakError("seq_len applies to the named text datasets (news, polarity); your own token "
+                            "sequences keep their length")
+    from .tensors import dataset_from_user
+
+    dataset = dataset_from_user(data)
+    return dataset, dataset.name, None

@@ -1,0 +1,72 @@
+"""Model references, resolved here and nowhere else: a registered name with options
+(`lenet`, `convnet:width=64`) or the user's own factory (`path/to/file.py:build:k=v`,
+`package.module:Net`) becomes a built, seeded `nn.Module`."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..data import Dataset
+from ..errors import GradleakError
+from ..options import parse_spec
+from . import build_model
+from .base import ModelSpec
+
+
+def build_named_model(text: str, input_shape, num_classes: int, seed: int = 0,
+                      activation: str | None = None, modality: str = "image") -> nn.Module:
+    """A built-in model (`name[:k=v,...]`) or the user's own
+    (`path/to/file.py:factory[:k=v,...]`, `package.module:factory[:k=v,...]`),
+    seeded, checked to output at least one logit per class."""
+    from .user import build_user_model, check_model_fits, is_user_model_ref
+
+    if is_user_model_ref(text):
+        if activation:
+            raise GradleakError("--activation applies to built-in models only; set it in your own model")
+        model = build_user_model(text, tuple(input_shape), num_classes, seed)
+    else:
+        model_spec = parse_spec(text, "model")
+        options = dict(model_spec.options)
+        activation = activation or options.pop("activation", None)
+        model = build_model(ModelSpec(model_spec.name, tuple(input_shape), num_classes,
+                                      activation=activation, seed=seed, options=options))
+    check_model_fits(model, tuple(input_shape), num_classes, f"model '{text}'", modality)
+    return model
+
+
+def resolve_model(model: Any, data: Dataset, seed: int) -> tuple[nn.Module, str]:
+    """The user's model as (nn.Module, label): a module as it is, a reference built and seeded,
+    or a zero-argument factory called under `seed`."""
+    if isinstance(model, nn.Module):
+        return model, type(model).__name__
+    if isinstance(model, str):
+        return build_named_model(model, data.input_shape, data.num_classes, seed, modality=data.modality), model
+    if callable(model):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed))
+            try:
+                built = model()
+            except GradleakError:
+                raise
+            except Exception as exc:
+                raise GradleakError(f"model factory {getattr(model, '__name__', model)!s} raised "
+                                    f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}") from None
+        if not isinstance(built, nn.Module):
+            raise GradleakError(f"model factory returned {type(built).__name__}, not a torch.nn.Module")
+        return built.float(), getattr(model, "__name__", type(built).__name__)
+    raise GradleakError(f"model must be an nn.Module, a factory or a model name, got {type(model).__name__}")
+
+
+def fit_classes(model: nn.Module, data: Dataset) -> Dataset:
+    """Check the model's output against the data's classes; widen the class list
+    when the model has more outputs than the data's labels reach."""
+    from .user import check_model_fits
+
+    width = check_model_fits(model, data.input_shape, data.num_classes, "model", data.modality)
+    if width > data.num_classes:
+        names = list(data.class_names) + [str(i) for i in range(data.num_classes, width)]
+        data = dataclasses.replace(data, class_names=names)
+    return data

@@ -1,0 +1,86 @@
+"""The sample ladder: more examples where a verdict is still open.
+
+A setting whose attacks saw too few examples to bound their rates within the tolerance (or
+whose leak is borderline) gets fresh examples: each of its attack cells is run again on a new
+seed (new examples drawn, new defense noise) with as many batches as the rates, as measured so
+far, need to be bounded — at least doubling the examples each rung, never past the sweep's
+`max_examples` per attack. Settings already decided (a copy, a clear leak, the tolerance met)
+get nothing, so a study spends its examples where the answer is still open. The new cells are
+ordinary store rows (label `sample_rung`), so an interrupted ladder resumes like any sweep.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..analysis.cells import SCENARIO_KEYS
+from ..knowledge import granted
+from ..leakage import SAMPLE_SEED_OFFSET
+from .spec import Cell, SampleLadder, _canonical
+
+
+def _setting(labels: dict) -> tuple:
+    return tuple(labels.get(k) for k in SCENARIO_KEYS[1:]) + (labels.get("defense"), labels.get("strength"))
+
+
+def _covers(entry_threat: str, cell_threat: str) -> bool:
+    """Whether a verdict for `entry_threat` rests on attacks run as `cell_threat` (the same
+    server, or a weaker one whose attacks it may also run)."""
+    if entry_threat == cell_threat:
+        return True
+    mine, theirs = granted(entry_threat), granted(cell_threat)
+    return mine is not None and theirs is not None and theirs < mine
+
+
+def extension_cells(grid_cells: list[Cell], entries: list[dict], examples_by_attack: dict[tuple, int],
+                    rung: int, ladder: SampleLadder) -> list[Cell]:
+    """The cells of sample rung `rung` (1, 2, ...): for every open setting, each of the grid's
+    attack cells it rests on again, on a new seed, with enough batches that the attack's
+    examples reach the target. `examples_by_attack`: (setting, attack spec) → examples judged so far."""
+    targets: dict[tuple, int] = {}
+    threats: dict[tuple, set] = {}
+    for entry in entries:
+        if not entry.get("open"):
+            continue
+        setting = tuple(entry[k] for k in SCENARIO_KEYS[1:]) + (entry["defense"], entry["strength"])
+        have = max(1, entry.get("min_examples") or 1)
+        target = min(ladder.max_examples, max(2 * have, entry.get("needed_examples") or 0))
+        if target <= have:
+            continue
+        targets[setting] = max(targets.get(setting, 0), target)
+        threats.setdefault(setting, set()).add(str(entry["threat"]))
+    if not targets:
+        return []
+    by_attack: dict[tuple, list[Cell]] = {}
+    for cell in grid_cells:
+        if cell.kind != "attack":
+            continue
+        setting = _setting(cell.labels)
+        if setting in targets and any(_covers(t, str(cell.labels.get("threat"))) for t in threats[setting]):
+            by_attack.setdefault((setting, cell.labels["attack_spec"], cell.labels.get("threat")), []).append(cell)
+    out = []
+    for (setting, attack, _), cells in by_attack.items():
+        missing = targets[setting] - examples_by_attack.get((setting, attack), 0)
+        if missing <= 0:
+            continue
+        batch = int(cells[0].spec["batch_size"])
+        per_cell = math.ceil(missing / len(cells) / batch) * batch
+        for cell in cells:
+            seed = int(cell.spec["seed"]) + SAMPLE_SEED_OFFSET * rung
+            spec = _canonical({**cell.spec, "seed": seed, "images": per_cell})
+            labels = {**cell.labels, "seed": seed, "sample_rung": rung}
+            out.append(dataclasses.replace(cell, spec=spec, labels=labels, key=""))
+    return out
+
+
+def examples_judged(cells) -> dict[tuple, int]:
+    """(setting, attack spec) → examples its stored attack cells were judged on."""
+    counts: dict[tuple, int] = {}
+    for c in cells:
+        if c.kind != "attack":
+            continue
+        n = c.metrics.get("examples")
+        if isinstance(n, (int, float)):
+            key = (_setting(c.labels), c.labels.get("attack_spec"))
+            counts[key] = counts.get(key, 0) + int(n)
+    return counts

@@ -1,0 +1,116 @@
+"""The leakage measures' statistics and the verdict's grades on synthetic evidence: Holm's
+correction, the tolerance's parsing, pooling over cells, and verdicts that one chance event
+cannot flip."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gradleak.errors import GradleakError
+from gradleak.leakage import Evidence, Tolerance, holm, parse_tolerance
+from gradleak.store import CellRecord
+
+
+def test_holm_matches_the_step_down_procedure():
+    # Holm (1979): sorted p 0.01, 0.02, 0.04 over m = 3 → 0.03, 0.04, 0.04
+    assert holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
+    assert holm([0.5]) == [0.5]
+    assert holm([]) == []
+
+
+@pytest.mark.parametrize("text", ["linkage=0.4", "recognizable=1.5", "level=1", "linkage=x", "speed=2",
+                                  "linkage", "recognizable=nan"])
+def test_a_bad_tolerance_is_one_line(text):
+    with pytest.raises(GradleakError) as error:
+        parse_tolerance(text)
+    assert "\n" not in str(error.value) and "tolerance" in str(error.value)
+
+
+def test_tolerance_from_text_mapping_and_default():
+    assert parse_tolerance(None) == Tolerance(0.6, 0.10, 0.95)
+    assert parse_tolerance("linkage=0.55,recognizable=0.05") == Tolerance(0.55, 0.05)
+    assert parse_tolerance({"level": 0.99}) == Tolerance(level=0.99)
+
+
+def _cell_metrics(values: list[float], recognised: int) -> dict:
+    n = len(values)
+    mean = sum(values) / n
+    sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5 if n > 1 else 0.0
+    return {"examples": n, "asr": 0.0, "linkage": mean, "linkage_sd": sd, "recognizable": recognised / n,
+            "reid": recognised / n, "reid_chance": 2 / 1001, "psnr": 8.0, "mse": 0.15}
+
+
+def test_pooling_cells_equals_pooling_their_examples():
+    from gradleak.analysis import cell_evidence
+
+    rng = random.Random(0)
+    a, b = [rng.random() for _ in range(7)], [rng.random() for _ in range(12)]
+    pooled = sum((cell_evidence(_cell(f"k{i}", _cell_metrics(v, 0), seed=i)) for i, v in enumerate((a, b))),
+                 Evidence())
+    direct = Evidence.of(19, 0, 19, 0, sum(a + b) / 19, _cell_metrics(a + b, 0)["linkage_sd"], 2 / 1001)
+    assert pooled.linkage_interval() == pytest.approx(direct.linkage_interval())
+    assert pooled.examples == 19
+
+
+def _cell(key: str, metrics: dict, seed: int = 0, defense: str = "noise", attack: str = "ig",
+          rung: int | None = None) -> CellRecord:
+    labels = {"threat": "honest", "dataset": "mnist", "model": "lenet", "batch_size": 4, "local_steps": 1,
+              "seed": seed, "defense": defense, "strength": "sigma=1" if defense != "none" else "",
+              "attack": attack, "attack_spec": attack, **({"sample_rung": rung} if rung else {})}
+    ladder = {"decision": "saturated", "saturated": True, "iterations": 400}
+    return CellRecord(key, "attack", "test", {"seed": seed}, labels, metrics, {"ladder": ladder}, 1.0)
+
+
+def _study(per_attack: dict[str, list[tuple[list[float], int]]]) -> list[CellRecord]:
+    cells = []
+    for attack, seeds in per_attack.items():
+        for seed, (values, recognised) in enumerate(seeds):
+            cells.append(_cell(f"{attack}-{seed}", _cell_metrics(values, recognised), seed=seed, attack=attack))
+    return cells
+
+
+def test_one_chance_hit_among_many_examples_is_not_a_leak():
+    from gradleak.analysis import strongest_attacks
+
+    rng = random.Random(1)
+    # three attacks, 2 seeds × 40 examples each, ranks uniform (a reconstruction that carries nothing);
+    # one example of one attack re-identified and past the bar by chance
+    study = {name: [([rng.random() for _ in range(40)], 1 if name == "cpl" and seed == 0 else 0)
+                    for seed in range(2)] for name in ("ig", "cpl", "rog")}
+    [entry] = strongest_attacks(_study(study))
+    assert entry["grade"] is None
+    assert entry["verdict"] in ("holds", "not shown (rates not bounded)")
+    assert "leak" not in entry["verdict_text"]
+
+
+def test_two_recognised_among_eight_leak_and_speckle_that_links_is_linkable():
+    from gradleak.analysis import strongest_attacks
+
+    rng = random.Random(2)
+    # readable reconstructions: 2 of 8 recognised, at a chance level of 0.2% (binomial tail ~1e-4)
+    [entry] = strongest_attacks(_study({"ig": [([0.99, 0.98] + [rng.random() for _ in range(6)], 2),
+                                               ([rng.random() for _ in range(8)], 0)]}))
+    assert entry["grade"] == "recognizable" and entry["verdict"] == "leaks"
+    # speckle nearer its originals than chance (ranks 12th-489th of 1,000), none recognised
+    speckle = [1 - r / 1000 for r in (12, 40, 88, 120, 200, 310, 400, 489)]
+    [entry] = strongest_attacks(_study({"ig": [(speckle, 0), (speckle[::-1], 0)]}))
+    assert entry["grade"] == "linkable" and entry["verdict"] == "linkable"
+    assert "not recognizable" in entry["verdict_text"]
+
+
+def test_holds_states_the_bound_it_reached_and_few_examples_are_not_shown():
+    from gradleak.analysis import answer, strongest_attacks
+
+    rng = random.Random(3)
+    many = {"ig": [([0.5 + 0.1 * (rng.random() - 0.5) for _ in range(40)], 0) for _ in range(2)]}
+    [entry] = strongest_attacks(_study(many))
+    assert entry["verdict"] == "holds"
+    assert entry["worst_linkage_high"] <= 0.6 and entry["worst_recognizable_high"] <= 0.1
+    assert "holds at the tolerance (linkage AUC ≤ 0.6 and recognizable ≤ 10% at 95%)" in entry["verdict_text"]
+    [line] = answer([entry])
+    assert line["holds"] and "cheapest defense that holds" in line["text"]
+    few = {"ig": [([rng.random() for _ in range(4)], 0) for _ in range(2)]}
+    [entry] = strongest_attacks(_study(few))
+    assert entry["verdict"] == "not shown (rates not bounded)" and entry["open"]
+    assert "8 examples per attack bound" in entry["verdict_text"]
