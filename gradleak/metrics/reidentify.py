@@ -129,11 +129,14 @@ class Judgement:
 
 def judge(originals: torch.Tensor, reconstructions: torch.Tensor, gallery: Gallery,
           distances: tuple[Distance, ...], linkage: tuple[Distance, ...] | None = None,
-          backbone: str = "alex", pad_token: int | None = None) -> Judgement:
+          backbone: str = "alex", pad_token: int | None = None,
+          lpips_features: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None) -> Judgement:
     """Re-identify every reconstruction among `gallery` (Judgement). `distances` identify,
     `linkage` (default: `linkage_distances(distances)`) enter the linkage AUC. A
     reconstruction that is not finite identifies nothing (rank = gallery size under every
-    distance) and links at 0.5, as one carrying nothing does."""
+    distance) and links at 0.5, as one carrying nothing does. `lpips_features`: the
+    reconstructions' and originals' `unit_features` when the caller has them already
+    (`unit_features`), so they are not computed twice."""
     linkage = linkage_distances(distances) if linkage is None else linkage
     wanted = tuple(dict.fromkeys(distances + linkage))
     n, size = len(originals), len(gallery)
@@ -154,7 +157,8 @@ def judge(originals: torch.Tensor, reconstructions: torch.Tensor, gallery: Galle
         others = gallery.inputs.to(x.dtype)
         duplicate = _duplicates(x, others)
         for distance in wanted:
-            to_gallery, to_original = _matrix(r, x, gallery, distance, backbone, pad_token)
+            given = None if lpips_features is None else tuple([f[keep] for f in side] for side in lpips_features)
+            to_gallery, to_original = _matrix(r, x, gallery, distance, backbone, pad_token, given)
             to_gallery, to_original = _refine(r, x, gallery, distance, backbone, to_gallery, to_original)
             counted = ~duplicate
             at_least_as_close = ((to_gallery <= to_original[:, None]) & counted).sum(1)
@@ -191,7 +195,7 @@ def _duplicates(originals: torch.Tensor, others: torch.Tensor) -> torch.Tensor:
     return duplicate
 
 
-def _matrix(recons, originals, gallery: Gallery, distance: str, backbone: str, pad_token):
+def _matrix(recons, originals, gallery: Gallery, distance: str, backbone: str, pad_token, given=None):
     """Fast distances (distance_matrix) of every reconstruction to the gallery and its original."""
     if distance == "tokens":
         to_gallery = torch.stack([token_overlap_distance(r, gallery.inputs.long().cpu(), pad_token) for r in recons])
@@ -213,8 +217,7 @@ def _matrix(recons, originals, gallery: Gallery, distance: str, backbone: str, p
     model = load_lpips(backbone)  # type: ignore[arg-type]
     with torch.no_grad():
         features = _gallery_features(gallery, backbone)
-        mine = _features(model, recons)
-        theirs = _features(model, originals)
+        mine, theirs = given if given is not None else (unit_features(model, recons), unit_features(model, originals))
         return lpips_matrix(model, mine, theirs, features)
 
 
@@ -225,7 +228,8 @@ def gallery_scale(gallery: Gallery) -> torch.Tensor:
     return torch.where(spread > 0, spread, torch.ones_like(spread))
 
 
-def _features(model, images: torch.Tensor) -> list[torch.Tensor]:
+def unit_features(model, images: torch.Tensor) -> list[torch.Tensor]:
+    """LPIPS `unit_features` of `images`, CHUNK images at a time."""
     chunks = [model.unit_features(images[i:i + CHUNK]) for i in range(0, len(images), CHUNK)]
     return [torch.cat(layer) for layer in zip(*chunks)]
 
@@ -236,7 +240,7 @@ def _gallery_features(gallery: Gallery, backbone: str) -> list[torch.Tensor]:
     key = ("lpips", backbone)
     if key not in gallery._features:  # computed once per gallery, then reused by every attack
         with torch.no_grad():
-            gallery._features[key] = _features(load_lpips(backbone), gallery.inputs)  # type: ignore[arg-type]
+            gallery._features[key] = unit_features(load_lpips(backbone), gallery.inputs)  # type: ignore[arg-type]
     return gallery._features[key]
 
 

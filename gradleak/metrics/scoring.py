@@ -37,7 +37,16 @@ from scipy.optimize import linear_sum_assignment
 
 from ..data.modality import modality as modality_of
 from .image import mse, psnr, psnr_from_mse, ssim
-from .reidentify import Gallery, chance_rate, gallery_scale, judge, linkage_distances, reid_distances, reid_summary
+from .reidentify import (
+    Gallery,
+    chance_rate,
+    gallery_scale,
+    judge,
+    linkage_distances,
+    reid_distances,
+    reid_summary,
+    unit_features,
+)
 
 ASR_MSE_THRESHOLD = 1e-3
 # Perceptual bars of `recognizable` (calibrated on LFW, sklearn digits and skimage/sklearn/
@@ -127,14 +136,19 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
     x = originals[matched]
     r = candidates[[assignment[i] for i in matched]]
     per = {}
+    features = None
     if matched:
         per["mse"] = mse(x, r)
         if image:
             per["psnr"] = psnr(x, r)
             per["ssim"] = ssim(x, r)
             if lpips != "none":
-                from .lpips import lpips_distance
-                per["lpips"] = lpips_distance(x, r, lpips)
+                # LPIPS from features kept for re-identification, which compares the same images
+                from .lpips import load_lpips
+                model = load_lpips(lpips)
+                with torch.no_grad():
+                    features = unit_features(model, r), unit_features(model, x)
+                    per["lpips"] = model.feature_distance(*features)
     scores = []
     for i in range(originals.shape[0]):
         label = int(labels[i])
@@ -161,7 +175,7 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
     if gallery is not None:
         distances = reid_distances(modality, tuple(originals.shape[1:]), lpips)
         verdict = judge(originals[matched], aligned[matched], gallery, distances,
-                        backbone=lpips if lpips != "none" else "alex")
+                        backbone=lpips if lpips != "none" else "alex", lpips_features=features)
         scale = None if image or not len(gallery) else gallery_scale(gallery)
         for s in scores:
             s.gallery_size, s.reid_chance = len(gallery), chance_rate(len(gallery), len(distances))
