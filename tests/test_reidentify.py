@@ -132,3 +132,28 @@ def test_linkage_of_reconstructions_that_carry_nothing_averages_one_half(mnist_t
     assert abs(mean - 0.5) < 0.1
     blurred = torch.nn.functional.avg_pool2d(originals[:40], 3, stride=1, padding=1)
     assert min(judge(originals[:40], blurred, gallery, ("ssim", "lpips")).linkage) > 0.95
+
+
+def test_near_ties_are_recomputed_pair_by_pair(monkeypatch):
+    """A mirror image of the original ties with it under SSIM for a mirror-symmetric
+    reconstruction, and a near-duplicate differs by ~1e-7: the fast distances cannot order
+    those pairs, so they are recomputed per pair, and ranks and ties equal the reference's."""
+    from gradleak.metrics import reidentify
+
+    recomputed = []
+    per_pair = reidentify._reference_pair
+    monkeypatch.setattr(reidentify, "_reference_pair", lambda *a: recomputed.append(a[4]) or per_pair(*a))
+    g = torch.Generator().manual_seed(3)
+    originals, others = torch.rand(3, 1, 28, 28, generator=g), torch.rand(40, 1, 28, 28, generator=g)
+    others[0] = originals[0].flip(-1)
+    others[1] = originals[1]
+    others[1, 0, 0, 0] += 1e-6
+    noise = torch.rand(3, 1, 28, 28, generator=g)
+    reconstructions = (noise + noise.flip(-1)) / 2
+    reconstructions[1] = _noisy(originals[1], 0.2, 0)
+    gallery = Gallery(others, "random")
+    verdict = judge(originals, reconstructions, gallery, ("ssim", "lpips"))
+    assert "ssim" in recomputed and "lpips" in recomputed
+    for distance in ("ssim", "lpips"):
+        assert [r[distance] for r in verdict.ranks] == reference_ranks(originals, reconstructions, gallery,
+                                                                       (distance,))

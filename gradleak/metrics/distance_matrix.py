@@ -113,21 +113,28 @@ def ssim_matrix(recons: torch.Tensor, originals: torch.Tensor, others: torch.Ten
     return out, to_original
 
 
+def lpips_norms(model, features: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Per layer, each image's Σ_c w_c |f_c|² over positions: the |b|²_w of `lpips_matrix`."""
+    return [((f * lin.weight.reshape(1, -1, 1, 1)).flatten(1) * f.flatten(1)).sum(1)
+            for f, lin in zip(features, model.lins)]
+
+
 def lpips_matrix(model, recon_features: list[torch.Tensor], original_features: list[torch.Tensor],
-                 other_features: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                 other_features: list[torch.Tensor], other_norms: list[torch.Tensor] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """LPIPS of each reconstruction to each of `others` (R, G) and to its original (R,), from
-    unit-normalised features (LPIPS.unit_features)."""
+    unit-normalised features (LPIPS.unit_features); `other_norms`: `lpips_norms` of `others`."""
+    other_norms = other_norms if other_norms is not None else lpips_norms(model, other_features)
     to_others = torch.zeros(recon_features[0].shape[0], other_features[0].shape[0])
     to_original = torch.zeros(recon_features[0].shape[0])
-    for mine, theirs, other, lin in zip(recon_features, original_features, other_features, model.lins):
-        weight = lin.weight.reshape(1, -1, 1, 1)
+    for mine, theirs, other, other_sq, lin in zip(recon_features, original_features, other_features, other_norms,
+                                                  model.lins):
         positions = mine.shape[-1] * mine.shape[-2]
-        weighted = (mine * weight).flatten(1)
+        weighted = (mine * lin.weight.reshape(1, -1, 1, 1)).flatten(1)
         mine_sq = (weighted * mine.flatten(1)).sum(1)
-        other_sq = ((other * weight).flatten(1) * other.flatten(1)).sum(1)
-        theirs_sq = ((theirs * weight).flatten(1) * theirs.flatten(1)).sum(1)
         cross = weighted @ other.flatten(1).T
         to_others += (mine_sq[:, None] + other_sq[None] - 2 * cross).clamp_min(0) / positions
+        theirs_sq = ((theirs * lin.weight.reshape(1, -1, 1, 1)).flatten(1) * theirs.flatten(1)).sum(1)
         to_original += (mine_sq + theirs_sq - 2 * (weighted * theirs.flatten(1)).sum(1)).clamp_min(0) / positions
     return to_others, to_original
 

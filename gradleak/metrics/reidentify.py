@@ -52,6 +52,7 @@ from .distance_matrix import (
     REFINE_MARGIN,
     l2_matrix,
     lpips_matrix,
+    lpips_norms,
     rows_first,
     ssim_filters,
     ssim_matrix,
@@ -217,8 +218,10 @@ def _matrix(recons, originals, gallery: Gallery, distance: str, backbone: str, p
     model = load_lpips(backbone)  # type: ignore[arg-type]
     with torch.no_grad():
         features = _gallery_features(gallery, backbone)
+        if ("lpips norms", backbone) not in gallery._features:
+            gallery._features[("lpips norms", backbone)] = lpips_norms(model, features)
         mine, theirs = given if given is not None else (unit_features(model, recons), unit_features(model, originals))
-        return lpips_matrix(model, mine, theirs, features)
+        return lpips_matrix(model, mine, theirs, features, gallery._features[("lpips norms", backbone)])
 
 
 def gallery_scale(gallery: Gallery) -> torch.Tensor:
@@ -255,8 +258,8 @@ def _refine(recons, originals, gallery: Gallery, distance: str, backbone: str,
     to_gallery, to_original = to_gallery.clone(), to_original.clone()
     for k in close.any(1).nonzero().flatten().tolist():
         columns = close[k].nonzero().flatten()
-        to_original[k] = _reference_distances(recons[k], originals[k][None], distance, backbone)[0]
-        to_gallery[k, columns] = _reference_gallery_distances(recons[k], gallery, columns, distance, backbone)
+        to_original[k], to_gallery[k, columns] = _reference_pair(recons[k], originals[k], gallery, columns,
+                                                                 distance, backbone)
     return to_gallery, to_original
 
 
@@ -293,17 +296,22 @@ def reid_summary(scores: list) -> dict:
             "recognizable": sum(bool(getattr(s, "recognizable", False)) for s in judged) / len(judged)}
 
 
-def _reference_gallery_distances(recon: torch.Tensor, gallery: Gallery, columns: torch.Tensor,
-                                 distance: str, backbone: str) -> torch.Tensor:
-    """Distances from one reconstruction to the gallery examples `columns`, pair by pair."""
-    if distance != "lpips":
-        return _reference_distances(recon, gallery.inputs[columns].float(), distance, backbone)
+def _reference_pair(recon: torch.Tensor, original: torch.Tensor, gallery: Gallery, columns: torch.Tensor,
+                    distance: str, backbone: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distances from one reconstruction to its original and to the gallery examples `columns`,
+    computed per pair as the definition reads (`_reference_distances`)."""
+    if distance != "lpips":  # one call: each pair's distance does not depend on the others
+        values = _reference_distances(recon, torch.cat([original[None], gallery.inputs[columns].float()]),
+                                      distance, backbone)
+        return values[0], values[1:]
     from .lpips import load_lpips
 
     model = load_lpips(backbone)  # type: ignore[arg-type]
     with torch.no_grad():
+        mine = model.unit_features(recon[None])
         features = _gallery_features(gallery, backbone)
-        return model.feature_distance(model.unit_features(recon[None]), [f[columns] for f in features])
+        return (model.feature_distance(mine, model.unit_features(original[None]))[0],
+                model.feature_distance(mine, [f[columns] for f in features]))
 
 
 def _reference_distances(recon: torch.Tensor, others: torch.Tensor, distance: Distance, backbone: str) -> torch.Tensor:
