@@ -157,3 +157,17 @@ def test_near_ties_are_recomputed_pair_by_pair(monkeypatch):
     for distance in ("ssim", "lpips"):
         assert [r[distance] for r in verdict.ranks] == reference_ranks(originals, reconstructions, gallery,
                                                                        (distance,))
+
+
+def test_a_gallery_too_large_to_keep_its_ssim_moments_is_judged_the_same(monkeypatch):
+    from gradleak.metrics import reidentify
+
+    g = torch.Generator().manual_seed(6)
+    originals, others = torch.rand(4, 3, 20, 20, generator=g), torch.rand(50, 3, 20, 20, generator=g)
+    reconstructions = _noisy(originals, 0.3, 7)
+    kept = judge(originals, reconstructions, Gallery(others, "kept"), ("ssim",))
+    monkeypatch.setattr(reidentify, "SSIM_CACHE_FLOATS", 0)
+    gallery = Gallery(others, "recomputed")
+    recomputed = judge(originals, reconstructions, gallery, ("ssim",))
+    assert gallery._features["ssim"][1] is None
+    assert recomputed.ranks == kept.ranks and recomputed.linkage == kept.linkage

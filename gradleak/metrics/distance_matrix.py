@@ -27,6 +27,9 @@ import torch
 REFINE_MARGIN = 1e-5
 # Floats held by one block of differences (L2): 16M = 64 MB.
 BLOCK_FLOATS = 1 << 24
+# A gallery's SSIM moments are kept (on the Gallery) up to this many floats (64M = 256 MB); a
+# larger gallery's are recomputed block by block at each call instead.
+SSIM_CACHE_FLOATS = 1 << 26
 # Floats of one block of per-pair SSIM maps: 512K = 2 MB, small enough to stay in cache
 # through the dozen element-wise passes of SSIM's formula.
 SSIM_BLOCK_FLOATS = 1 << 19
@@ -92,7 +95,7 @@ def _ssim_from(e12, mu1, mu2, stats1, stats2) -> torch.Tensor:
 def ssim_matrix(recons: torch.Tensor, originals: torch.Tensor, others: torch.Tensor,
                 other_stats) -> tuple[torch.Tensor, torch.Tensor]:
     """1 − SSIM of each reconstruction to each of `others` (R, G) and to its original (R,).
-    `others` is `rows_first`; `other_stats` its `ssim_statistics`."""
+    `others` is `rows_first`; `other_stats` its `ssim_statistics` (None: computed block by block)."""
     filters = ssim_filters(tuple(recons.shape[1:]))
     recons, originals = rows_first(recons), rows_first(originals)
     mine, theirs = ssim_statistics(recons, filters), ssim_statistics(originals, filters)
@@ -104,7 +107,8 @@ def ssim_matrix(recons: torch.Tensor, originals: torch.Tensor, others: torch.Ten
     for j in range(0, others.shape[1], columns):
         g = slice(j, j + columns)
         theirs_g = others[:, g][:, None]
-        stats2 = tuple(s[:, g][:, None] for s in other_stats)
+        block = other_stats if other_stats is not None else ssim_statistics(others[:, g], filters)
+        stats2 = tuple((s if other_stats is None else s[:, g])[:, None] for s in block)
         for i in range(0, recons.shape[1], rows):
             r = slice(i, i + rows)
             stats1 = tuple(s[:, r][:, :, None] for s in mine)

@@ -50,6 +50,7 @@ import torch
 
 from .distance_matrix import (
     REFINE_MARGIN,
+    SSIM_CACHE_FLOATS,
     l2_matrix,
     lpips_matrix,
     lpips_norms,
@@ -210,7 +211,9 @@ def _matrix(recons, originals, gallery: Gallery, distance: str, backbone: str, p
     if distance == "ssim":
         if "ssim" not in gallery._features:  # the gallery's filtered moments, computed once
             images = rows_first(gallery.inputs)
-            gallery._features["ssim"] = images, ssim_statistics(images, ssim_filters(tuple(gallery.inputs.shape[1:])))
+            keep = 4 * gallery.inputs.numel() <= SSIM_CACHE_FLOATS
+            gallery._features["ssim"] = images, (ssim_statistics(images, ssim_filters(tuple(gallery.inputs.shape[1:])))
+                                                 if keep else None)
         images, statistics = gallery._features["ssim"]
         return ssim_matrix(recons, originals, images, statistics)
     from .lpips import load_lpips
