@@ -1,6 +1,8 @@
 """Re-identification's judge: its speed beside the attack, and the calibration of its bars.
 
-Speed (`python -m benchmarks judge`): the CLI's run of MKOR on MNIST, LeNet-5, batch 100,
+Speed (`python -m benchmarks judge`; `python -m benchmarks.bench_judge cli [ROOT]` for the
+CLI command alone in a fresh process, ROOT a checkout to time another version, e.g. one
+before the batched judge): the CLI's run of MKOR on MNIST, LeNet-5, batch 100,
 malicious server, one thread, with its 1,000-example gallery: the seconds spent judging
 (everything re-identification adds: the gallery's cached SSIM moments and LPIPS features,
 then every reconstruction against the gallery) apart from the rest of the run (the

@@ -20,7 +20,10 @@ median and the range of the per-image PSNRs come alongside.
 
 Given a gallery of other examples of the same distribution (`reidentify.Gallery`), each
 reconstruction is also asked whether it re-identifies its original among them
-(`gallery_rank` 0); `summarize` reports the rate with its chance level.
+(`gallery_rank` 0; `gallery_ranks` under each distance), how strongly it links to it
+(`linkage`, the AUC of telling the original from the gallery: 0.5 carries nothing) and
+whether it is `recognizable` (re-identified and past the RECOGNIZABLE_* bar);
+`summarize` reports the rates with the chance level and the mean linkage (docs/judging.md).
 
 Token sequences (a modality whose `tokens` is set, gradleak.data.modality) are scored by
 gradleak.metrics.text instead: ROUGE, token and exact-sequence accuracy, ASR = exact.
