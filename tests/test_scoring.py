@@ -78,3 +78,27 @@ def test_fishing_cli_prints_a_line_when_nothing_was_reconstructed(mnist_test):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert f"nothing reconstructed: no example of target_class {absent}" in proc.stderr
+
+
+def test_judged_examples_carry_their_linkage_and_recognisability():
+    from gradleak.metrics.reidentify import Gallery
+    from gradleak.metrics.scoring import RECOGNIZABLE_TABULAR_Z
+
+    g = torch.Generator().manual_seed(0)
+    records, gallery = torch.randn(4, 6, generator=g), Gallery(torch.randn(200, 6, generator=g), "records")
+    # two records recovered to 0.1 sd, one to 1 sd (re-identified perhaps, not recognisable), none for the last
+    noise = torch.randn(3, 6, generator=g)
+    recovered = records[:3] + noise * torch.tensor([[0.1], [0.1], [1.0]])
+    scores, _ = score_batch(records, torch.zeros(4), recovered, None, modality="tabular", lpips="none",
+                            gallery=gallery)
+    assert [s.recognizable for s in scores] == [True, True, False, False]
+    assert scores[2].rmse_z > RECOGNIZABLE_TABULAR_Z and not scores[3].matched
+    assert scores[3].linkage == 0.5 and scores[3].gallery_ranks == {"l2": 200, "l2z": 200}
+    assert min(s.linkage for s in scores[:2]) == 1.0
+    summary = summarize(scores)
+    assert summary["recognizable"] == 0.5 and summary["linkage"] == pytest.approx(sum(s.linkage for s in scores) / 4)
+    # an empty gallery judges nothing against it: ranks 0, no linkage
+    empty, _ = score_batch(records, torch.zeros(4), records, None, modality="tabular", lpips="none",
+                           gallery=Gallery(torch.zeros(0, 6), "none"))
+    assert all(s.gallery_rank == 0 and s.linkage is None and s.recognizable for s in empty)
+    assert summarize(empty)["linkage"] is None
