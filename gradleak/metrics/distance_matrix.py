@@ -1,7 +1,8 @@
 """Distances of many reconstructions to a whole gallery at once (gradleak.metrics.reidentify).
 
-Comparing 100 reconstructions with 1,000 gallery examples one pair at a time took ~20 s;
-here each distance is a few large tensor operations, in float32:
+Comparing each reconstruction with each gallery example one pair at a time made judging
+most of a run (docs/judging.md); here each distance is a few large tensor operations, in
+float32:
 
 * SSIM: SSIM's Gaussian filter is linear and separable, so it is two matrix products (one
   per image axis). A gallery's filtered means and second moments are computed once and kept
@@ -21,9 +22,9 @@ from __future__ import annotations
 
 import torch
 
-# Fast distances agree with the per-pair reference to ~2e-7 (SSIM, LPIPS: measured on random
-# and MNIST images, tests/test_reidentify.py); pairs closer than this (relative to the larger
-# of 1 and the distance) to the original's distance are recomputed exactly.
+# Pairs whose fast distance lies closer than this (relative to the larger of 1 and the
+# distance) to the original's are recomputed exactly: fifty times the fast distances' largest
+# error seen (docs/judging.md; tests/test_reidentify.py checks a tenth of it).
 REFINE_MARGIN = 1e-5
 # Floats held by one block of differences (L2): 16M = 64 MB.
 BLOCK_FLOATS = 1 << 24
@@ -33,8 +34,6 @@ SSIM_CACHE_FLOATS = 1 << 26
 # Floats of one block of per-pair SSIM maps: 512K = 2 MB, small enough to stay in cache
 # through the dozen element-wise passes of SSIM's formula.
 SSIM_BLOCK_FLOATS = 1 << 19
-# Images per LPIPS feature pass (as reidentify.CHUNK: bounds AlexNet's activations).
-FEATURE_CHUNK = 256
 _K1, _K2 = 0.01, 0.03
 
 

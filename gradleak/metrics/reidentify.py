@@ -158,8 +158,8 @@ def judge(originals: torch.Tensor, reconstructions: torch.Tensor, gallery: Galle
         x, r = originals[keep], reconstructions[keep]
         others = gallery.inputs.to(x.dtype)
         duplicate = _duplicates(x, others)
+        given = None if lpips_features is None else tuple([f[keep] for f in side] for side in lpips_features)
         for distance in wanted:
-            given = None if lpips_features is None else tuple([f[keep] for f in side] for side in lpips_features)
             to_gallery, to_original = _matrix(r, x, gallery, distance, backbone, pad_token, given)
             to_gallery, to_original = _refine(r, x, gallery, distance, backbone, to_gallery, to_original)
             counted = ~duplicate
