@@ -158,10 +158,12 @@ def judge(originals: torch.Tensor, reconstructions: torch.Tensor, gallery: Galle
         x, r = originals[keep], reconstructions[keep]
         others = gallery.inputs.to(x.dtype)
         duplicate = _duplicates(x, others)
-        given = None if lpips_features is None else tuple([f[keep] for f in side] for side in lpips_features)
+        features = None
+        if "lpips" in wanted:
+            features = _batch_features(r, x, backbone, lpips_features, keep)
         for distance in wanted:
-            to_gallery, to_original = _matrix(r, x, gallery, distance, backbone, pad_token, given)
-            to_gallery, to_original = _refine(r, x, gallery, distance, backbone, to_gallery, to_original)
+            to_gallery, to_original = _matrix(r, x, gallery, distance, backbone, pad_token, features)
+            to_gallery, to_original = _refine(r, x, gallery, distance, backbone, to_gallery, to_original, features)
             counted = ~duplicate
             at_least_as_close = ((to_gallery <= to_original[:, None]) & counted).sum(1)
             farther = ((to_gallery > to_original[:, None]) & counted).sum(1).double()
@@ -197,7 +199,19 @@ def _duplicates(originals: torch.Tensor, others: torch.Tensor) -> torch.Tensor:
     return duplicate
 
 
-def _matrix(recons, originals, gallery: Gallery, distance: str, backbone: str, pad_token, given=None):
+def _batch_features(recons, originals, backbone: str, given, keep: list[int]):
+    """LPIPS unit features of the kept reconstructions and originals: the caller's, or computed
+    (per image they do not depend on the batch they are computed in)."""
+    if given is not None:
+        return tuple([f[keep] for f in side] for side in given)
+    from .lpips import load_lpips
+
+    model = load_lpips(backbone)  # type: ignore[arg-type]
+    with torch.no_grad():
+        return unit_features(model, recons), unit_features(model, originals)
+
+
+def _matrix(recons, originals, gallery: Gallery, distance: str, backbone: str, pad_token, features=None):
     """Fast distances (distance_matrix) of every reconstruction to the gallery and its original."""
     if distance == "tokens":
         to_gallery = torch.stack([token_overlap_distance(r, gallery.inputs.long().cpu(), pad_token) for r in recons])
@@ -220,11 +234,11 @@ def _matrix(recons, originals, gallery: Gallery, distance: str, backbone: str, p
 
     model = load_lpips(backbone)  # type: ignore[arg-type]
     with torch.no_grad():
-        features = _gallery_features(gallery, backbone)
+        others = _gallery_features(gallery, backbone)
         if ("lpips norms", backbone) not in gallery._features:
-            gallery._features[("lpips norms", backbone)] = lpips_norms(model, features)
-        mine, theirs = given if given is not None else (unit_features(model, recons), unit_features(model, originals))
-        return lpips_matrix(model, mine, theirs, features, gallery._features[("lpips norms", backbone)])
+            gallery._features[("lpips norms", backbone)] = lpips_norms(model, others)
+        mine, theirs = features if features is not None else _batch_features(recons, originals, backbone, None, [])
+        return lpips_matrix(model, mine, theirs, others, gallery._features[("lpips norms", backbone)])
 
 
 def gallery_scale(gallery: Gallery) -> torch.Tensor:
@@ -251,7 +265,7 @@ def _gallery_features(gallery: Gallery, backbone: str) -> list[torch.Tensor]:
 
 
 def _refine(recons, originals, gallery: Gallery, distance: str, backbone: str,
-            to_gallery: torch.Tensor, to_original: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            to_gallery: torch.Tensor, to_original: torch.Tensor, features=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Recompute by the per-pair reference (`_reference_distances`) the distances the fast
     ones cannot order against the original's: pairs within REFINE_MARGIN of it."""
     if distance in ("tokens", "l2z"):  # already exact: computed as the reference computes them
@@ -261,8 +275,9 @@ def _refine(recons, originals, gallery: Gallery, distance: str, backbone: str,
     to_gallery, to_original = to_gallery.clone(), to_original.clone()
     for k in close.any(1).nonzero().flatten().tolist():
         columns = close[k].nonzero().flatten()
+        mine = None if features is None else tuple([f[k:k + 1] for f in side] for side in features)
         to_original[k], to_gallery[k, columns] = _reference_pair(recons[k], originals[k], gallery, columns,
-                                                                 distance, backbone)
+                                                                 distance, backbone, mine)
     return to_gallery, to_original
 
 
@@ -300,9 +315,10 @@ def reid_summary(scores: list) -> dict:
 
 
 def _reference_pair(recon: torch.Tensor, original: torch.Tensor, gallery: Gallery, columns: torch.Tensor,
-                    distance: str, backbone: str) -> tuple[torch.Tensor, torch.Tensor]:
+                    distance: str, backbone: str, features=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Distances from one reconstruction to its original and to the gallery examples `columns`,
-    computed per pair as the definition reads (`_reference_distances`)."""
+    computed per pair as the definition reads (`_reference_distances`); `features`: the two
+    images' LPIPS unit features when computed already."""
     if distance != "lpips":  # one call: each pair's distance does not depend on the others
         values = _reference_distances(recon, torch.cat([original[None], gallery.inputs[columns].float()]),
                                       distance, backbone)
@@ -311,10 +327,10 @@ def _reference_pair(recon: torch.Tensor, original: torch.Tensor, gallery: Galler
 
     model = load_lpips(backbone)  # type: ignore[arg-type]
     with torch.no_grad():
-        mine = model.unit_features(recon[None])
-        features = _gallery_features(gallery, backbone)
-        return (model.feature_distance(mine, model.unit_features(original[None]))[0],
-                model.feature_distance(mine, [f[columns] for f in features]))
+        mine, theirs = features if features is not None else (model.unit_features(recon[None]),
+                                                               model.unit_features(original[None]))
+        return (model.feature_distance(mine, theirs)[0],
+                model.feature_distance(mine, [f[columns] for f in _gallery_features(gallery, backbone)]))
 
 
 def _reference_distances(recon: torch.Tensor, others: torch.Tensor, distance: Distance, backbone: str) -> torch.Tensor:
