@@ -169,8 +169,7 @@ def _with_words(entry: dict, full: bool = False) -> dict:
         recognizable = f"{entry['ev_recognizable']} of {entry['ev_examples']}"
         if full:
             linkage += f" ({entry['ev_linkage_low']:.2f}–{entry['ev_linkage_high']:.2f})"
-            recognizable += (f" ({100 * entry['ev_recognizable_low']:.2g}–"
-                             f"{100 * entry['ev_recognizable_high']:.2g}%)")
+            recognizable += f" ({percent(entry['ev_recognizable_low'])[:-1]}–{percent(entry['ev_recognizable_high'])})"
     grade = entry.get("grade") or ("holds" if entry.get("verdict") == "holds" else "–")
     examples = entry.get("min_examples")
     rungs = entry.get("sample_rungs") or 0

@@ -135,3 +135,43 @@ def test_the_engine_resumes_where_the_last_rung_stopped(mnist_test):
     # the trace goes on from where it stopped instead of starting over
     assert rung2.trace_iterations[:len(rung1.trace_iterations)] == rung1.trace_iterations
     assert rung2.final_distance < rung0.final_distance
+
+
+STABLE_STUDY = """
+name: stable
+defaults: {lpips: none}
+samples: {rungs: 2, max_examples: 80}
+grids:
+  - datasets: [mnist]
+    models: [lenet]
+    batch_sizes: [4]
+    seeds: [SEEDS]
+    defenses: [none, noise:sigma=1]
+    attacks:
+      - {name: rtf, threat: malicious}
+"""
+
+
+@pytest.mark.slow
+def test_the_same_study_on_other_seeds_gives_the_same_verdicts(tmp_path):
+    """Robbing the Fed copies every example of an undefended update, and finds nothing under
+    noise σ = 1 (its bins' sums drown): on seeds {0, 1} and {2, 3} alike the first leaks by
+    copies and the second holds once the sample ladder has added examples to bound its rates."""
+    from gradleak.analysis import answer, strongest_attacks
+    from gradleak.store import ResultStore
+    from gradleak.sweep import parse_sweep, run_sweep
+
+    verdicts = []
+    for seeds in ("0, 1", "2, 3"):
+        sweep = parse_sweep(STABLE_STUDY.replace("SEEDS", seeds))
+        with ResultStore(tmp_path / f"{seeds[0]}.db") as store:
+            summary = run_sweep(sweep, store, workers=1, show_progress=False)
+            entries = strongest_attacks(store.cells())
+        assert summary["sample_cells"] > 0  # two seeds of batch 4 could not bound the rates
+        by_defense = {e["defense"]: e for e in entries}
+        assert by_defense["none"]["grade"] == "copies"
+        assert by_defense["noise"]["verdict"] == "holds", by_defense["noise"]["verdict_text"]
+        assert by_defense["noise"]["worst_linkage_high"] <= 0.6
+        verdicts.append(({d: (e["verdict"], e["grade"]) for d, e in by_defense.items()},
+                         [a["setting"]["defense"] for a in answer(entries)]))
+    assert verdicts[0] == verdicts[1]

@@ -166,10 +166,11 @@ def still_open(entry: dict) -> bool:
 
 
 def percent(rate: float | None) -> str:
-    """A rate as the verdicts print it (0.001998 → "0.2%")."""
+    """A rate as the verdicts print it (0.001998 → "0.2%", 0.376 → "38%", 1.0 → "100%")."""
     if rate is None:
         return "–"
-    return f"{100 * rate:.2g}%"
+    value = 100 * rate
+    return f"{value:.0f}%" if value >= 10 else f"{value:.2g}%"
 
 
 def count_text(k: int, n: int) -> str:
@@ -191,7 +192,7 @@ def _budget_text(entry: dict) -> str:
 
 
 def _interval(low: float, high: float, as_percent: bool = False) -> str:
-    return (f"{100 * low:.2g}–{100 * high:.2g}%" if as_percent else f"{low:.2f}–{high:.2f}")
+    return (f"{percent(low)[:-1]}–{percent(high)}" if as_percent else f"{low:.2f}–{high:.2f}")
 
 
 def _evidence_text(entry: dict) -> str:
