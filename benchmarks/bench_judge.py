@@ -192,7 +192,7 @@ def _row(verdict, bar) -> dict:
     n = len(verdict.rank)
     per = {d: sum(r[d] == 0 for r in verdict.ranks) / n for d in verdict.ranks[0]}
     aucs = {d: sum(a[d] for a in verdict.aucs) / n for d in verdict.aucs[0]}
-    passed = [b for b in bar]
+    passed = list(bar)
     return {"rank0": sum(r == 0 for r in verdict.rank) / n, "rank0_by": per, "linkage": sum(verdict.linkage) / n,
             "auc_by": aucs, "auc_sd": float(torch.tensor(verdict.linkage).std()),
             "passes_bar": sum(passed) / n,
