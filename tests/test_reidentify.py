@@ -108,7 +108,10 @@ def test_token_ranks_and_linkage():
 def test_a_noisy_copy_is_recognizable_and_speckle_that_ranks_first_by_chance_is_not(mnist_test):
     originals, labels = mnist_test.inputs[:10], mnist_test.labels[:10]
     gallery = Gallery(mnist_test.inputs[1000:1300], "mnist")
-    scores, _ = score_batch(originals, labels, _noisy(originals, 0.1, 3), None, gallery=gallery)
+    noisy = _noisy(originals, 0.1, 3)
+    # one example per batch: with several, each original competes with the others' copies (candidate_set)
+    scores = [score_batch(originals[i:i + 1], labels[i:i + 1], noisy[i:i + 1], None, gallery=gallery)[0][0]
+              for i in range(10)]
     assert all(s.identified and s.recognizable for s in scores)
     summary = summarize(scores)
     assert summary["recognizable"] == 1.0 and summary["linkage"] > 0.99
@@ -178,3 +181,22 @@ def test_a_gallery_too_large_to_keep_its_ssim_moments_is_judged_the_same(monkeyp
     recomputed = judge(originals, reconstructions, gallery, ("ssim",))
     assert gallery._features["ssim"][1] is None
     assert recomputed.ranks == kept.ranks and recomputed.linkage == kept.linkage
+
+
+def test_candidates_matched_with_the_ground_truth_link_at_chance(mnist_test):
+    """Random candidates matched to a batch by the ground truth (Hungarian on MSE) would rank their
+    originals well above chance if the gallery were not given the same choice (before
+    candidate_set, 60 examples each: 0.67 at 4 candidates, 0.89 at 40)."""
+    gallery = Gallery(mnist_test.inputs[1000:2000], "mnist")
+    generator = torch.Generator().manual_seed(0)
+    links = []
+    for candidates in (4, 40):
+        for _ in range(8):
+            batch = mnist_test.inputs[torch.randperm(1000, generator=generator)[:4]]
+            noise = torch.rand(candidates, 1, 28, 28, generator=generator) * 0.5
+            scores, _ = score_batch(batch, torch.zeros(4, dtype=torch.long), noise, None, lpips="none",
+                                    gallery=gallery)
+            links += [s.linkage for s in scores]
+    # 64 examples in 16 batches: the batch's four share their gallery side, so the mean wanders
+    # more than 64 independent ones would (another draw of 60 each: 0.45 at 4 candidates, 0.51 at 40)
+    assert 0.4 < sum(links) / len(links) < 0.6

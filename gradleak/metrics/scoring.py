@@ -177,8 +177,14 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
         aligned[i] = candidates[assignment[i]]
     if gallery is not None:
         distances = reid_distances(modality, tuple(originals.shape[1:]), lpips)
-        verdict = judge(originals[matched], aligned[matched], gallery, distances,
-                        backbone=lpips if lpips != "none" else "alex", lpips_features=features)
+        if len(candidates) > 1:  # matched with the ground truth: the gallery gets the same choice
+            from .candidate_set import judge_candidates
+
+            verdict = judge_candidates(originals[matched], candidates, gallery, distances,
+                                       backbone=lpips if lpips != "none" else "alex")
+        else:
+            verdict = judge(originals[matched], aligned[matched], gallery, distances,
+                            backbone=lpips if lpips != "none" else "alex", lpips_features=features)
         scale = None if image or not len(gallery) else gallery_scale(gallery)
         for s in scores:
             s.gallery_size, s.reid_chance = len(gallery), chance_rate(len(gallery), len(distances))
