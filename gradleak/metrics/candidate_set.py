@@ -19,30 +19,34 @@ from .reidentify import Distance, Gallery, Judgement, _duplicates, _matrix, gall
 
 
 def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery: Gallery,
-                     distances: tuple[Distance, ...], backbone: str = "alex") -> Judgement:
+                     distances: tuple[Distance, ...], backbone: str = "alex", pad_token: int | None = None
+                     ) -> Judgement:
     """Rank every original among `gallery` by its nearest candidate (module docstring); the
-    Judgement of `reidentify.judge`, for images and tabular records."""
+    Judgement of `reidentify.judge`. Token sequences (`distances` ("tokens",)) keep their ids."""
     linkage = linkage_distances(distances)
     wanted = tuple(dict.fromkeys(distances + linkage))
-    originals = originals.detach().float().cpu()
-    candidates = candidates.detach().float().cpu()
-    candidates = candidates[torch.isfinite(candidates.flatten(1)).all(1)]
+    if "tokens" in wanted:
+        originals, candidates = originals.long().cpu(), candidates.long().cpu()
+    else:
+        originals = originals.detach().float().cpu()
+        candidates = candidates.detach().float().cpu()
+        candidates = candidates[torch.isfinite(candidates.flatten(1)).all(1)]
     n, size = len(originals), len(gallery)
     if size == 0:
         return Judgement([{d: 0 for d in wanted} for _ in range(n)], [0] * n, [None] * n, [{} for _ in range(n)])
     if not len(candidates) or not n:
         return Judgement([{d: size for d in wanted} for _ in range(n)], [size] * n, [0.5] * n,
                          [{d: 0.5 for d in linkage} for _ in range(n)])
-    counted = ~_duplicates(originals, gallery.inputs.to(originals.dtype))
+    counted = ~_duplicates(originals, gallery.inputs.to(originals.dtype).cpu())
     batch = Gallery(originals, "the attacked batch")
     ranks: list[dict[str, int]] = [{} for _ in range(n)]
     aucs: list[dict[str, float]] = [{} for _ in range(n)]
     for distance in wanted:
-        to_gallery, _ = _matrix(candidates, candidates, gallery, distance, backbone, None)
+        to_gallery, _ = _matrix(candidates, candidates, gallery, distance, backbone, pad_token)
         if distance == "l2z":  # in the gallery's units, not the batch's
             to_batch, _ = l2_matrix(candidates, candidates, originals, gallery_scale(gallery))
         else:
-            to_batch, _ = _matrix(candidates, candidates, batch, distance, backbone, None)
+            to_batch, _ = _matrix(candidates, candidates, batch, distance, backbone, pad_token)
         nearest_gallery = to_gallery.min(0).values  # (G,)
         nearest_original = to_batch.min(0).values  # (n,)
         closer = (nearest_gallery[None] <= nearest_original[:, None]) & counted

@@ -190,7 +190,12 @@ def score_sequences(originals: torch.Tensor, labels: torch.Tensor, recovered: to
             if s.recovered_label in pool:
                 pool.remove(s.recovered_label)
     if gallery is not None:
-        verdict = judge(originals, aligned, gallery, ("tokens",), pad_token=pad_token)
+        if len(recovered) > 1:  # matched with the ground truth: the gallery gets the same choice
+            from .candidate_set import judge_candidates
+
+            verdict = judge_candidates(originals, recovered, gallery, ("tokens",), pad_token=pad_token)
+        else:
+            verdict = judge(originals, aligned, gallery, ("tokens",), pad_token=pad_token)
         for s, rank, ranks, linkage in zip(scores, verdict.rank, verdict.ranks, verdict.linkage):
             s.gallery_size, s.reid_chance = len(gallery), chance_rate(len(gallery), 1)
             if s.matched:
