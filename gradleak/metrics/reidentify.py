@@ -43,6 +43,7 @@ ties are those of the per-pair definition.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -259,9 +260,59 @@ def _gallery_features(gallery: Gallery, backbone: str) -> list[torch.Tensor]:
 
     key = ("lpips", backbone)
     if key not in gallery._features:  # computed once per gallery, then reused by every attack
-        with torch.no_grad():
-            gallery._features[key] = unit_features(load_lpips(backbone), gallery.inputs)  # type: ignore[arg-type]
+        kept = _kept_features(gallery, backbone)
+        if kept is not None:
+            gallery._features[key] = kept
+        else:
+            with torch.no_grad():
+                gallery._features[key] = unit_features(load_lpips(backbone), gallery.inputs)  # type: ignore[arg-type]
+            _keep_features(gallery, backbone, gallery._features[key])
     return gallery._features[key]
+
+
+# A study's gallery is the same 1,000 examples in every process and run: their LPIPS features
+# are kept on disk (the user cache, keyed by the gallery's bytes) up to this size, so a run's
+# judging pays for its reconstructions, not for the gallery again.
+KEPT_FEATURES_BYTES = 512 * 2 ** 20
+_FEATURES_VERSION = 1
+
+
+def _features_path(gallery: Gallery, backbone: str):
+    import hashlib
+
+    from ..data.sources import cache_dir
+
+    inputs = gallery.inputs.detach().float().cpu().contiguous()
+    digest = hashlib.sha256(f"{_FEATURES_VERSION}:{backbone}:{tuple(inputs.shape)}".encode())
+    digest.update(inputs.numpy().tobytes())
+    return cache_dir() / "lpips-gallery" / f"{digest.hexdigest()[:32]}.pt"
+
+
+def _kept_features(gallery: Gallery, backbone: str) -> list[torch.Tensor] | None:
+    path = _features_path(gallery, backbone)
+    if not path.is_file():
+        return None
+    try:
+        layers = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # damaged or foreign: computed again and rewritten
+        return None
+    if not isinstance(layers, list) or not all(isinstance(t, torch.Tensor) and len(t) == len(gallery)
+                                               for t in layers):
+        return None
+    return layers
+
+
+def _keep_features(gallery: Gallery, backbone: str, layers: list[torch.Tensor]) -> None:
+    if sum(t.numel() * t.element_size() for t in layers) > KEPT_FEATURES_BYTES:
+        return
+    path = _features_path(gallery, backbone)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        torch.save([t.contiguous() for t in layers], tmp)
+        os.replace(tmp, path)
+    except OSError:  # a read-only or full cache: the features are simply computed next time
+        pass
 
 
 def _refine(recons, originals, gallery: Gallery, distance: str, backbone: str,
