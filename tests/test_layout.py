@@ -1,6 +1,6 @@
 """The package layout follows the data flow: data + models → fl → defenses →
 Observation (threat) → attacks → metrics → experiment → store → sweep → analysis
-→ report → api → integrations and the command line. Every import, including
+→ report → api → the client guard → integrations and the command line. Every import, including
 those inside functions, must point down this order, and no modules may import
 each other in a circle."""
 from __future__ import annotations
@@ -30,8 +30,9 @@ RANKS: dict[str, int] = {
     "analysis": 13,
     "report": 14,
     "api": 15,
-    "flower": 16,
-    "commands": 17, "cli": 18, "__main__": 19, "__init__": 19,
+    "guard": 16,
+    "flower": 17,
+    "commands": 18, "cli": 19, "__main__": 20, "__init__": 20,
 }
 
 
