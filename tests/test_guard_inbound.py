@@ -44,7 +44,7 @@ def _momentum(round_: int, client: int) -> TrainingSpec:
 
 @pytest.fixture(scope="module")
 def cnn_rounds():
-    return honest_fedavg(_cnn(), _clients(), _momentum, 4)
+    return list(honest_fedavg(_cnn(), _clients(), _momentum, 4))
 
 
 def _crafted(spec: str, model: nn.Module, seed: int = 0) -> nn.Module:
@@ -88,7 +88,7 @@ def test_mkor_copy_filters_and_owned_rows(spec):
     def lenet5():
         return build_model(ModelSpec("lenet5", MNIST, 10, seed=0))
 
-    rounds = honest_fedavg(lenet5(), _clients(count=2), _momentum, 2)
+    rounds = list(honest_fedavg(lenet5(), _clients(count=2), _momentum, 2))
     crafted = _crafted(spec, _model(rounds[1].received, lenet5))
     report = check_received(crafted, rounds[0].received, rounds[0].updates[0].tensors)
     assert {"one_tap_rows", "duplicate_rows", "change_beyond_fedavg"} <= set(report.checks)
@@ -174,11 +174,12 @@ def test_no_false_alarm_over_20_honest_rounds_of_each_example(app, monkeypatch):
 
         def training(r, c):
             return TrainingSpec(lr=0.01, local_epochs=1, local_batch_size=8)
-    rounds = honest_fedavg(model, clients, training, 21)
-    for client in (0, len(clients) - 1):
-        g = Guard(GuardConfig(), training=training(1, client))
-        for r, now in enumerate(rounds[:20]):
-            assert not g.inbound(now.received, r + 1).crafted
+    watched = (0, len(clients) - 1)
+    guards = {c: Guard(GuardConfig(), training=training(1, c)) for c in watched}
+    for now in honest_fedavg(model, clients, training, 20, keep=watched):
+        for client, g in guards.items():
+            report = g.inbound(now.received, now.number)
+            assert not report.crafted, f"round {now.number}: {report.summary()}"
             g.own_change = now.updates[client].tensors
     for name in [n for n in sys.modules if n.startswith(("flower_audit", "flower_text"))]:
         monkeypatch.delitem(sys.modules, name)

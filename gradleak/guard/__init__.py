@@ -138,7 +138,8 @@ class Guard:
                                      time.perf_counter() - start)
         else:
             decision = None
-            for rung in range(0, len(cfg.rungs) + 1):
+            first = self.rung if cfg.start == "last" else 0
+            for rung in range(first, len(cfg.rungs) + 1):
                 candidate = self.defended(rung, model_before, update, x, y, training, server_round)
                 audit = audit_outbound(
                     model_before, candidate, x, y, training=training, tolerance=cfg.tolerance, attacks=cfg.attacks,

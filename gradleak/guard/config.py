@@ -53,6 +53,9 @@ class GuardConfig:
     time_budget: seconds the outbound audit may spend per round (per rung checked);
     every:       audit the outgoing update every k-th round (1: every round); between audits
                  the last chosen rung is applied unaudited;
+    start:       where an audit starts climbing: "bottom" (the update as trained, then each rung
+                 in turn) or "last" (the rung chosen at the last audit: fewer audits per round,
+                 but the guard never steps back down);
     on_crafted:  "refuse" (train nothing this round) or "safe_copy" (train the last model that
                  passed the inbound checks instead);
     attacks:     "auto" (the cheap analytic attacks that apply, then `strongest`) or a list;
@@ -68,6 +71,7 @@ class GuardConfig:
     ladder: Sequence[str] | str = DEFAULT_LADDER
     time_budget: float = 60.0
     every: int = 1
+    start: Literal["bottom", "last"] = "bottom"
     on_crafted: Literal["refuse", "safe_copy"] = "refuse"
     attacks: str | Sequence[str] = "auto"
     strongest: tuple[str, ...] = ("ig:iterations=300", "tag:iterations=100")
@@ -85,6 +89,8 @@ class GuardConfig:
             raise GradleakError(f"guard: time_budget must be a positive number of seconds, got {self.time_budget!r}")
         if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
             raise GradleakError(f"guard: every must be a whole number of rounds >= 1, got {self.every!r}")
+        if self.start not in ("bottom", "last"):
+            raise GradleakError(f"guard: start must be 'bottom' or 'last', got {self.start!r}")
         if self.on_crafted not in ON_CRAFTED:
             raise GradleakError(f"guard: on_crafted must be one of {', '.join(ON_CRAFTED)}, got {self.on_crafted!r}")
         if self.withhold_reply not in ("error", "metrics"):

@@ -1,0 +1,149 @@
+"""gradleak.flower.guard, the guard as a Flower client mod, on a real ClientApp driven
+in-process with Flower messages (no simulation): honest rounds go out under the rung the
+audit needs, a crafted model is refused before the app trains, a leaking top rung is
+withheld, and a bad run config is one line before anything trains."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+pytest.importorskip("flwr")
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.clientapp import ClientApp  # noqa: E402
+
+from gradleak.attacks import make_attack  # noqa: E402
+from gradleak.attacks.base import AttackContext  # noqa: E402
+from gradleak.fl import TrainingSpec  # noqa: E402
+from gradleak.flower.guard import FlowerGuard  # noqa: E402
+from gradleak.guard import GuardConfig  # noqa: E402
+
+LR = 0.1
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def _example():
+    g = torch.Generator().manual_seed(1)
+    return torch.rand(1, 1, 8, 8, generator=g), torch.tensor([2])
+
+
+@pytest.fixture(autouse=True)
+def _task_identity():
+    """Flower stamps replies with the running task's identity, which a simulation sets."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    yield
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+
+
+def _app(guard: FlowerGuard, trained: list):
+    app = ClientApp(mods=[guard.client_mod])
+
+    @app.train()
+    def train(msg, context):  # one SGD step on the client's one example
+        model = _mlp()
+        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        trained.append({k: v.clone() for k, v in model.state_dict().items()})
+        x, y = _example()
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                                   "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
+
+    return app
+
+
+def _guard(tmp_path, **config) -> FlowerGuard:
+    defaults = {"ladder": ["noise:sigma=0.000001", "noise:sigma=1"], "attacks": ["fc-analytic"],
+                "log": str(tmp_path / "guard.jsonl")}
+    return FlowerGuard(model_fn=_mlp, examples=lambda context, msg: _example(),
+                       training=lambda context, server_round: TrainingSpec(lr=LR),
+                       config=GuardConfig(**{**defaults, **config}))
+
+
+def _send(app, state: dict, server_round: int, context: Context):
+    msg = Message(RecordDict({"arrays": ArrayRecord(state), "config": ConfigRecord({"server-round": server_round})}),
+                  dst_node_id=context.node_id, message_type="train")
+    return app(msg, context)
+
+
+def _context(**run_config) -> Context:
+    return Context(run_id=1, node_id=5, node_config={"partition-id": 0}, state=RecordDict(),
+                   run_config={"guard": True, **run_config})
+
+
+def _rtf(state: dict) -> dict:
+    model = _mlp()
+    model.load_state_dict(state)
+    crafted = make_attack("rtf:bins=8").prepare_model(model, (1, 8, 8), 3, AttackContext(seed=0)).model
+    return {k: v.detach() for k, v in crafted.state_dict().items()}
+
+
+def test_honest_rounds_go_out_defended_and_a_crafted_round_is_refused(tmp_path):
+    trained: list = []
+    app = _app(_guard(tmp_path), trained)
+    context = _context()
+    sent = _mlp().state_dict()
+    reply = _send(app, sent, 1, context)
+    assert not reply.has_error()
+    assert reply.content["metrics"]["guard-rung"] == 2  # a batch-1 dense layer: fc-analytic copies
+    returned = reply.content["arrays"].to_torch_state_dict()
+    # the update the server receives carries the top rung's noise (sigma 1), not the plain step
+    change = sent["1.weight"] - torch.as_tensor(returned["1.weight"])
+    assert 0.8 < float(change.std()) < 1.2
+    reply = _send(app, _rtf(sent), 2, context)  # a malicious round: Robbing the Fed's imprint block
+    assert reply.has_error() and "refused round 2" in reply.error.reason
+    assert "structure" in reply.error.reason or "duplicate_rows" in reply.error.reason
+    assert len(trained) == 1  # the app never trained on the crafted model
+    assert not _send(app, sent, 3, context).has_error()
+    records = [json.loads(line) for line in (tmp_path / "guard.jsonl").read_text().splitlines()]
+    assert [(r["round"], r["stage"], r["grade"]) for r in records] == [
+        (1, "inbound", "clean"), (1, "outbound", "within tolerance"), (2, "inbound", "crafted"),
+        (3, "inbound", "clean"), (3, "outbound", "within tolerance")]
+    assert all(r["client"] == 0 for r in records)
+
+
+def test_safe_copy_trains_the_last_clean_model(tmp_path):
+    trained: list = []
+    app = _app(_guard(tmp_path, on_crafted="safe_copy"), trained)
+    context = _context()
+    sent = _mlp().state_dict()
+    _send(app, sent, 1, context)
+    reply = _send(app, _rtf(sent), 2, context)
+    assert not reply.has_error()
+    assert set(trained[1]) == set(sent) and torch.equal(trained[1]["1.weight"], sent["1.weight"])
+
+
+def test_a_leaking_top_rung_is_withheld(tmp_path):
+    trained: list = []
+    app = _app(_guard(tmp_path, ladder=["noise:sigma=0.0000001", "noise:sigma=0.000001"]), trained)
+    reply = _send(app, _mlp().state_dict(), 1, _context())
+    assert reply.has_error() and "withheld round 1" in reply.error.reason
+    app = _app(_guard(tmp_path, ladder=["noise:sigma=0.000001"], withhold_reply="metrics"), trained)
+    reply = _send(app, _mlp().state_dict(), 1, _context())
+    assert not reply.has_error() and not reply.content.array_records
+    assert reply.content["metrics"]["guard-withheld"] == 1
+
+
+def test_guard_off_passes_through_and_a_bad_run_config_is_one_line(tmp_path):
+    trained: list = []
+    app = _app(_guard(tmp_path), trained)
+    reply = _send(app, _mlp().state_dict(), 1, _context(guard=False))
+    assert "guard-rung" not in reply.content["metrics"] and len(trained) == 1
+    for key, value, message in [("guard-tolerance", 2.0, "tolerance must be a share of examples in [0, 1)"),
+                                ("guard-ladder", "noise:sigma=0.1;noise:sigma=0.01", "not increasing at rung 2"),
+                                ("guard-ladder", "blur", "unknown defense 'blur'")]:
+        reply = _send(app, _mlp().state_dict(), 1, _context(**{key: value}))
+        assert reply.has_error() and message in reply.error.reason and "\n" not in reply.error.reason
+    assert len(trained) == 1  # nothing trained under a bad configuration
