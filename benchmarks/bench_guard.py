@@ -131,7 +131,10 @@ def _text_false_alarms(rounds: int, clients: int) -> dict:
             "median_check_seconds": round(statistics.median(seconds), 3)}
 
 
-def outbound(quick: bool) -> dict:
+def outbound(quick: bool, model: str = "example") -> dict:
+    """`model` "example": the app's sigmoid CNN, every round; "mlp": gradleak's mlp on the same
+    clients and training (the example's CNN does not learn within tens of rounds of this
+    setting, so its accuracy cannot show a defense's cost), audited every 5th round."""
     from flower_audit.task import evaluate, initial_model
 
     from gradleak.data import DatasetSpec, load_dataset
@@ -140,13 +143,17 @@ def outbound(quick: bool) -> dict:
     from gradleak.fl.places import DefenseContext
     from gradleak.guard import Guard, GuardConfig
     from gradleak.guard.trajectory import honest_fedavg
+    from gradleak.models import ModelSpec, build_model
     from gradleak.seeding import stream
 
-    rounds, clients = (2, 3) if quick else (5, 10)
+    rounds, clients = (2, 3) if quick else ((5, 10) if model == "example" else (20, 10))
+    every = 1 if model == "example" else 5
     data, training = _mnist_setting(clients)
     galleries = [_other_examples(c) for c in range(clients)]
     test = load_dataset(DatasetSpec("mnist", split="test"))
-    config = GuardConfig(strongest=("ig:iterations=200",), start="last")
+    config = GuardConfig(strongest=("ig:iterations=200",), start="last", every=every)
+    def factory(seed: int):
+        return initial_model(seed) if model == "example" else build_model(ModelSpec(model, MNIST, 10, seed=seed))
     guards = [Guard(config, training=training(1, c), client=c) for c in range(clients)]
     per_round: dict[int, list] = {}
     train_seconds: list[float] = []
@@ -164,8 +171,9 @@ def outbound(quick: bool) -> dict:
             "first_audit": {"rung": decision.rung - len(decision.audits) + 1, "leaks": first.leaks} if first else None})
         return decision.update
 
-    final = list(honest_fedavg(initial_model(0), data, training, rounds, keep=(), send=guarded, final=True))[-1]
-    out = {"setting": f"{clients} clients of examples/flower_audit, {rounds} rounds, guard every round "
+    final = list(honest_fedavg(factory(0), data, training, rounds, keep=(), send=guarded, final=True))[-1]
+    out = {"setting": f"{clients} clients of examples/flower_audit ({model} model), {rounds} rounds, guard every "
+                      f"{every} round(s) "
                       f"(tolerance 0, ladder {'; '.join(r.text for r in config.rungs)}, {config.strongest[0]}, "
                       "start at the last rung, gallery: 64 other examples of the client's share)",
            "rounds": {}}
@@ -181,19 +189,19 @@ def outbound(quick: bool) -> dict:
     guard_seconds = [r["seconds"] for rows in per_round.values() for r in rows]
     top = max(guards, key=lambda g: g.rung)
     strength = top.config.rungs[top.rung - 1].text if top.rung else None
-    accuracy = {"guarded": _accuracy(final.received, test, evaluate)}
+    accuracy = {"guarded": _accuracy(final.received, test, evaluate, factory)}
     for label, rung in (("fixed " + (strength or "none"), strength), ("no defense", None)):
         def fixed(number, client, model, update, x, y, rung=rung):
             if rung is None:
                 return update
             ctx = DefenseContext(stream(0, "fixed", number, client), {}, training(number, client), model)
             return make_chain([rung]).transform_update(update, ctx)
-        last = list(honest_fedavg(initial_model(0), data, training, rounds, keep=(), send=fixed, final=True))[-1]
-        accuracy[label] = _accuracy(last.received, test, evaluate)
+        last = list(honest_fedavg(factory(0), data, training, rounds, keep=(), send=fixed, final=True))[-1]
+        accuracy[label] = _accuracy(last.received, test, evaluate, factory)
     out.update({"undefended_graded_leaking": len(graded_leaking), "sent_unprotected_while_leaking": len(unprotected),
                 "guard_seconds_per_client_round_median": statistics.median(guard_seconds),
                 "client_training_seconds_median": round(statistics.median(train_seconds), 4),
-                "final_strength": strength, "test_accuracy_1000": accuracy})
+                "final_strength": strength, "test_loss_and_accuracy_1000": accuracy})
     return out
 
 
@@ -206,10 +214,9 @@ def _other_examples(partition: int):
         "partition-id": partition, "num-partitions": 10}))
 
 
-def _accuracy(state, test, evaluate) -> float:
-    from flower_audit.task import Net
-
-    return round(evaluate(_load(Net, state), test.inputs[:1000], test.labels[:1000])[1], 4)
+def _accuracy(state, test, evaluate, factory) -> list[float]:
+    loss, accuracy = evaluate(_load(lambda: factory(0), state), test.inputs[:1000], test.labels[:1000])
+    return [round(loss, 4), round(accuracy, 4)]
 
 
 def _count(values) -> dict:
@@ -276,4 +283,5 @@ def run(quick: bool = False) -> dict:
     out["inbound_seconds"] = round(time.perf_counter() - start, 1)
     out["flower_app"] = flower_app(quick)
     out["outbound"] = outbound(quick)
+    out["outbound_utility_mlp"] = outbound(quick, "mlp")
     return out

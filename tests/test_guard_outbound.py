@@ -31,10 +31,17 @@ def test_update_leaks_counts_copies_and_reidentifications():
     missed = {"success": False, "gallery_rank": 7}
     assert update_leaks([copy_] + [missed] * 7, 0.0)[0]
     leaks, reason = update_leaks([copy_, found] + [missed] * 6, 0.2)
-    assert leaks and reason.startswith("2 of 8 examples exposed (1 copied exactly, 1 re-identified)")
+    assert leaks and reason.startswith("2 of 8 examples exposed (1 copied exactly, 2 re-identified)")
     assert not update_leaks([copy_] + [missed] * 7, 0.2)[0]  # 12.5 % within a 20 % tolerance
     assert not update_leaks([missed] * 8, 0.0)[0]
     assert not update_leaks([], 0.0)[0]
+    # among a gallery of 64 (chance 1/65), one of 8 re-identified is what chance gives; three is not
+    chance = {"reid_chance": 1 / 65}
+    one = [{**found, **chance}] + [{**missed, **chance}] * 7
+    leaks, reason = update_leaks(one, 0.0)
+    assert not leaks and "1 re-identified, within chance" in reason
+    assert update_leaks([{**found, **chance}] * 3 + [{**missed, **chance}] * 5, 0.0)[0]
+    assert update_leaks([{**copy_, **chance}] + [{**missed, **chance}] * 7, 0.0)[0]  # a copy always counts
 
 
 def test_a_batch_one_dense_layer_climbs_the_ladder(tmp_path):

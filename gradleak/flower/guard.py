@@ -18,7 +18,8 @@ strategies such as FedAvg count it as a failure and aggregate the others) or, wi
 replies carry the metrics `guard-rung` and `guard-seconds`. The guard's memory (the last
 clean model, the client's own last update, the rung chosen) lives in the node's
 `context.state`, which Flower keeps across rounds. Decisions go to the JSON-lines log
-(`log` of the config, else $GRADLEAK_GUARD_LOG, else ./gradleak-guard.jsonl).
+(`log` of the config, else $GRADLEAK_GUARD_LOG, else guard.jsonl in the folder of a
+`gradleak flower` run, $GRADLEAK_FLOWER_OUT, else ./gradleak-guard.jsonl).
 
 Run-config keys read (all optional but `guard`): `guard` (true/false), `guard-tolerance`,
 `guard-ladder` (rungs separated by `;`), `guard-every`, `guard-start`, `guard-time-budget`,
@@ -39,7 +40,7 @@ from ..errors import GradleakError
 from ..fl import TrainingSpec
 from ..guard import Guard, GuardConfig
 from ..guard.inbound import state_of
-from .hook import FlowerAudit, _is_train, _received_update, _server_round, sample_count
+from .hook import OUT_ENV, FlowerAudit, _is_train, _received_update, _server_round, sample_count
 
 LOG_ENV = "GRADLEAK_GUARD_LOG"
 DEFAULT_LOG = "gradleak-guard.jsonl"
@@ -172,7 +173,8 @@ class FlowerGuard:
                     raise GradleakError(f"FlowerGuard: run config '{key}' = {run_config[key]!r} is not "
                                         f"a valid {name}") from None
         if not changes.get("log", self.config.log):
-            changes["log"] = os.environ.get(LOG_ENV) or DEFAULT_LOG
+            out = os.environ.get(OUT_ENV)
+            changes["log"] = os.environ.get(LOG_ENV) or (os.path.join(out, "guard.jsonl") if out else DEFAULT_LOG)
         fields = {f.name: getattr(self.config, f.name) for f in dataclasses.fields(self.config) if f.init}
         return GuardConfig(**{**fields, **changes})
 

@@ -23,6 +23,7 @@ from torch import nn
 from ..errors import GradleakError
 from ..fl import TrainingSpec
 from ..fl.update import Update
+from ..stats import above_chance
 
 # The exact-copy attacks, in the order they run (each is closed-form and takes well under
 # a second where it applies).
@@ -32,18 +33,28 @@ ANALYTIC = ("fc-analytic", "tensor", "dager")
 def update_leaks(scores: Sequence[dict], tolerance: float) -> tuple[bool, str]:
     """Whether per-example scores of one attack expose more than `tolerance` of the examples,
     and why, in one line. An example is exposed when its reconstruction is an exact copy
-    (`success`), re-identifies it among the gallery (`gallery_rank` 0) or, where the scorer
-    gives one, is `recognizable`."""
+    (`success`) or, where the scorer gives one, `recognizable`; re-identifications among the
+    gallery (`gallery_rank` 0) count too when there are more of them than chance explains
+    (`reid_chance`: the exact binomial interval's lower end above it, as the verdicts judge)."""
     if not scores:
         return False, "no example scored"
-    copied = sum(bool(s.get("success")) for s in scores)
-    exposed = [s for s in scores if s.get("success") or s.get("gallery_rank") == 0 or s.get("recognizable")]
-    share = len(exposed) / len(scores)
-    what = f"{len(exposed)} of {len(scores)} examples exposed ({copied} copied exactly, " \
-           f"{len(exposed) - copied} re-identified)"
-    if share > tolerance:
+    exposed, copied, identified, beyond_chance = _exposure(scores)
+    what = (f"{exposed} of {len(scores)} examples exposed ({copied} copied exactly, "
+            f"{identified} re-identified{'' if beyond_chance else ', within chance'})")
+    if exposed / len(scores) > tolerance:
         return True, f"{what}: above the tolerance of {tolerance:.0%}"
     return False, f"{what}: within the tolerance of {tolerance:.0%}"
+
+
+def _exposure(scores: Sequence[dict]) -> tuple[int, int, int, bool]:
+    """(exposed, copied, re-identified, whether the re-identifications exceed chance)."""
+    copied = [bool(s.get("success")) for s in scores]
+    identified = [s.get("gallery_rank") == 0 for s in scores]
+    chance = max((s.get("reid_chance") or 0.0 for s in scores), default=0.0)
+    beyond_chance = chance == 0 or above_chance(sum(identified), len(scores), chance)
+    exposed = sum(bool(c or s.get("recognizable") or (i and beyond_chance))
+                  for c, i, s in zip(copied, identified, scores))
+    return exposed, sum(copied), sum(identified), beyond_chance
 
 
 @dataclass
@@ -100,8 +111,7 @@ def audit_outbound(model_before: nn.Module, update: Update, inputs: torch.Tensor
         result.skipped += [f"{s.attack}: {s.reason}" for s in audit.skipped]
         for run in audit.runs:
             leaks, reason = update_leaks(run.per_image, tolerance)
-            exposed = sum(bool(s.get("success") or s.get("gallery_rank") == 0 or s.get("recognizable"))
-                          for s in run.per_image)
+            exposed = _exposure(run.per_image)[0]
             result.attacks_run.append({"attack": text, "seconds": round(time.perf_counter() - attack_start, 3),
                                        "exposed": exposed, "examples": len(run.per_image)})
             result.attack, result.reason = text, f"{text}: {reason}"
