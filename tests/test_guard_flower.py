@@ -5,6 +5,7 @@ withheld, and a bad run config is one line before anything trains."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -147,3 +148,45 @@ def test_guard_off_passes_through_and_a_bad_run_config_is_one_line(tmp_path):
         reply = _send(app, _mlp().state_dict(), 1, _context(**{key: value}))
         assert reply.has_error() and message in reply.error.reason and "\n" not in reply.error.reason
     assert len(trained) == 1  # nothing trained under a bad configuration
+
+
+@pytest.mark.slow
+def test_the_example_app_refuses_a_crafted_round_on_every_client(tmp_path, monkeypatch):
+    """examples/flower_audit's own ClientApp (its guard, audit and LocalDp mods) with
+    `guard = true`: round 1 honest, round 2 an rtf-crafted model, round 3 honest, 3 clients.
+    The attack is DLG at 2 iterations and the ladder one rung of large noise, so that the
+    outbound side stays cheap and sure to send here (the benchmark runs the real ones)."""
+    import tomllib
+    from pathlib import Path
+
+    app_dir = Path(__file__).resolve().parents[1] / "examples" / "flower_audit"
+    monkeypatch.syspath_prepend(str(app_dir))
+    monkeypatch.setenv("GRADLEAK_FLOWER_OUT", str(tmp_path))
+    from flower_audit.client_app import app
+    from flower_audit.task import Net, initial_model
+
+    config = tomllib.loads((app_dir / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert config["guard"] is False  # off unless the run asks for it
+    config.update({"guard": True, "guard-attacks": "dlg:iterations=2", "guard-ladder": "noise:sigma=1",
+                   # even under noise of 1 a content-free reconstruction re-identifies 2 of 8 "typical"
+                   # examples among the client's own share now and then (docs/guard.md, Limits)
+                   "guard-tolerance": 0.5})
+    contexts = [Context(run_id=1, node_id=10 + c, node_config={"partition-id": c, "num-partitions": 10},
+                        state=RecordDict(), run_config=config) for c in range(3)]
+    honest = initial_model(0).state_dict()
+    crafted = make_attack("rtf").prepare_model(initial_model(0), (1, 28, 28), 10, AttackContext(seed=0)).model
+    for server_round, state in ((1, honest), (2, {k: v.detach() for k, v in crafted.state_dict().items()}),
+                                (3, honest)):
+        replies = [_send(app, state, server_round, context) for context in contexts]
+        if server_round == 2:
+            assert all(r.has_error() and "refused round 2" in r.error.reason for r in replies)
+        else:
+            assert not any(r.has_error() for r in replies)
+            assert all(r.content["metrics"]["guard-rung"] in (0, 1) for r in replies)
+            Net().load_state_dict(replies[0].content["arrays"].to_torch_state_dict())
+    records = [json.loads(line) for line in (tmp_path / "guard.jsonl").read_text().splitlines()]
+    assert sum(r["grade"] == "crafted" for r in records) == 3
+    # round 3 compared the received model with round 1's, the last that passed (context.state)
+    assert all(r["compared_with_previous"] for r in records if r["stage"] == "inbound" and r["round"] == 3)
+    for name in [n for n in list(sys.modules) if n.startswith("flower_audit")]:
+        monkeypatch.delitem(sys.modules, name)

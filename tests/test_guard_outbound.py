@@ -131,3 +131,25 @@ def test_a_data_place_rung_needs_the_training(bad):
 
     with pytest.raises(GradleakError, match="acts during training"):
         Guard(GuardConfig(**bad))
+
+
+@pytest.mark.slow
+def test_the_text_example_is_not_sent_while_dager_copies_it(monkeypatch):
+    """examples/flower_text's first round for one client: DAGER's span test copies its 4
+    sequences from the plain update, so the guard climbs to the first noise rung, where
+    DAGER copies none (TAG, the optimisation attack, does not take FedAvg updates)."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples" / "flower_text"))
+    from flower_text.task import Net, client_data, held_out_sequences
+
+    from gradleak.data.text import VOCAB_SIZE
+
+    x, y = client_data(0, 8, {"seed": 0, "seq-len": 16, "sequences-per-client": 4})
+    training = TrainingSpec(lr=0.01, local_epochs=1, local_batch_size=8)
+    update = compute_update(Net(0), x, y, training)
+    decision = guard(Net(0), update, (x, y), training=training, gallery=held_out_sequences(200),
+                     num_classes=VOCAB_SIZE, tokenizer="gpt2", config=GuardConfig())
+    assert decision.audits[0].leaks and "4 of 4 examples exposed (4 copied exactly" in decision.audits[0].reason
+    assert decision.send and decision.rung >= 1
+    assert any("tag" in s and "FedAvg" in s for s in decision.audits[-1].skipped)
