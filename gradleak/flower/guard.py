@@ -128,11 +128,8 @@ class FlowerGuard:
             return reply
         model = training.prepare_model(self.model_fn(), config.seed)
         model.load_state_dict(received, strict=len(received) == len(model.state_dict()))
-        update = _received_update(model, received, reply, training, sample_count(reply) or 0)
         inputs, labels = self.examples(context, msg)
-        if update.samples == 0:
-            update = dataclasses.replace(update, samples=len(inputs), batch_size=training.step_batch_size(len(inputs)),
-                                         steps=training.num_steps(len(inputs)))
+        update = _received_update(model, received, reply, training, sample_count(reply) or len(inputs))
         gallery = self.gallery(context) if self.gallery is not None else None
         decision = guard.outbound(model, update, (inputs, labels), gallery=gallery, server_round=server_round,
                                   training=training)

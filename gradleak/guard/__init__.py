@@ -132,7 +132,7 @@ class Guard:
         cfg = self.config
         audits: list[OutboundAudit] = []
         if not self.audited_round(server_round):
-            sent = self.defended(self.rung, model_before, update, x, y, training, server_round)
+            sent = self.defended(self.rung, model_before, update, x, y, training, server_round, self.client_state)
             decision = GuardDecision(True, sent, self.rung, self._rung_text(self.rung), "not audited",
                                      f"round not audited (every {cfg.every}); the last chosen rung applied",
                                      time.perf_counter() - start)
@@ -140,7 +140,9 @@ class Guard:
             decision = None
             first = self.rung if cfg.start == "last" else 0
             for rung in range(first, len(cfg.rungs) + 1):
-                candidate = self.defended(rung, model_before, update, x, y, training, server_round)
+                # a defense with memory (DGC's residuals) keeps only the chosen rung's
+                state = copy.deepcopy(self.client_state)
+                candidate = self.defended(rung, model_before, update, x, y, training, server_round, state)
                 audit = audit_outbound(
                     model_before, candidate, x, y, training=training, tolerance=cfg.tolerance, attacks=cfg.attacks,
                     strongest=cfg.strongest, gallery=gallery, defenses=self._rung_defenses(rung), budget=cfg.budget,
@@ -148,7 +150,7 @@ class Guard:
                     seed=cfg.seed)
                 audits.append(audit)
                 if not audit.leaks:
-                    self.rung = rung
+                    self.rung, self.client_state = rung, state
                     decision = GuardDecision(True, candidate, rung, self._rung_text(rung), audit.grade, audit.reason,
                                              time.perf_counter() - start, audits)
                     break
@@ -168,17 +170,19 @@ class Guard:
         return decision
 
     def defended(self, rung: int, model_before: nn.Module, update: Update, x: torch.Tensor, y: torch.Tensor,
-                 training: TrainingSpec, server_round: int) -> Update:
+                 training: TrainingSpec, server_round: int, state: dict | None = None) -> Update:
         """`update` under rung `rung` (0: as it is): an update-place chain transforms it; a
-        chain that acts during training retrains the client under it."""
+        chain that acts during training retrains the client under it. `state`: the client's
+        defense memory across rounds (default: the guard's)."""
+        state = self.client_state if state is None else state
         if rung == 0:
             return update
         step: Rung = self.config.rungs[rung - 1]
         generator = stream(self.config.seed, "guard", str(self.client), server_round, rung)
         chain = step.chain()
         if step.acts_in_training:
-            return compute_update(copy.deepcopy(model_before), x, y, training, chain, generator, self.client_state)
-        ctx = DefenseContext(generator, self.client_state, training, model_before)
+            return compute_update(copy.deepcopy(model_before), x, y, training, chain, generator, state)
+        ctx = DefenseContext(generator, state, training, model_before)
         return chain.transform_update(update, ctx)
 
     def log(self, record: dict) -> None:
