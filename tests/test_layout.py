@@ -1,6 +1,6 @@
 """The package layout follows the data flow: data + models → fl → defenses →
 Observation (threat) → attacks → metrics → ladder → experiment → store → analysis → sweep
-→ report → api → integrations and the command line. Every import, including
+→ report → api → the client guard → integrations and the command line. Every import, including
 those inside functions, must point down this order, and no modules may import
 each other in a circle."""
 from __future__ import annotations
@@ -32,8 +32,9 @@ RANKS: dict[str, int] = {
     "sweep": 15,
     "report": 16,
     "api": 17,
-    "flower": 18, "guard": 18,
-    "commands": 19, "cli": 20, "__main__": 21, "__init__": 21,
+    "guard": 18,
+    "flower": 19,
+    "commands": 20, "cli": 21, "__main__": 22, "__init__": 22,
 }
 
 

@@ -6,6 +6,7 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import LocalDpMod
 
 from flower_audit.audit import audit
+from flower_audit.guard import guard
 from flower_audit.task import Net, client_data, evaluate, shuffle_seed, train
 
 
@@ -21,7 +22,7 @@ def local_dp(msg: Message, context: Context, call_next) -> Message:
 
 # audit.client_mod is gradleak's hook: it records the examples each audited client
 # trains on, for scoring, outside Flower's messages.
-app = ClientApp(mods=[audit.client_mod, local_dp])
+app = ClientApp(mods=[guard.client_mod, audit.client_mod, local_dp])
 
 
 def _data(context: Context):

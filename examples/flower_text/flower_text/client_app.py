@@ -5,11 +5,12 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from flower_text.audit import audit
+from flower_text.guard import guard
 from flower_text.task import client_data, client_model, sent_arrays, train
 
 # audit.client_mod is gradleak's hook: it records the sequences each audited client trains
 # on, for scoring, outside Flower's messages.
-app = ClientApp(mods=[audit.client_mod])
+app = ClientApp(mods=[guard.client_mod, audit.client_mod])
 
 
 @app.train()

@@ -1,0 +1,201 @@
+"""A client-side guard: refuse a model crafted to leak, never send an update the audit says leaks.
+
+Two halves, for any framework (the Flower client mod is `gradleak.flower.guard`):
+
+- inbound (`check_received`, `Guard.inbound`): before training, the received model is
+  checked for the signs of a crafted one (`gradleak.guard.inbound`);
+- outbound (`guard`, `Guard.outbound`): after training, the update is attacked as the
+  server would attack it and scored against the client's own examples
+  (`gradleak.guard.outbound`); while it leaks beyond the tolerance, the next rung of the
+  defense ladder is applied and the update re-checked; if the top rung still leaks, the
+  update is withheld.
+
+Every decision is one JSON line in the log (round, stage, grade, rung, seconds, reason).
+See docs/guard.md.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import GradleakError
+from ..fl import TrainingSpec, compute_update
+from ..fl.places import DefenseContext
+from ..fl.update import Update
+from ..seeding import stream
+from .config import DEFAULT_LADDER, GuardConfig, Rung, parse_ladder
+from .inbound import Finding, InboundReport, inspect_received, state_of
+from .outbound import OutboundAudit, audit_outbound, update_leaks
+
+__all__ = ["guard", "Guard", "GuardConfig", "GuardDecision", "check_received", "InboundReport", "Finding",
+           "OutboundAudit", "update_leaks", "parse_ladder", "DEFAULT_LADDER"]
+
+
+@dataclass
+class GuardDecision:
+    """What the guard decided for one outgoing update."""
+
+    send: bool
+    update: Update | None  # what to send (None: withhold)
+    rung: int  # 0: no defense; k: the k-th rung of the ladder
+    rung_text: str
+    grade: str  # "leaks", "within tolerance", "withheld", "crafted", "not audited"
+    reason: str
+    seconds: float
+    audits: list[OutboundAudit] = field(default_factory=list)  # one per rung checked
+
+    def to_dict(self) -> dict:
+        return {"send": self.send, "rung": self.rung, "rung_text": self.rung_text, "grade": self.grade,
+                "reason": self.reason, "seconds": round(self.seconds, 3),
+                "audits": [a.to_dict() for a in self.audits]}
+
+
+def check_received(received: nn.Module | dict, previous: nn.Module | dict | None = None,
+                   own_change: dict | None = None) -> InboundReport:
+    """Before training: is `received` crafted to leak? (see `gradleak.guard.inbound`)"""
+    return inspect_received(received, previous, own_change)
+
+
+def guard(model_before: nn.Module, update: Update, examples: tuple[torch.Tensor, torch.Tensor], *,
+          training: TrainingSpec, config: GuardConfig | None = None, gallery: torch.Tensor | None = None,
+          previous: nn.Module | dict | None = None, num_classes: int | None = None,
+          tokenizer: str | None = None, server_round: int = 1) -> GuardDecision:
+    """The plain-PyTorch guard for one round: `model_before` is the model the client received
+    and trained from, `update` what it would send (`gradleak.fl.Update`; `model_before`
+    minus the trained weights for FedAvg), `examples` the `(inputs, labels)` it trained on,
+    `training` how it trained (needed to retrain under a rung that acts during training, and
+    to attack as a server that knows the protocol), `gallery` other examples of the client's.
+    With `previous` (the model received the round before), the received model is checked
+    first and a crafted one is never answered. Returns the decision; `decision.update` is
+    what to send, None to withhold."""
+    g = Guard(config or GuardConfig(), training=training, num_classes=num_classes, tokenizer=tokenizer)
+    if previous is not None:
+        g.previous = state_of(previous)
+        report = g.inbound(model_before, server_round)
+        if report.crafted:
+            return GuardDecision(False, None, 0, "", "crafted", report.summary(), report.seconds)
+    return g.outbound(model_before, update, examples, gallery=gallery, server_round=server_round)
+
+
+class Guard:
+    """The guard of one client across rounds: it remembers the last model that passed the
+    inbound checks, the client's own last update and the rung chosen at the last audit."""
+
+    def __init__(self, config: GuardConfig, training: TrainingSpec | None = None, num_classes: int | None = None,
+                 tokenizer: str | None = None, client: Any = None):
+        self.config = config
+        self.training = training
+        self.num_classes, self.tokenizer, self.client = num_classes, tokenizer, client
+        needs_training = [r.text for r in config.rungs if r.acts_in_training]
+        if needs_training and training is None:
+            raise GradleakError(f"guard: ladder rung '{needs_training[0]}' acts during training; give the guard "
+                                "the client's training (a TrainingSpec) so that it can retrain under it")
+        self.previous: dict[str, torch.Tensor] | None = None
+        self.own_change: dict[str, torch.Tensor] | None = None
+        self.rung = 0  # the rung chosen at the last audit
+        self.client_state: dict = {}
+
+    # ------------------------------------------------------------------ inbound
+
+    def inbound(self, received, server_round: int) -> InboundReport:
+        """Check the received model; remember it as the reference when it passes."""
+        state = state_of(received)
+        report = inspect_received(state, self.previous, self.own_change)
+        self.log({"round": server_round, "stage": "inbound", "grade": "crafted" if report.crafted else "clean",
+                  "reason": report.summary(), "checks": report.checks, "seconds": round(report.seconds, 4),
+                  "compared_with_previous": report.compared_with_previous})
+        if not report.crafted:
+            self.previous = state
+        return report
+
+    # ------------------------------------------------------------------ outbound
+
+    def audited_round(self, server_round: int) -> bool:
+        return (server_round - 1) % self.config.every == 0
+
+    def outbound(self, model_before: nn.Module, update: Update, examples: tuple[torch.Tensor, torch.Tensor], *,
+                 gallery: torch.Tensor | None = None, server_round: int = 1,
+                 training: TrainingSpec | None = None) -> GuardDecision:
+        """Audit `update`; climb the ladder while it leaks; withhold it if the top rung leaks."""
+        start = time.perf_counter()
+        training = training or self.training
+        if training is None:
+            raise GradleakError("guard: the outbound audit needs the client's training (a TrainingSpec)")
+        x, y = examples
+        cfg = self.config
+        audits: list[OutboundAudit] = []
+        if not self.audited_round(server_round):
+            sent = self.defended(self.rung, model_before, update, x, y, training, server_round, self.client_state)
+            decision = GuardDecision(True, sent, self.rung, self._rung_text(self.rung), "not audited",
+                                     f"round not audited (every {cfg.every}); the last chosen rung applied",
+                                     time.perf_counter() - start)
+        else:
+            decision = None
+            first = self.rung if cfg.start == "last" else 0
+            for rung in range(first, len(cfg.rungs) + 1):
+                # a defense with memory (DGC's residuals) keeps only the chosen rung's
+                state = copy.deepcopy(self.client_state)
+                candidate = self.defended(rung, model_before, update, x, y, training, server_round, state)
+                audit = audit_outbound(
+                    model_before, candidate, x, y, training=training, tolerance=cfg.tolerance, attacks=cfg.attacks,
+                    strongest=cfg.strongest, gallery=gallery, defenses=self._rung_defenses(rung), budget=cfg.budget,
+                    time_budget=cfg.time_budget, num_classes=self.num_classes, tokenizer=self.tokenizer,
+                    seed=cfg.seed)
+                audits.append(audit)
+                if not audit.leaks:
+                    self.rung, self.client_state = rung, state
+                    decision = GuardDecision(True, candidate, rung, self._rung_text(rung), audit.grade, audit.reason,
+                                             time.perf_counter() - start, audits)
+                    break
+            if decision is None:
+                self.rung = len(cfg.rungs)
+                decision = GuardDecision(False, None, self.rung, self._rung_text(self.rung), "withheld",
+                                         f"the top rung still leaks ({audits[-1].reason}); update withheld",
+                                         time.perf_counter() - start, audits)
+        if decision.send and decision.update is not None:
+            self.own_change = dict(decision.update.tensors)
+        self.log({"round": server_round, "stage": "outbound", "grade": decision.grade, "rung": decision.rung,
+                  "rung_text": decision.rung_text, "sent": decision.send, "reason": decision.reason,
+                  "seconds": round(decision.seconds, 3),
+                  "audits": [{"rung": k, "leaks": a.leaks, "attacks": a.attacks_run, "seconds": round(a.seconds, 3),
+                              "budget_spent": a.budget_spent} for k, a in enumerate(audits)],
+                  "labels_shown": audits[0].labels_shown if audits else None})
+        return decision
+
+    def defended(self, rung: int, model_before: nn.Module, update: Update, x: torch.Tensor, y: torch.Tensor,
+                 training: TrainingSpec, server_round: int, state: dict | None = None) -> Update:
+        """`update` under rung `rung` (0: as it is): an update-place chain transforms it; a
+        chain that acts during training retrains the client under it. `state`: the client's
+        defense memory across rounds (default: the guard's)."""
+        state = self.client_state if state is None else state
+        if rung == 0:
+            return update
+        step: Rung = self.config.rungs[rung - 1]
+        generator = stream(self.config.seed, "guard", str(self.client), server_round, rung)
+        chain = step.chain()
+        if step.acts_in_training:
+            return compute_update(copy.deepcopy(model_before), x, y, training, chain, generator, state)
+        ctx = DefenseContext(generator, state, training, model_before)
+        return chain.transform_update(update, ctx)
+
+    def log(self, record: dict) -> None:
+        if self.client is not None:
+            record = {"client": self.client, **record}
+        if self.config.log:
+            path = Path(self.config.log)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a") as f:
+                f.write(json.dumps(record, default=str) + "\n")
+
+    def _rung_text(self, rung: int) -> str:
+        return self.config.rungs[rung - 1].text if rung else "none"
+
+    def _rung_defenses(self, rung: int) -> tuple[str, ...]:
+        return tuple(str(s) for s in self.config.rungs[rung - 1].specs) if rung else ()

@@ -1,0 +1,225 @@
+"""Inbound: is the model the server sent crafted to leak?
+
+A client sees only the arrays it received (and, from the second round on, the arrays of the
+round before and its own last update). These checks read nothing else, so they work on a
+Flower ArrayRecord's state dict as well as on an `nn.Module`:
+
+- structure: parameters added, removed or reshaped since the previous round (Robbing the
+  Fed's imprint block in front of the model; any inserted layer);
+- duplicate rows: two rows of a weight matrix equal (exactly, or to cosine 0.999 for rows
+  of 16 entries or more); with distinct biases they are a binning layer (Robbing the Fed's
+  thresholds on one query; MKOR's owned rows);
+- zero rows: two or more rows of a weight matrix exactly zero, but not all of them (class
+  fishing zeroes the head but for one class; MKOR's unused channels);
+- rank one: a weight matrix (both sides >= 4) whose second singular value is below 1e-3 of
+  the first (Robbing the Fed's read-out, a fished head);
+- one-tap rows: two or more rows of 9 entries or more with 95 % of their energy in one
+  entry (MKOR's copy filters, also with noise added);
+- scale jump: a tensor's RMS more than `MAX_SCALE_RATIO` times larger or smaller than in
+  the previous round (fishing's extreme bias);
+- change beyond FedAvg: a weight's change since the previous round more than
+  `MAX_CHANGE_RATIO` times the norm of the client's own last change to it. A FedAvg step is
+  an average of client updates of one training recipe; a server that rewrites a layer moves
+  it by far more.
+
+The thresholds' honest margins are measured in docs/guard.md (benchmarks/bench_guard.py).
+A fully zero tensor is not flagged (LoRA's B, zero-initialised residual branches), nor is
+any one-dimensional tensor on its own (biases, norms, buffers).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+
+Tensors = Mapping[str, torch.Tensor]
+
+NEAR_DUPLICATE_COSINE = 0.999
+MIN_ROW_FOR_COSINE = 16  # shorter rows can be near-parallel by chance
+MAX_ROWS_FOR_COSINE = 8192  # beyond: exact duplicates only (the Gram matrix would be too large)
+MIN_ZERO_ROWS = 2  # one zero row can be honest (an embedding's padding index)
+RANK_ONE_RATIO = 1e-3
+MIN_RANK_SIDE = 4
+ONE_TAP_ENERGY = 0.95
+MIN_ONE_TAP_ROW = 9
+MIN_ONE_TAP_ROWS = 2
+MAX_SCALE_RATIO = 3.0
+MAX_CHANGE_RATIO = 50.0
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check that fired, on one tensor."""
+
+    check: str
+    tensor: str
+    detail: str
+
+    def to_dict(self) -> dict:
+        return {"check": self.check, "tensor": self.tensor, "detail": self.detail}
+
+    def __str__(self) -> str:
+        return f"{self.check} in {self.tensor}: {self.detail}"
+
+
+@dataclass
+class InboundReport:
+    """The checks that fired on a received model (none: nothing suspicious)."""
+
+    findings: list[Finding] = field(default_factory=list)
+    compared_with_previous: bool = False
+    seconds: float = 0.0
+
+    @property
+    def crafted(self) -> bool:
+        return bool(self.findings)
+
+    @property
+    def checks(self) -> list[str]:
+        return sorted({f.check for f in self.findings})
+
+    def summary(self) -> str:
+        if not self.findings:
+            return "no sign of a crafted model"
+        shown = "; ".join(str(f) for f in self.findings[:3])
+        more = f" (+{len(self.findings) - 3} more)" if len(self.findings) > 3 else ""
+        return f"crafted model: {shown}{more}"
+
+    def to_dict(self) -> dict:
+        return {"crafted": self.crafted, "checks": self.checks, "findings": [f.to_dict() for f in self.findings],
+                "compared_with_previous": self.compared_with_previous, "seconds": round(self.seconds, 4)}
+
+
+def state_of(model_or_state) -> dict[str, torch.Tensor]:
+    """A detached CPU state dict of an `nn.Module`, or of a mapping of arrays."""
+    state = model_or_state.state_dict() if hasattr(model_or_state, "state_dict") else model_or_state
+    return {k: torch.as_tensor(v).detach().cpu() for k, v in state.items()}
+
+
+def inspect_received(received, previous=None, own_change: Tensors | None = None) -> InboundReport:
+    """Check a received model (an nn.Module or a state dict) for the signs of a crafted one.
+
+    previous:   the model (or state) received in the round before, if any;
+    own_change: this client's own last update to it (`previous` minus what it sent back),
+                the scale of what an honest FedAvg step moves each weight by.
+    """
+    start = time.perf_counter()
+    state = state_of(received)
+    before = state_of(previous) if previous is not None else None
+    findings: list[Finding] = []
+    if before is not None:
+        findings += structure_findings(state, before)
+    for name, tensor in state.items():
+        if not tensor.is_floating_point() or tensor.dim() < 2 or tensor.shape[0] < 2:
+            continue
+        matrix = tensor.reshape(tensor.shape[0], -1).double()
+        if matrix.shape[1] < 2 or not bool(matrix.any()):
+            continue
+        bias = _bias_of(name, state, matrix.shape[0])
+        findings += row_findings(name, matrix, bias)
+    if before is not None:
+        findings += change_findings(state, before, own_change)
+    return InboundReport(findings, before is not None, time.perf_counter() - start)
+
+
+def structure_findings(state: Tensors, before: Tensors) -> list[Finding]:
+    added = [k for k in state if k not in before]
+    removed = [k for k in before if k not in state]
+    reshaped = [k for k in state if k in before and tuple(state[k].shape) != tuple(before[k].shape)]
+    out = []
+    if added:
+        out.append(Finding("structure", added[0], f"{len(added)} tensor(s) not in the previous round's model: "
+                                                  f"{', '.join(added[:4])}"))
+    if removed:
+        out.append(Finding("structure", removed[0], f"{len(removed)} tensor(s) of the previous round's model "
+                                                    f"missing: {', '.join(removed[:4])}"))
+    for k in reshaped[:4]:
+        out.append(Finding("structure", k, f"shape {tuple(before[k].shape)} became {tuple(state[k].shape)}"))
+    return out
+
+
+def row_findings(name: str, matrix: torch.Tensor, bias: torch.Tensor | None) -> list[Finding]:
+    """The row checks of one weight matrix (rows: output units or filters)."""
+    out = []
+    rows, width = matrix.shape
+    norms = matrix.norm(dim=1)
+    zero = norms == 0
+    zero_rows = int(zero.sum())
+    if MIN_ZERO_ROWS <= zero_rows < rows:
+        out.append(Finding("zero_rows", name, f"{zero_rows} of {rows} rows exactly zero"))
+    live = matrix[~zero]
+    duplicates, binning = _duplicate_rows(live, bias[~zero] if bias is not None else None)
+    if duplicates:
+        what = "a binning layer: " if binning else ""
+        out.append(Finding("duplicate_rows", name, f"{what}{duplicates} of {rows} rows repeat another row"
+                                                   + (" with distinct biases" if binning else "")))
+    if min(rows, width) >= MIN_RANK_SIDE:
+        gram = matrix @ matrix.T if rows <= width else matrix.T @ matrix
+        eig = torch.linalg.eigvalsh(gram).clamp_min(0).flip(0)
+        if eig[0] > 0 and float((eig[1] / eig[0]).sqrt()) < RANK_ONE_RATIO:
+            out.append(Finding("rank_one", name, f"rank one ({rows}x{width}): second singular value "
+                                                 f"{float((eig[1] / eig[0]).sqrt()):.1e} of the first"))
+    if width >= MIN_ONE_TAP_ROW and len(live):
+        energy = live.pow(2)
+        share = energy.max(dim=1).values / energy.sum(dim=1)
+        taps = int((share >= ONE_TAP_ENERGY).sum())
+        if taps >= MIN_ONE_TAP_ROWS:
+            out.append(Finding("one_tap_rows", name, f"{taps} of {rows} rows hold >= {ONE_TAP_ENERGY:.0%} "
+                                                     "of their energy in one entry"))
+    return out
+
+
+def change_findings(state: Tensors, before: Tensors, own_change: Tensors | None) -> list[Finding]:
+    """A tensor's scale, and a weight's change, against the previous round's."""
+    out = []
+    for name, tensor in state.items():
+        old = before.get(name)
+        if old is None or tuple(old.shape) != tuple(tensor.shape) or not tensor.is_floating_point():
+            continue
+        new_rms, old_rms = _rms(tensor), _rms(old)
+        if old_rms > 0 and new_rms > 0 and tensor.numel() > 1:
+            ratio = new_rms / old_rms
+            if ratio > MAX_SCALE_RATIO or ratio < 1 / MAX_SCALE_RATIO:
+                out.append(Finding("scale_jump", name, f"RMS {old_rms:.3g} in the previous round, now "
+                                                       f"{new_rms:.3g} (x{ratio:.3g})"))
+        own = own_change.get(name) if own_change is not None else None
+        if own is not None and tuple(own.shape) == tuple(tensor.shape) and tensor.dim() >= 2:
+            own_norm = float(own.double().norm())
+            change = float((tensor.double() - old.double()).norm())
+            if own_norm > 0 and change > MAX_CHANGE_RATIO * own_norm:
+                out.append(Finding("change_beyond_fedavg", name,
+                                   f"changed by {change:.3g} since the previous round, "
+                                   f"{change / own_norm:.3g}x this client's own last update ({own_norm:.3g})"))
+    return out
+
+
+def _duplicate_rows(rows: torch.Tensor, bias: torch.Tensor | None) -> tuple[int, bool]:
+    """How many rows repeat another (exactly, or nearly for long rows), and whether repeated
+    rows carry different biases (a binning layer)."""
+    if len(rows) < 2:
+        return 0, False
+    _, inverse, counts = torch.unique(rows, dim=0, return_inverse=True, return_counts=True)
+    repeated = counts[inverse] > 1
+    if rows.shape[1] >= MIN_ROW_FOR_COSINE and len(rows) <= MAX_ROWS_FOR_COSINE:
+        unit = rows / rows.norm(dim=1, keepdim=True)
+        cosine = unit @ unit.T
+        cosine.fill_diagonal_(0)
+        repeated |= (cosine > NEAR_DUPLICATE_COSINE).any(dim=1)
+    count = int(repeated.sum())
+    binning = bool(count and bias is not None and len(torch.unique(bias[repeated])) > 1)
+    return count, binning
+
+
+def _bias_of(name: str, state: Tensors, rows: int) -> torch.Tensor | None:
+    if not name.endswith("weight"):
+        return None
+    bias = state.get(name[: -len("weight")] + "bias")
+    if bias is None or bias.dim() != 1 or bias.numel() != rows:
+        return None
+    return bias.double()
+
+
+def _rms(tensor: torch.Tensor) -> float:
+    return float(tensor.double().pow(2).mean().sqrt())
