@@ -5,7 +5,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from ..errors import GradleakError
 from ..options import check
@@ -275,5 +275,6 @@ def scenario_fields(training: TrainingSpec) -> dict:
 def training_from_scenario(values) -> TrainingSpec:
     """The TrainingSpec a scenario (an object or mapping with `scenario_fields`' names) declares."""
     get = values.get if isinstance(values, dict) else lambda name: getattr(values, name)
-    return TrainingSpec(**{name: get(SCENARIO_NAMES.get(name, name)) for name in training_field_names()})
+    fields: dict[str, Any] = {name: get(SCENARIO_NAMES.get(name, name)) for name in training_field_names()}
+    return TrainingSpec(**fields)
 
