@@ -54,14 +54,17 @@ def attack_rows(cells: list[CellRecord]) -> list[dict]:
         lab = members[0].labels
         metric_names = sorted({k for m in members for k, v in m.metrics.items()
                                if isinstance(v, (int, float)) and not isinstance(v, bool)})
-        ladders = [cell_ladder(m) for m in members]
+        # the budget ladder decides saturation on the grid's cells; the sample ladder's cells run
+        # at the budget it ended at (gradleak.sweep.samples), adding examples, not budget
+        grid = [m for m in members if not m.labels.get("sample_rung")] or members
+        ladders = [cell_ladder(m) for m in grid]
         budgets = [int(ld["iterations"]) for ld in ladders if isinstance(ld.get("iterations"), (int, float))
                    and ld.get("iterations")]
         row = {**{k: scenario_label(lab, k) for k in SCENARIO_KEYS}, "defense": lab["defense"],
                "strength": lab["strength"], "attack": lab["attack"], "attack_spec": lab["attack_spec"],
                "init": lab.get("init"), "seeds": len({m.labels.get("seed", m.key) for m in members}),
                "cells": len(members), "seconds": average([m.seconds for m in members]),
-               "saturated": all(cell_saturated(m) for m in members),
+               "saturated": all(cell_saturated(m) for m in grid),
                "undecided": sum(ld.get("decision", "undecided") == "undecided" for ld in ladders),
                "budget_min": min(budgets) if budgets else None, "budget_max": max(budgets) if budgets else None,
                "gallery_note": next((ld.get("gallery") for ld in ladders if ld.get("gallery")), None),

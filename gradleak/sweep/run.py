@@ -206,13 +206,13 @@ def run_sample_ladder(sweep: Sweep, store, workers: int, executor: str, address:
     rung at a time, each rung judged on everything stored so far. Returns the cells it planned,
     those already stored, and the rungs it ran."""
     from ..analysis import strongest_attacks
-    from .samples import examples_judged, extension_cells
+    from .samples import examples_judged, extension_cells, saturated_budgets
 
     planned = skipped = rungs = 0
     for rung in range(1, sweep.samples.rungs + 1):
         cells = [c for c in store.cells() if c.sweep == sweep.name]
         extension = extension_cells(sweep.cells, strongest_attacks(cells, sweep.tolerance), examples_judged(cells),
-                                    rung, sweep.samples)
+                                    rung, sweep.samples, saturated_budgets(cells))
         if not extension:
             break
         done = store.finished_keys()

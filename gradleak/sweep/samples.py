@@ -33,10 +33,12 @@ def _covers(entry_threat: str, cell_threat: str) -> bool:
 
 
 def extension_cells(grid_cells: list[Cell], entries: list[dict], examples_by_attack: dict[tuple, int],
-                    rung: int, ladder: SampleLadder) -> list[Cell]:
+                    rung: int, ladder: SampleLadder, budgets: dict[tuple, int] | None = None) -> list[Cell]:
     """The cells of sample rung `rung` (1, 2, ...): for every open setting, each of the grid's
     attack cells it rests on again, on a new seed, with enough batches that the attack's
-    examples reach the target. `examples_by_attack`: (setting, attack spec) → examples judged so far."""
+    examples reach the target. `examples_by_attack`: (setting, attack spec) → examples judged so
+    far; `budgets`: (setting, attack spec) → the iterations its grid cells' budget ladders ended
+    at, which the new cells run at, without climbing again (`saturated_budgets`)."""
     targets: dict[tuple, int] = {}
     threats: dict[tuple, set] = {}
     for entry in entries:
@@ -65,9 +67,11 @@ def extension_cells(grid_cells: list[Cell], entries: list[dict], examples_by_att
             continue
         batch = int(cells[0].spec["batch_size"])
         per_cell = math.ceil(missing / len(cells) / batch) * batch
+        budget = (budgets or {}).get((setting, attack))
         for cell in cells:
             seed = int(cell.spec["seed"]) + SAMPLE_SEED_OFFSET * rung
-            spec = _canonical({**cell.spec, "seed": seed, "images": per_cell})
+            spec = _canonical({**cell.spec, "seed": seed, "images": per_cell,
+                               **(_at_budget(cell.spec["attack"], budget) if budget else {})})
             labels = {**cell.labels, "seed": seed, "sample_rung": rung}
             out.append(dataclasses.replace(cell, spec=spec, labels=labels, key=""))
     return out
@@ -84,3 +88,32 @@ def examples_judged(cells) -> dict[tuple, int]:
             key = (_setting(c.labels), c.labels.get("attack_spec"))
             counts[key] = counts.get(key, 0) + int(n)
     return counts
+
+
+def _at_budget(attack: str, iterations: int) -> dict:
+    """The spec fields that run `attack` at `iterations` without climbing (an attack whose
+    budget is not its `iterations` option climbs as its grid cells did)."""
+    from ..attacks import make_attack
+    from ..options import ComponentSpec, parse_spec
+
+    if make_attack(attack).budget() is None:
+        return {}
+    spec = parse_spec(attack, "attack")
+    return {"attack": str(ComponentSpec(spec.name, {**spec.options, "iterations": str(iterations)})), "doublings": 0}
+
+
+def saturated_budgets(cells) -> dict[tuple, int]:
+    """(setting, attack spec) → the largest budget its grid cells' ladders ended at, where every
+    one of them ended saturated (or analytic): the budget the sample ladder's cells run at. The
+    budget ladder decides saturation on the first examples; the sample ladder measures the rates
+    at that budget on more (docs/verdicts.md)."""
+    ends: dict[tuple, list] = {}
+    for c in cells:
+        if c.kind != "attack" or c.labels.get("sample_rung"):
+            continue
+        ladder = c.extras.get("ladder") if isinstance(c.extras, dict) else None
+        if not isinstance(ladder, dict):
+            continue
+        ends.setdefault((_setting(c.labels), c.labels.get("attack_spec")), []).append(ladder)
+    return {key: max(int(ld.get("iterations") or 0) for ld in ladders) for key, ladders in ends.items()
+            if all(ld.get("saturated") for ld in ladders) and max(int(ld.get("iterations") or 0) for ld in ladders)}
