@@ -26,7 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attack", action="append", default=[], metavar="NAME[:key=value,...]",
                    help="attack to run (repeatable; default: the hook's, usually every applicable one)")
     p.add_argument("--budget", default=None, choices=["quick", "standard", "thorough"])
-    p.add_argument("--threat", default=None, choices=["honest", "informed", "malicious"])
+    p.add_argument("--threat", action="append", default=[], choices=["honest", "informed", "malicious"],
+                   help="threat model (repeatable; default: the hook's): each attack runs under the weakest "
+                        "one given that allows it")
     p.add_argument("--lpips", default=None, choices=["alex", "vgg", "none"])
     p.add_argument("--verbose", action="store_true", help="show Flower's and Ray's logs")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
@@ -67,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
 
     result = run_app(args.app, out=args.out, num_supernodes=args.num_supernodes,
                      run_config=_overrides(args.run_config), rounds=_rounds(args.rounds), clients=args.clients,
-                     attacks=args.attack or None, budget=args.budget, threat=args.threat, lpips=args.lpips,
-                     verbose=args.verbose)
+                     attacks=args.attack or None, budget=args.budget, threat=tuple(args.threat) or None,
+                     lpips=args.lpips, verbose=args.verbose, show_progress=not args.json)
     if not result.store.is_file():
         raise GradleakError(f"Flower app '{args.app}': no audited update was stored (are the audited rounds "
                             "within num-server-rounds?)")
@@ -79,11 +81,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"html": report["html"], "seconds": round(result.seconds, 3),
                           "num_supernodes": result.num_supernodes, "audited": len(result.captured),
+                          "attacks": result.attacks,
                           "verdict": {title: lines for title, lines in verdicts},
                           "by_round": rows}))
         return 0
+    resumed = f", {result.attacks['resumed']} attack(s) stored before" if result.attacks.get("resumed") else ""
     print(f"Flower app {result.app_dir.name}: {result.num_supernodes} clients, {len(result.captured)} audited "
-          f"updates, {result.seconds:.0f} s")
+          f"updates, {result.seconds:.0f} s{resumed}")
     for title, lines in verdicts:
         print(title)
         for line in lines:

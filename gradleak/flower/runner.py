@@ -38,6 +38,8 @@ class FlowerRun:
     # the clients' training, as the run config declares it (each captured update carries its
     # client's own, with that client's shuffling seed)
     training: TrainingSpec | None = None
+    # the attack phase: attacks run, found stored by an earlier run (resumed), not run; seconds
+    attacks: dict = field(default_factory=dict)
 
     @property
     def store(self) -> Path:
@@ -71,9 +73,12 @@ def read_app(app_dir: str | Path) -> dict:
 def run_app(app_dir: str | Path, *, out: str | Path = "gradleak-flower", num_supernodes: int | None = None,
             run_config: dict[str, Any] | None = None, rounds: tuple[int, ...] | None = None,
             clients: int | None = None, attacks: Any = None, budget: str | None = None,
-            threat: str | None = None, lpips: str | None = None, verbose: bool = False) -> FlowerRun:
-    """Simulate the app with its FlowerAudit hook writing to `out`; the keyword
-    arguments after `run_config` override the hook's own settings."""
+            threat: str | tuple[str, ...] | None = None, lpips: str | None = None, verbose: bool = False,
+            show_progress: bool = False) -> FlowerRun:
+    """Simulate the app with its FlowerAudit hook capturing the audited updates, then attack
+    them in this process, storing each result in `out` as it finishes; a rerun with the same
+    `out` skips what is stored. The keyword arguments after `run_config` override the hook's
+    own settings; `show_progress` prints a line on stderr per client and attack."""
     app = read_app(app_dir)
     config = dict(app["config"])
     for key, value in (run_config or {}).items():
@@ -99,7 +104,8 @@ def run_app(app_dir: str | Path, *, out: str | Path = "gradleak-flower", num_sup
     # The hook lives in the app's module, so a second run in this process meets the same
     # object: this run's settings are set for the run and restored afterwards.
     overrides = {"out": str(out), "rounds": tuple(rounds) if rounds is not None else None, "clients": clients,
-                 "attacks": attacks, "budget": budget, "threat": threat, "lpips": lpips}
+                 "attacks": attacks, "budget": budget, "threat": threat, "lpips": lpips,
+                 "defer_attacks": True}
     saved = [{name: getattr(a, name) for name in overrides} for a in audits]
     for audit in audits:
         audit.captured.clear()
@@ -118,6 +124,13 @@ def run_app(app_dir: str | Path, *, out: str | Path = "gradleak-flower", num_sup
             # but a declared training that does not reproduce a captured update is, every time
             warnings.filterwarnings("always", category=TrainingMismatchWarning)
             _simulate(server_app, client_app, supernodes, config, root, verbose)
+        flwr_logger.setLevel(level)
+        # Flower has shut Ray down: the attacks run here, in the main thread, where Ctrl-C stops
+        # them at once and each finished attack is already stored
+        counts: dict = {}
+        for audit in audits:
+            for name, value in audit.attack_captured(run_config=config, show_progress=show_progress).items():
+                counts[name] = counts.get(name, 0) + value
         captured = [c for a in audits for c in a.captured]
         training = audits[0].training_from(config)
     finally:
@@ -125,7 +138,7 @@ def run_app(app_dir: str | Path, *, out: str | Path = "gradleak-flower", num_sup
         for audit, before in zip(audits, saved):
             for name, value in before.items():
                 setattr(audit, name, value)
-    return FlowerRun(app["root"], out, time.perf_counter() - start, supernodes, config, captured, training)
+    return FlowerRun(app["root"], out, time.perf_counter() - start, supernodes, config, captured, training, counts)
 
 
 def _simulate(server_app, client_app, supernodes: int, config: dict, root: str, verbose: bool) -> None:
