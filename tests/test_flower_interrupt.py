@@ -35,8 +35,10 @@ def _as_in_a_terminal() -> None:
 
 def _rows(store: Path) -> dict[str, str]:
     """key -> metrics of the stored attack rows."""
-    try:
-        with sqlite3.connect(store, timeout=1) as db:
+    if not store.is_file():
+        return {}
+    try:  # read-only: connecting must not create the file before the audit does
+        with sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=1) as db:
             return dict(db.execute("SELECT key, metrics FROM cells WHERE kind = 'attack'").fetchall())
     except sqlite3.OperationalError:
         return {}  # not created yet
@@ -60,7 +62,7 @@ def test_ctrl_c_stops_a_flower_audit_at_once_and_the_same_command_resumes(tmp_pa
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline and proc.poll() is None and not _rows(out / "results.db"):
             time.sleep(0.1)
-        assert proc.poll() is None, "the audit ended before it could be interrupted"
+        assert proc.poll() is None, f"the audit ended before it could be interrupted: {proc.communicate()[1]}"
         before = _rows(out / "results.db")
         time.sleep(0.5)  # inside the next attack
         os.killpg(proc.pid, signal.SIGINT)  # the whole process group, as a terminal's Ctrl-C
