@@ -37,6 +37,8 @@ from torch import nn
 from ..errors import GradleakError
 from ..fl import TrainingSpec, Update
 from ..fl.training import AdamOptions, SGDOptions
+from .truth import read_truth as _read_truth
+from .truth import write_truth as _write_truth
 
 if TYPE_CHECKING:
     from ..api import TrainingCheck
@@ -368,35 +370,6 @@ def _received_update(model: nn.Module, sent: dict[str, torch.Tensor], reply, tra
                     epochs=training.local_epochs, buffers=buffers)
     update.check_finite()
     return update
-
-
-def _write_truth(path: Path, inputs, labels, partition) -> None:
-    from safetensors.torch import save_file
-
-    x = torch.as_tensor(inputs).detach().cpu()
-    x = (x if not x.dtype.is_floating_point else x.float()).contiguous()  # token ids stay integers
-    y = torch.as_tensor(labels).detach().long().cpu().contiguous()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tensors = {"inputs": x, "labels": y}
-    if partition is not None:
-        tensors["partition"] = torch.tensor([int(partition)])
-    save_file(tensors, str(tmp))
-    tmp.replace(path)
-
-
-def _read_truth(path: Path) -> tuple[torch.Tensor, torch.Tensor, int | None]:
-    from safetensors.torch import load_file
-
-    if not path.is_file():
-        raise GradleakError(f"FlowerAudit: no ground truth at {path}: add audit.client_mod to the ClientApp's "
-                            "mods (gradleak audits Flower simulations, where the examples can be scored)")
-    try:
-        tensors = load_file(str(path))
-    except Exception as exc:
-        raise GradleakError(f"FlowerAudit: ground truth file {path} is unreadable ({exc})") from None
-    partition = int(tensors["partition"][0]) if "partition" in tensors else None
-    return tensors["inputs"], tensors["labels"], partition
 
 
 def sample_count(reply) -> int | None:
