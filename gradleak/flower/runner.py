@@ -8,10 +8,14 @@ machine with Flower's Ray simulation backend; nothing is downloaded.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -19,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..api import TrainingMismatchWarning
-from ..errors import GradleakError
+from ..errors import GradleakError, Terminated
 from ..fl import TrainingSpec
 from ..options import path_kind
 from .hook import OUT_ENV, CapturedUpdate, FlowerAudit
@@ -166,9 +170,55 @@ def _simulate(server_app, client_app, supernodes: int, config: dict, root: str, 
     backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                "init_args": {"num_cpus": max(1, min(2, os.cpu_count() or 1)), "logging_level": "ERROR",
                              "log_to_driver": verbose}}
-    _run_simulation(num_supernodes=supernodes, exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
-                    client_app=client_app, server_app=server_app, backend_config=backend,
-                    server_app_context=context, app_dir=root, run=run, is_app=True, verbose_logging=verbose)
+    with _interruptible(verbose):
+        _run_simulation(num_supernodes=supernodes, exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+                        client_app=client_app, server_app=server_app, backend_config=backend,
+                        server_app_context=context, app_dir=root, run=run, is_app=True, verbose_logging=verbose)
+
+
+@contextlib.contextmanager
+def _interruptible(verbose: bool):
+    """Ctrl-C or SIGTERM while Flower simulates: one line, not Flower's logs of every client
+    whose Ray actor went down with the run, and no wait on the ServerApp thread Flower
+    started, which would wait for those clients' replies (and the interpreter for it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = set(threading.enumerate())
+    installed = {}
+
+    def quiet(previous):
+        def handler(signum, frame):
+            if not verbose:
+                logging.getLogger("flwr").setLevel(logging.CRITICAL + 1)
+            previous(signum, frame)  # raises KeyboardInterrupt, or the command's Terminated
+        return handler
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(signum)
+        if callable(previous):  # an ignored or default disposition stays as it is
+            installed[signum] = previous
+            signal.signal(signum, quiet(previous))
+    try:
+        yield
+    except (KeyboardInterrupt, Terminated):
+        _stop_threads([t for t in threading.enumerate() if t not in before])
+        raise
+    finally:
+        for signum, previous in installed.items():
+            signal.signal(signum, previous)
+
+
+def _stop_threads(threads: list[threading.Thread], timeout: float = 2.0) -> None:
+    """End the simulation's threads: SystemExit raised in each (it ends a thread quietly; one
+    waiting inside ray.get ends only when Ray answers, so the command itself exits without
+    waiting for them, see gradleak.commands.flower)."""
+    for thread in threads:
+        if thread.is_alive() and thread.ident is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(SystemExit))
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _load(reference: str, root: str):
