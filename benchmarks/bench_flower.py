@@ -70,9 +70,9 @@ def run(quick: bool = False) -> dict:
                     "verdicts": _verdicts(full.store), "attacks": _attack_rows(full.store)}
         attacks = ["ig:iterations=1000"]
         plain = run_app(APP, out=Path(tmp) / "plain", attacks=attacks, lpips="none", run_config=SMALL,
-                        num_supernodes=10)
+                        num_supernodes=10, rounds=(1,))
         noisy = run_app(APP, out=Path(tmp) / "dp", attacks=attacks, lpips="none",
-                        run_config={**SMALL, "local-dp-epsilon": "50"}, num_supernodes=10)
+                        run_config={**SMALL, "local-dp-epsilon": "50"}, num_supernodes=10, rounds=(1,))
         return {"setting": "examples/flower_audit, small configuration: 10 clients, 8 MNIST images per client, "
                            "sigmoid CNN, 2 local epochs of SGD with momentum over a seeded shuffling DataLoader, "
                            "round 1 audited on 2 clients", "attacks": attacks,
