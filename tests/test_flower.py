@@ -1,7 +1,7 @@
 """gradleak.flower on a real Flower simulation (flwr 1.42, Ray backend): the
-example app in examples/flower_audit, 10 clients, 3 rounds, FedAvg; each client
-trains 2 epochs of SGD with momentum 0.9 and weight decay 5e-4 over a shuffling
-DataLoader seeded per client and round."""
+example app in examples/flower_audit at its small configuration (SMALL: 10 clients of 8
+examples, the sigmoid CNN), 3 rounds, FedAvg; each client trains 2 epochs of SGD with
+momentum 0.9 and weight decay 5e-4 over a shuffling DataLoader seeded per client and round."""
 from __future__ import annotations
 
 import json
@@ -25,13 +25,18 @@ pytestmark = pytest.mark.slow
 APP = Path(__file__).resolve().parents[1] / "examples" / "flower_audit"
 # Inverting Gradients on an 8-image client update of the example's sigmoid CNN (2 local steps).
 ATTACK = "ig:iterations=500"
+# the example's small configuration (its run-config keys; the default is 20 clients of 400
+# examples training LeNet-5 for one epoch, docs/flower.md)
+SMALL = {"model": "sigmoid-cnn", "examples-per-client": "8", "local-epochs": "2"}
+SMALL_ARGS = [arg for key, value in SMALL.items() for arg in ("--run-config", f"{key}={value}")] + [
+    "--num-supernodes", "10"]
 MOMENTUM = "sgd:momentum=0.9,weight_decay=0.0005"
 
 
 def _model_with(sent):
-    from flower_audit.task import Net  # importable once run_app has loaded the app
+    from flower_audit.task import SigmoidNet  # importable once run_app has loaded the app
 
-    model = Net()
+    model = SigmoidNet()
     model.load_state_dict(sent)
     return model
 
@@ -40,7 +45,7 @@ def _model_with(sent):
 def plain_run(tmp_path_factory):
     torch.set_num_threads(1)
     return run_app(APP, out=tmp_path_factory.mktemp("flower"), rounds=(1, 3), clients=2, attacks=[ATTACK],
-                   lpips="none")
+                   lpips="none", run_config=SMALL, num_supernodes=10)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +55,7 @@ def dp_run(tmp_path_factory):
     # the hook is not told of the mod, so no declared training reproduces the noisy updates
     with pytest.warns(TrainingMismatchWarning, match="declared training not confirmed"):
         return run_app(APP, out=tmp_path_factory.mktemp("flower-dp"), rounds=(1,), clients=2, attacks=[ATTACK],
-                       lpips="none", run_config={"local-dp-epsilon": "50"})
+                       lpips="none", run_config={**SMALL, "local-dp-epsilon": "50"}, num_supernodes=10)
 
 
 def _psnr_by_client(run, round_=1):
@@ -180,7 +185,7 @@ def test_errors_inside_the_simulation_are_one_line(tmp_path, capsys):
         path.write_text(path.read_text().replace("flower_audit.", "misconfigured_audit."))
     hook = app / "misconfigured_audit" / "audit.py"
     hook.write_text(hook.read_text().replace('"local_batch_size": "batch-size"', '"local_batch_size": "bs"'))
-    code = main(["flower", str(app), "--out", str(tmp_path / "out"), "--attack", "dlg:iterations=2"])
+    code = main(["flower", str(app), "--out", str(tmp_path / "out"), "--attack", "dlg:iterations=2", *SMALL_ARGS])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "run config has no 'bs'" in err
@@ -202,7 +207,8 @@ def test_cli_reports_json(plain_run, capsys, tmp_path):
     batches of 4: each client's 8 examples are 2 shuffled batches per epoch, so the order
     matters, and the hook's check confirms the replay of that order from the app's seed."""
     code = main(["flower", str(APP), "--out", str(tmp_path / "cli"), "--rounds", "1", "--clients", "1",
-                 "--attack", "ig:iterations=100", "--lpips", "none", "--run-config", "batch-size=4", "--json"])
+                 "--attack", "ig:iterations=100", "--lpips", "none", "--run-config", "batch-size=4", *SMALL_ARGS,
+                 "--json"])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "TrainingMismatchWarning" not in err

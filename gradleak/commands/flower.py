@@ -6,9 +6,13 @@ report the leakage of the updates its server received.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
+import sys
+from pathlib import Path
 
-from ..errors import GradleakError
+from ..errors import GradleakError, Terminated
 from ..options import output_dir, ranged
 
 
@@ -26,7 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attack", action="append", default=[], metavar="NAME[:key=value,...]",
                    help="attack to run (repeatable; default: the hook's, usually every applicable one)")
     p.add_argument("--budget", default=None, choices=["quick", "standard", "thorough"])
-    p.add_argument("--threat", default=None, choices=["honest", "informed", "malicious"])
+    p.add_argument("--threat", action="append", default=[], choices=["honest", "informed", "malicious"],
+                   help="threat model (repeatable; default: the hook's): each attack runs under the weakest "
+                        "one given that allows it")
     p.add_argument("--lpips", default=None, choices=["alex", "vgg", "none"])
     p.add_argument("--verbose", action="store_true", help="show Flower's and Ray's logs")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
@@ -65,10 +71,25 @@ def run(args: argparse.Namespace) -> int:
     from ..report import verdict_in_words, write_report
     from ..store import ResultStore
 
-    result = run_app(args.app, out=args.out, num_supernodes=args.num_supernodes,
-                     run_config=_overrides(args.run_config), rounds=_rounds(args.rounds), clients=args.clients,
-                     attacks=args.attack or None, budget=args.budget, threat=args.threat, lpips=args.lpips,
-                     verbose=args.verbose)
+    try:
+        result = run_app(args.app, out=args.out, num_supernodes=args.num_supernodes,
+                         run_config=_overrides(args.run_config), rounds=_rounds(args.rounds), clients=args.clients,
+                         attacks=args.attack or None, budget=args.budget, threat=tuple(args.threat) or None,
+                         lpips=args.lpips, verbose=args.verbose, show_progress=not args.json)
+    except (KeyboardInterrupt, Terminated) as stop:
+        # What finished is stored (each result is committed as it finishes). The interpreter's
+        # teardown would spend seconds collecting the objects Flower, Ray and torch created
+        # (measured: 4-5 s), and after a stop inside Flower's simulation it can wait forever on
+        # a client thread blocked in Ray: the gradleak program leaves both to the OS.
+        if _running_as_program():
+            word, code = ("interrupted", 130) if isinstance(stop, KeyboardInterrupt) else ("terminated", 143)
+            print(f"gradleak: {word}; what finished is stored, the same command resumes", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            _end_own_job()
+            os._exit(code)
+        gc.freeze()
+        raise
     if not result.store.is_file():
         raise GradleakError(f"Flower app '{args.app}': no audited update was stored (are the audited rounds "
                             "within num-server-rounds?)")
@@ -79,11 +100,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"html": report["html"], "seconds": round(result.seconds, 3),
                           "num_supernodes": result.num_supernodes, "audited": len(result.captured),
+                          "attacks": result.attacks,
                           "verdict": {title: lines for title, lines in verdicts},
                           "by_round": rows}))
         return 0
+    resumed = f", {result.attacks['resumed']} attack(s) stored before" if result.attacks.get("resumed") else ""
     print(f"Flower app {result.app_dir.name}: {result.num_supernodes} clients, {len(result.captured)} audited "
-          f"updates, {result.seconds:.0f} s")
+          f"updates, {result.seconds:.0f} s{resumed}")
     for title, lines in verdicts:
         print(title)
         for line in lines:
@@ -92,6 +115,33 @@ def run(args: argparse.Namespace) -> int:
         print(f"  round {row['round']:>3}  client {row['client']:>4}  {row['attack']:32s} {_scores(row)}")
     print(f"report: {report['html']}")
     return 0
+
+
+def _running_as_program() -> bool:
+    """Whether this process is the gradleak program (`gradleak ...`, `python -m gradleak ...`),
+    not a Python session that called gradleak.cli.main."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return (spec is not None and spec.name == "gradleak.__main__") or Path(sys.argv[0]).name == "gradleak"
+
+
+def _end_own_job() -> None:
+    """SIGKILL what is left of this command's own job (the process group it leads, as a
+    terminal's job): Ray's helper processes, which a Ctrl-C that reached them mid-simulation
+    can leave orphaned. Nothing when this process does not lead its group."""
+    import signal
+
+    me = os.getpid()
+    if os.getpgrp() != me or not Path("/proc").is_dir():
+        return
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            if int(fields[2]) == me:  # the process group id, after the state and parent id
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            continue
 
 
 def _scores(row: dict) -> str:

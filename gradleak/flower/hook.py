@@ -16,13 +16,17 @@ Two Flower extension points, one object:
   truth, must reproduce each captured update (`gradleak.api.check_declared_training`),
   else the audit warns and no verdict of `holds` follows.
 
-Results go to the gradleak results store, one row per round × client × attack.
+Under `gradleak flower` the hook only captures while the federation runs; the attacks run
+after it, in the command's own process (gradleak.flower.attacking): one results-store row
+per round × client × attack, written as each finishes, skipped when a rerun finds it stored.
 """
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -33,6 +37,8 @@ from torch import nn
 from ..errors import GradleakError
 from ..fl import TrainingSpec, Update
 from ..fl.training import AdamOptions, SGDOptions
+from .truth import read_truth as _read_truth
+from .truth import write_truth as _write_truth
 
 if TYPE_CHECKING:
     from ..api import TrainingCheck
@@ -66,13 +72,15 @@ class CapturedUpdate:
     labels: torch.Tensor
     training: TrainingSpec  # this client's declared training in this round (its shuffling seed)
     training_check: "TrainingCheck | None" = None  # whether that training reproduces `update`
+    model: nn.Module | None = None  # model_fn's model with the sent weights (not to be modified)
 
 
 @dataclass
 class FlowerAudit:
     """Audit a Flower app's client updates with gradleak's attacks.
 
-    model_fn:      builds the app's model (architecture only; weights come from the server).
+    model_fn:      builds the app's model (architecture only; weights come from the server);
+                   called with the run config when it takes a required argument.
     ground_truth:  `(context, message) -> (inputs, labels)`: the examples this client
                    trains on in this round, in the order its data loader indexes them (the
                    app's own data code; the shuffling is declared separately).
@@ -99,7 +107,13 @@ class FlowerAudit:
                    can show a leak.
     num_classes:   the model's classes (a language model's vocabulary), when the labels do
                    not show them all; tokenizer: the vocabulary of token ids ("gpt2", "minilm").
-    attacks, threat, knows, budget, seed, lpips: as for `gradleak.audit`.
+    threat:        a threat model, or several (("honest", "malicious")): each attack runs under
+                   the weakest of them that grants what it needs. A malicious server's attack
+                   crafts the model, and the client's declared training (confirmed on the
+                   captured update) is replayed on it with the client's examples.
+    attacks, knows, budget, seed, lpips: as for `gradleak.audit`.
+    defer_attacks: capture during the federation and attack afterwards (`attack_captured`),
+                   as `gradleak flower` does; False attacks each round in `aggregate_train`.
     out:           folder of the results store and the ground-truth exchange; defaults
                    to $GRADLEAK_FLOWER_OUT, else ./gradleak-flower.
     """
@@ -114,12 +128,15 @@ class FlowerAudit:
     num_classes: int | None = None
     tokenizer: str | None = None
     attacks: Any = "auto"
-    threat: str = "honest"
+    threat: str | tuple[str, ...] = "honest"
     knows: tuple[str, ...] = ()
     budget: str = "quick"
     seed: int = 0
     lpips: str = "alex"
     out: str | None = None
+    defer_attacks: bool = False
+    # what "holds" must meet (gradleak.leakage.Tolerance, a mapping or "linkage=0.6,recognizable=0.1")
+    tolerance: Any = None
     # Filled on the server side while the federation runs (not sent to clients).
     captured: list[CapturedUpdate] = field(default_factory=list, repr=False)
     _gallery: torch.Tensor | None = field(default=None, repr=False)
@@ -136,6 +153,15 @@ class FlowerAudit:
             raise GradleakError("FlowerAudit: training_keys must name the run-config key of the learning rate "
                                 "('lr')")
         self.rounds = tuple(int(r) for r in self.rounds)
+        from ..leakage import parse_tolerance
+
+        self.tolerance = parse_tolerance(self.tolerance)
+        if not self.threats:
+            raise GradleakError("FlowerAudit: threat names no threat model")
+
+    @property
+    def threats(self) -> tuple[str, ...]:
+        return (self.threat,) if isinstance(self.threat, str) else tuple(self.threat)
 
     # ---------------------------------------------------------------- paths
 
@@ -204,12 +230,11 @@ class FlowerAudit:
 
     def audit_round(self, server_round: int, sent: dict[str, torch.Tensor], replies: list,
                     training: TrainingSpec, run_config: Mapping[str, Any]) -> None:
-        """Attack the audited replies of one round and store the results."""
-        from ..api import audit_update
+        """Capture the audited replies of one round (`captured`), check the declared training
+        on each, and attack them unless `defer_attacks`."""
+        from ..api import TrainingMismatchWarning, check_declared_training
 
-        model = self.model_fn()
-        if not isinstance(model, nn.Module):
-            raise GradleakError(f"FlowerAudit: model_fn returned {type(model).__name__}, not an nn.Module")
+        model = _build_model(self.model_fn, run_config)
         # LoRA clients: the adapters on model_fn's base model (its weights stay; the sent arrays
         # are the adapters, whose draw here is overwritten)
         model = training.prepare_model(model, self.seed)
@@ -226,6 +251,7 @@ class FlowerAudit:
         candidates.sort(key=lambda item: (item[0], item[1]))
         if self.clients is not None:
             candidates = candidates[:self.clients]
+        round_captured: list[CapturedUpdate] = []
         for _, node, reply, inputs, labels, partition in candidates:
             samples = sample_count(reply)
             if samples is not None and samples != len(inputs):
@@ -236,16 +262,26 @@ class FlowerAudit:
             update = _received_update(model, sent, reply, client_training, samples or len(inputs))
             # a reply carrying the model's buffers (a whole state dict) sends them to the server
             client_training = dataclasses.replace(client_training, sends_buffers=bool(update.buffers))
-            captured = CapturedUpdate(server_round, node, partition, sent, update, inputs, labels, client_training)
+            captured = CapturedUpdate(server_round, node, partition, sent, update, inputs, labels, client_training,
+                                      model=model)
+            captured.training_check = check_declared_training(model, update, inputs, labels, client_training)
+            if captured.training_check.confirmed is False:
+                warnings.warn(f"declared training not confirmed (round {server_round}, client {client}): "
+                              f"{captured.training_check.note}", TrainingMismatchWarning, stacklevel=2)
             self.captured.append(captured)
-            result = audit_update(model, update, inputs, labels, training=client_training, attacks=self.attacks,
-                                  threat=self.threat, knows=self.knows, seed=self.seed, budget=self.budget,
-                                  num_classes=self.num_classes, tokenizer=self.tokenizer,
-                                  lpips=self.lpips, model_label=type(model).__name__,
-                                  data_label=f"flower round {server_round}", gallery=self.gallery_inputs())
-            captured.training_check = result.training_check
-            # Rows keyed by round and client (not the run's random node id): a re-run replaces nothing.
-            result.save(self.store_path, sweep="flower", labels={"round": server_round, "client": client})
+            round_captured.append(captured)
+        if not self.defer_attacks:
+            self.attack_captured(round_captured, run_config, show_progress=False)
+
+    def attack_captured(self, captured: list[CapturedUpdate] | None = None,
+                        run_config: Mapping[str, Any] | None = None, show_progress: bool = True) -> dict:
+        """Attack the captured updates (default: all of this run's), storing each attack's
+        result as it finishes and skipping those the store already holds; see
+        gradleak.flower.attacking."""
+        from .attacking import attack_captured
+
+        return attack_captured(self, list(self.captured if captured is None else captured),
+                               dict(run_config or {}), show_progress)
 
     def gallery_inputs(self) -> torch.Tensor | None:
         """The gallery's examples, read once per run."""
@@ -260,6 +296,19 @@ class FlowerAudit:
                                     f"{type(inputs).__name__}")
             self._gallery = inputs
         return self._gallery
+
+
+def _build_model(model_fn: Callable, run_config: Mapping[str, Any]) -> nn.Module:
+    """model_fn(), or model_fn(run_config) when it takes a required argument."""
+    try:
+        required = [p for p in inspect.signature(model_fn).parameters.values()
+                    if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):  # a builtin without a signature
+        required = []
+    model = model_fn(dict(run_config)) if required else model_fn()
+    if not isinstance(model, nn.Module):
+        raise GradleakError(f"FlowerAudit: model_fn returned {type(model).__name__}, not an nn.Module")
+    return model
 
 
 def _is_train(msg) -> bool:
@@ -326,35 +375,6 @@ def _received_update(model: nn.Module, sent: dict[str, torch.Tensor], reply, tra
                     epochs=training.local_epochs, buffers=buffers)
     update.check_finite()
     return update
-
-
-def _write_truth(path: Path, inputs, labels, partition) -> None:
-    from safetensors.torch import save_file
-
-    x = torch.as_tensor(inputs).detach().cpu()
-    x = (x if not x.dtype.is_floating_point else x.float()).contiguous()  # token ids stay integers
-    y = torch.as_tensor(labels).detach().long().cpu().contiguous()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tensors = {"inputs": x, "labels": y}
-    if partition is not None:
-        tensors["partition"] = torch.tensor([int(partition)])
-    save_file(tensors, str(tmp))
-    tmp.replace(path)
-
-
-def _read_truth(path: Path) -> tuple[torch.Tensor, torch.Tensor, int | None]:
-    from safetensors.torch import load_file
-
-    if not path.is_file():
-        raise GradleakError(f"FlowerAudit: no ground truth at {path}: add audit.client_mod to the ClientApp's "
-                            "mods (gradleak audits Flower simulations, where the examples can be scored)")
-    try:
-        tensors = load_file(str(path))
-    except Exception as exc:
-        raise GradleakError(f"FlowerAudit: ground truth file {path} is unreadable ({exc})") from None
-    partition = int(tensors["partition"][0]) if "partition" in tensors else None
-    return tensors["inputs"], tensors["labels"], partition
 
 
 def sample_count(reply) -> int | None:

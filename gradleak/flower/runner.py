@@ -8,10 +8,14 @@ machine with Flower's Ray simulation backend; nothing is downloaded.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -19,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..api import TrainingMismatchWarning
-from ..errors import GradleakError
+from ..errors import GradleakError, Terminated
 from ..fl import TrainingSpec
 from ..options import path_kind
 from .hook import OUT_ENV, CapturedUpdate, FlowerAudit
@@ -38,6 +42,8 @@ class FlowerRun:
     # the clients' training, as the run config declares it (each captured update carries its
     # client's own, with that client's shuffling seed)
     training: TrainingSpec | None = None
+    # the attack phase: attacks run, found stored by an earlier run (resumed), not run; seconds
+    attacks: dict = field(default_factory=dict)
 
     @property
     def store(self) -> Path:
@@ -71,9 +77,12 @@ def read_app(app_dir: str | Path) -> dict:
 def run_app(app_dir: str | Path, *, out: str | Path = "gradleak-flower", num_supernodes: int | None = None,
             run_config: dict[str, Any] | None = None, rounds: tuple[int, ...] | None = None,
             clients: int | None = None, attacks: Any = None, budget: str | None = None,
-            threat: str | None = None, lpips: str | None = None, verbose: bool = False) -> FlowerRun:
-    """Simulate the app with its FlowerAudit hook writing to `out`; the keyword
-    arguments after `run_config` override the hook's own settings."""
+            threat: str | tuple[str, ...] | None = None, lpips: str | None = None, verbose: bool = False,
+            show_progress: bool = False) -> FlowerRun:
+    """Simulate the app with its FlowerAudit hook capturing the audited updates, then attack
+    them in this process, storing each result in `out` as it finishes; a rerun with the same
+    `out` skips what is stored. The keyword arguments after `run_config` override the hook's
+    own settings; `show_progress` prints a line on stderr per client and attack."""
     app = read_app(app_dir)
     config = dict(app["config"])
     for key, value in (run_config or {}).items():
@@ -99,7 +108,8 @@ def run_app(app_dir: str | Path, *, out: str | Path = "gradleak-flower", num_sup
     # The hook lives in the app's module, so a second run in this process meets the same
     # object: this run's settings are set for the run and restored afterwards.
     overrides = {"out": str(out), "rounds": tuple(rounds) if rounds is not None else None, "clients": clients,
-                 "attacks": attacks, "budget": budget, "threat": threat, "lpips": lpips}
+                 "attacks": attacks, "budget": budget, "threat": threat, "lpips": lpips,
+                 "defer_attacks": True}
     saved = [{name: getattr(a, name) for name in overrides} for a in audits]
     for audit in audits:
         audit.captured.clear()
@@ -118,6 +128,13 @@ def run_app(app_dir: str | Path, *, out: str | Path = "gradleak-flower", num_sup
             # but a declared training that does not reproduce a captured update is, every time
             warnings.filterwarnings("always", category=TrainingMismatchWarning)
             _simulate(server_app, client_app, supernodes, config, root, verbose)
+        flwr_logger.setLevel(level)
+        # Flower has shut Ray down: the attacks run here, in the main thread, where Ctrl-C stops
+        # them at once and each finished attack is already stored
+        counts: dict = {}
+        for audit in audits:
+            for name, value in audit.attack_captured(run_config=config, show_progress=show_progress).items():
+                counts[name] = counts.get(name, 0) + value
         captured = [c for a in audits for c in a.captured]
         training = audits[0].training_from(config)
     finally:
@@ -125,7 +142,7 @@ def run_app(app_dir: str | Path, *, out: str | Path = "gradleak-flower", num_sup
         for audit, before in zip(audits, saved):
             for name, value in before.items():
                 setattr(audit, name, value)
-    return FlowerRun(app["root"], out, time.perf_counter() - start, supernodes, config, captured, training)
+    return FlowerRun(app["root"], out, time.perf_counter() - start, supernodes, config, captured, training, counts)
 
 
 def _simulate(server_app, client_app, supernodes: int, config: dict, root: str, verbose: bool) -> None:
@@ -153,9 +170,55 @@ def _simulate(server_app, client_app, supernodes: int, config: dict, root: str, 
     backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                "init_args": {"num_cpus": max(1, min(2, os.cpu_count() or 1)), "logging_level": "ERROR",
                              "log_to_driver": verbose}}
-    _run_simulation(num_supernodes=supernodes, exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
-                    client_app=client_app, server_app=server_app, backend_config=backend,
-                    server_app_context=context, app_dir=root, run=run, is_app=True, verbose_logging=verbose)
+    with _interruptible(verbose):
+        _run_simulation(num_supernodes=supernodes, exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+                        client_app=client_app, server_app=server_app, backend_config=backend,
+                        server_app_context=context, app_dir=root, run=run, is_app=True, verbose_logging=verbose)
+
+
+@contextlib.contextmanager
+def _interruptible(verbose: bool):
+    """Ctrl-C or SIGTERM while Flower simulates: one line, not Flower's logs of every client
+    whose Ray actor went down with the run, and no wait on the ServerApp thread Flower
+    started, which would wait for those clients' replies (and the interpreter for it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = set(threading.enumerate())
+    installed = {}
+
+    def quiet(previous):
+        def handler(signum, frame):
+            if not verbose:
+                logging.getLogger("flwr").setLevel(logging.CRITICAL + 1)
+            previous(signum, frame)  # raises KeyboardInterrupt, or the command's Terminated
+        return handler
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(signum)
+        if callable(previous):  # an ignored or default disposition stays as it is
+            installed[signum] = previous
+            signal.signal(signum, quiet(previous))
+    try:
+        yield
+    except (KeyboardInterrupt, Terminated):
+        _stop_threads([t for t in threading.enumerate() if t not in before])
+        raise
+    finally:
+        for signum, previous in installed.items():
+            signal.signal(signum, previous)
+
+
+def _stop_threads(threads: list[threading.Thread], timeout: float = 2.0) -> None:
+    """End the simulation's threads: SystemExit raised in each (it ends a thread quietly; one
+    waiting inside ray.get ends only when Ray answers, so the command itself exits without
+    waiting for them, see gradleak.commands.flower)."""
+    for thread in threads:
+        if thread.is_alive() and thread.ident is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(SystemExit))
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _load(reference: str, root: str):

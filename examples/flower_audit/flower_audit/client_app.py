@@ -7,7 +7,7 @@ from flwr.clientapp.mod import LocalDpMod
 
 from flower_audit.audit import audit
 from flower_audit.guard import guard
-from flower_audit.task import Net, client_data, evaluate, shuffle_seed, train
+from flower_audit.task import client_data, evaluate, make_model, shuffle_seed, train
 
 
 def local_dp(msg: Message, context: Context, call_next) -> Message:
@@ -32,7 +32,7 @@ def _data(context: Context):
 
 @app.train()
 def train_fn(msg: Message, context: Context) -> Message:
-    model = Net()
+    model = make_model(context.run_config)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     x, y = _data(context)
     server_round = int(msg.content["config"]["server-round"])
@@ -45,7 +45,7 @@ def train_fn(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate_fn(msg: Message, context: Context) -> Message:
-    model = Net()
+    model = make_model(context.run_config)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     x, y = _data(context)
     loss, accuracy = evaluate(model, x, y)

@@ -17,6 +17,6 @@ def main(grid: Grid, context: Context) -> None:
     strategy = FedAvg(fraction_train=float(cfg["fraction-train"]), fraction_evaluate=0.0)
     # gradleak's hook: attack the updates the server receives on the audited rounds.
     strategy = audit.wrap(strategy, cfg)
-    strategy.start(grid=grid, initial_arrays=ArrayRecord(initial_model(int(cfg["seed"])).state_dict()),
+    strategy.start(grid=grid, initial_arrays=ArrayRecord(initial_model(cfg).state_dict()),
                    train_config=ConfigRecord({"lr": float(cfg["lr"])}),
                    num_rounds=int(cfg["num-server-rounds"]))

@@ -1,12 +1,13 @@
 """The model, the clients' data and the local training of this Flower app.
 
-Every client holds a Dirichlet(alpha) non-IID share of MNIST (read offline by
-gradleak's loader) and, in each round, trains on its `examples-per-client` examples
-as a PyTorch app usually does: a shuffling DataLoader, SGD with momentum and weight
-decay, several local epochs.
+Every client holds a Dirichlet(alpha) non-IID share of MNIST's training split (read
+offline by gradleak's loader) and, in each round, trains on up to `examples-per-client`
+examples of it (0: its whole share) as a PyTorch app usually does: a shuffling DataLoader,
+SGD with momentum and weight decay, `local-epochs` passes.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Mapping
 
 import torch
@@ -19,7 +20,30 @@ from gradleak.utility import dirichlet_partition
 
 
 class Net(nn.Module):
-    """A small sigmoid CNN (LeNet-like, as in the gradient-inversion literature)."""
+    """The CNN of Flower's PyTorch quickstart, for 28×28 MNIST: two convolutions with ReLU and
+    max-pooling, then a hidden dense layer (120 units) with ReLU, a second one (84) and the
+    classifier — LeNet-5 as apps commonly write it."""
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 6, 5)
+        self.pool = nn.MaxPool2d(2, 2)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(16 * 4 * 4, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(F.relu(self.conv1(x)))
+        x = self.pool(F.relu(self.conv2(x)))
+        x = F.relu(self.fc1(x.flatten(1)))
+        x = F.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+class SigmoidNet(nn.Module):
+    """A small sigmoid CNN (LeNet-like, as in the gradient-inversion literature): the
+    `model = "sigmoid-cnn"` of the small configuration the tests run."""
 
     def __init__(self, num_classes: int = 10):
         super().__init__()
@@ -33,24 +57,47 @@ class Net(nn.Module):
         return self.classifier(self.features(x).flatten(1))
 
 
-def initial_model(seed: int) -> Net:
-    torch.manual_seed(seed)
-    return Net()
+MODELS = {"lenet5": Net, "sigmoid-cnn": SigmoidNet}
+
+
+def make_model(config: Mapping[str, Any]) -> nn.Module:
+    """The run config's `model`: "lenet5" (default) or "sigmoid-cnn"."""
+    name = str(config.get("model", "lenet5"))
+    if name not in MODELS:
+        raise ValueError(f"run config model '{name}': expected one of {', '.join(MODELS)}")
+    return MODELS[name]()
+
+
+def initial_model(config: Mapping[str, Any]) -> nn.Module:
+    torch.manual_seed(int(config["seed"]))
+    return make_model(config)
 
 
 def client_data(partition_id: int, num_partitions: int, config) -> tuple[torch.Tensor, torch.Tensor]:
-    """This client's training examples, in the order its DataLoader indexes them."""
-    train = load_dataset(DatasetSpec("mnist", split="train"))
+    """This client's training examples, in the order its DataLoader indexes them: its
+    Dirichlet share of MNIST's training split, in a seeded random order, the first
+    `examples-per-client` of them (0: all)."""
     seed, alpha = int(config["seed"]), float(config["dirichlet-alpha"])
-    shards = dirichlet_partition(train.labels, num_partitions, alpha, seed)
+    train, shards = _partitions(num_partitions, alpha, seed)
     shard = shards[partition_id]
     order = torch.randperm(len(shard), generator=torch.Generator().manual_seed(seed + partition_id))
-    keep = shard[order[: int(config["examples-per-client"])]]
+    cap = int(config["examples-per-client"])
+    keep = shard[order[:cap] if cap > 0 else order]
     return train.inputs[keep], train.labels[keep]
 
 
-def held_out_examples(count: int = 1000) -> torch.Tensor:
-    """MNIST test examples (no client trains on the test split)."""
+@lru_cache(maxsize=2)
+def _partitions(num_partitions: int, alpha: float, seed: int):
+    """MNIST's training split and its Dirichlet shares, read once per process (a simulation
+    worker serves many clients)."""
+    train = load_dataset(DatasetSpec("mnist", split="train"))
+    return train, dirichlet_partition(train.labels, num_partitions, alpha, seed)
+
+
+def held_out_examples(count: int = 300) -> torch.Tensor:
+    """MNIST test examples (no client trains on the test split). 300 of them: re-identifying
+    a reconstruction compares it with every one (SSIM), the cost that dominates an audit of
+    clients with hundreds of examples (docs/flower.md)."""
     return load_dataset(DatasetSpec("mnist", split="test")).inputs[:count]
 
 
