@@ -38,6 +38,7 @@ SPARE_CANDIDATES = 8
 # 0, 24 of 25 directions in 200k draws against 22 without)
 CONDITION_ON = 2
 SWAP_PASSES = 3  # passes of single swaps
+DROP_EVERY = 8  # chunks between tries of dropping each chosen direction and completing the rest
 # the greedy choice stops after this many consecutive pooled directions failed the ReLU check (an
 # example active at most units can be less sparse than a hundred directions from cancellations)
 REJECTION_STREAK = 128
@@ -379,6 +380,15 @@ def select(sampler: Sampler) -> Solution | None:
                     best, chosen, improved = result, trial, True
         if not improved:
             break
+    if (best is None or best.agreement < 1.0) and sampler.chunks % DROP_EVERY == 0:
+        # a verified direction that is no example's: drop each chosen one in turn, complete the rest
+        for slot in range(r):
+            rest = chosen[:slot] + chosen[slot + 1:]
+            last = complete_last(sampler, rest)
+            result = None if last is None else solve(dec, pool.directions[rest + [last]].T)
+            if result is not None and result.agreement >= 1.0:
+                best, chosen = result, rest + [last]
+                break
     if best is not None:
         best.chosen = chosen
     return best
@@ -404,9 +414,15 @@ def complete_last(sampler: Sampler, chosen: list[int]) -> int | None:
             continue
         q = vh_z[-1] / vh_z[-1].norm()
         zero = zero_pattern(sampler.normed, q)
-        if torch.equal(zero, pattern) and pool.add(q, zero):
+        if not torch.equal(zero, pattern):
+            continue
+        same = (pool.directions @ q).abs() > 1 - 1e-8
+        if bool(same.any()):
+            index = int(same.nonzero()[0, 0])
+        else:
+            pool.add(q, zero)
             index = len(pool) - 1
-            return index if sampler.verify(index) else None
+        return index if sampler.verify(index) else None
     return None
 
 
