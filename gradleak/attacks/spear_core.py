@@ -14,7 +14,10 @@ for the same example, so units inactive for many examples are worth drawing more
 row gives a pseudo-example G_j / (∂L/∂b)_j, a weighted mean of the examples active at unit j;
 the fraction of them unit j leaves inactive estimates how often it is inactive, and once
 directions are found, their exact zero patterns refine the estimate. Draws cycle between the
-uniform weights of the paper and sharper powers of the estimate.
+uniform weights of the paper and sharper powers of the estimate. Also ours: draws conditioned on
+verified examples' zero patterns (`Sampler.draw_conditioned`), the last direction found by a scan
+along the missing example's one free direction (`complete_last`), and a linear-program check that
+some input's ReLU pattern explains each direction (`relu_pattern_feasible`). docs/spear.md.
 """
 from __future__ import annotations
 
