@@ -25,6 +25,7 @@ ATTACKS: Registry = Registry("attack", {
     "dager": "gradleak.attacks.dager_attack:DAGER",
     "tag": "gradleak.attacks.tag:TAG",
     "lamp": "gradleak.attacks.lamp:LAMP",
+    "spear": "gradleak.attacks.spear:SPEAR",
 })
 
 __all__ = ["ATTACKS", "Attack", "AttackContext", "Reconstruction", "make_attack"]
