@@ -240,7 +240,7 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
           split: str = "test", resize: int | None = None, seq_len: int | None = None, gallery: Any = None,
           out: str | Path | None = None, progress: bool = False,
           artifacts: str | Path | None = None, tolerance: Any = None,
-          sample_rungs: int = 2, max_examples: int = 64) -> AuditResult:
+          sample_rungs: int = 0, max_examples: int = 64) -> AuditResult:
     """Attack a simulated client that trains `model` on `data` and sends its update.
 
     model:   an `nn.Module` (not modified), a zero-argument factory, or a model
@@ -273,8 +273,10 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
              `"linkage=0.6,recognizable=0.1"`): `holds` means every saturated attack's linkage
              AUC and recognizable rate are bounded within it at 95%.
     sample_rungs, max_examples: while a verdict is still open (too few examples to bound the
-             rates), up to `sample_rungs` more rounds attack fresh examples of `data` (new seeds),
-             until each attack was judged on `max_examples` (0 rungs: none are added).
+             rates), up to `sample_rungs` more rounds attack more examples of `data` (new seeds,
+             each drawing its own examples, which may repeat ones drawn before when `data` is
+             small), until each attack was judged on `max_examples`. Default 0: none are added,
+             and an open verdict says how many examples would bound the rates (or pass `images`).
     out:     when given, the store and the HTML report are written there.
     artifacts: the folder where attacks keep what they train once per setting (the learned
              inverters), so that later calls with the same model, defenses and training reuse

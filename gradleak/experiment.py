@@ -476,7 +476,7 @@ def result_record(result: AttackRunResult, images: bool = True) -> dict:
     if result.originals.dim() == 4 and pictures:
         grid = png(image_grid([result.originals, result.reconstructions]))
         for i, score in enumerate(result.per_image):
-            images.append({"idx": i, "metrics": score,
+            images.append({"idx": i, "metrics": _numeric(score),
                            "original": png(image_grid([result.originals[i:i + 1]], pad=0)),
                            "reconstruction": png(image_grid([result.reconstructions[i:i + 1]], pad=0))})
     else:
@@ -494,9 +494,16 @@ def result_record(result: AttackRunResult, images: bool = True) -> dict:
 
 
 def _numeric(score: dict) -> dict:
-    """The numbers of one example's score (a language model's per-position labels and the
-    decoded texts are kept elsewhere)."""
-    return {k: v for k, v in score.items() if v is None or isinstance(v, (int, float))}
+    """The numbers of one example's score, as the store keeps them: a mapping of numbers (the
+    rank under each distance) flattened to `gallery_ranks.ssim`-style keys; a language model's
+    per-position labels and the decoded texts are kept elsewhere."""
+    out = {}
+    for k, v in score.items():
+        if isinstance(v, dict):
+            out.update({f"{k}.{name}": n for name, n in v.items() if n is None or isinstance(n, (int, float))})
+        elif v is None or isinstance(v, (int, float)):
+            out[k] = v
+    return out
 
 
 def write_outputs(result: AttackRunResult, out: str | Path) -> dict[str, Path]:
