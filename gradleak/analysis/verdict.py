@@ -137,6 +137,7 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
             "needed_examples": max((m["evidence"].examples_needed(tolerance) for m in members), default=0),
             "worst_linkage_high": max((m["evidence"].linkage_interval(tolerance.level)[1] for m in judged),
                                       default=None),
+            "worst_linkage": max((m["evidence"].linkage for m in judged), default=None),
             "worst_recognizable_high": max((m["evidence"].recognizable_interval(tolerance.level)[1] for m in judged),
                                            default=None),
             "reid_judged": len(judged) == len(members),
@@ -285,8 +286,8 @@ def loss_text(entry: dict) -> str:
 def answer(entries: list[dict]) -> list[dict]:
     """The answer a practitioner came for, per scenario (threat model, dataset, model, batch
     size, local steps): the cheapest defense setting that holds at the tolerance (least utility
-    loss), or the least leaky one when none holds (by grade, then by how far its worst attack's
-    linkage AUC could reach)."""
+    loss), or the least leaky one when none holds (by grade, then by its worst attack's linkage
+    AUC)."""
     by_scenario: dict[tuple, list[dict]] = defaultdict(list)
     for e in entries:
         by_scenario[tuple(e[k] for k in SCENARIO_KEYS)].append(e)
@@ -308,6 +309,8 @@ def answer(entries: list[dict]) -> list[dict]:
 
 
 def _leakiness(entry: dict):
-    """Sort key, least leaky first: the grade, then the copy rate, then the worst linkage bound."""
+    """Sort key, least leaky first: the grade, then the copy rate, then the worst attack's
+    linkage AUC (its estimate: the interval's upper end moves more with the examples' spread)."""
     copy_rate = (entry.get("ev_copies") or 0) / (entry.get("ev_copies_of") or 1)
-    return (severity(entry), copy_rate, entry.get("worst_linkage_high") or 1.0, entry.get("ev_linkage") or 0.0)
+    worst = entry.get("worst_linkage")
+    return (severity(entry), copy_rate, worst if worst is not None else 1.0, entry.get("worst_linkage_high") or 1.0)
