@@ -143,7 +143,7 @@ def test_what_the_auditor_cannot_replay_is_not_checked():
 
 def test_verdict_needs_a_confirmed_training():
     entry = {"grade": None, "failed": 0, "unsaturated": None, "reid_judged": True, "seeds": 2,
-             "identified_any": 0.0, "identified": 0, "identified_of": 16, "reid_chance": 0.01, "reid_high": 0.2,
+             "meets_tolerance": True, "min_examples": 40, "worst_linkage_high": 0.55, "worst_recognizable_high": 0.08,
              "attack_specs": ["ig"], "budget_min": 100, "budget_max": 100}
     assert verdict(entry)[0] == "holds"
     assert verdict({**entry, "training_unconfirmed": 1})[0] == "not shown (training not confirmed)"

@@ -163,18 +163,19 @@ def test_the_example_app_refuses_a_crafted_round_on_every_client(tmp_path, monke
     monkeypatch.syspath_prepend(str(app_dir))
     monkeypatch.setenv("GRADLEAK_FLOWER_OUT", str(tmp_path))
     from flower_audit.client_app import app
-    from flower_audit.task import Net, initial_model
+    from flower_audit.task import initial_model, make_model
 
     config = tomllib.loads((app_dir / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     assert config["guard"] is False  # off unless the run asks for it
-    config.update({"guard": True, "guard-attacks": "dlg:iterations=2", "guard-ladder": "noise:sigma=1",
+    config.update({"model": "sigmoid-cnn", "examples-per-client": 8,  # the example's small configuration
+                   "guard": True, "guard-attacks": "dlg:iterations=2", "guard-ladder": "noise:sigma=1",
                    # even under noise of 1 a content-free reconstruction re-identifies 2 of 8 "typical"
                    # examples among the client's own share now and then (docs/guard.md, Limits)
                    "guard-tolerance": 0.5})
     contexts = [Context(run_id=1, node_id=10 + c, node_config={"partition-id": c, "num-partitions": 10},
                         state=RecordDict(), run_config=config) for c in range(3)]
-    honest = initial_model(0).state_dict()
-    crafted = make_attack("rtf").prepare_model(initial_model(0), (1, 28, 28), 10, AttackContext(seed=0)).model
+    honest = initial_model(config).state_dict()
+    crafted = make_attack("rtf").prepare_model(initial_model(config), (1, 28, 28), 10, AttackContext(seed=0)).model
     for server_round, state in ((1, honest), (2, {k: v.detach() for k, v in crafted.state_dict().items()}),
                                 (3, honest)):
         replies = [_send(app, state, server_round, context) for context in contexts]
@@ -183,7 +184,7 @@ def test_the_example_app_refuses_a_crafted_round_on_every_client(tmp_path, monke
         else:
             assert not any(r.has_error() for r in replies)
             assert all(r.content["metrics"]["guard-rung"] in (0, 1) for r in replies)
-            Net().load_state_dict(replies[0].content["arrays"].to_torch_state_dict())
+            make_model(config).load_state_dict(replies[0].content["arrays"].to_torch_state_dict())
     records = [json.loads(line) for line in (tmp_path / "guard.jsonl").read_text().splitlines()]
     assert sum(r["grade"] == "crafted" for r in records) == 3
     # round 3 compared the received model with round 1's, the last that passed (context.state)

@@ -230,8 +230,9 @@ def test_a_sweep_over_defenses_gives_text_verdicts_and_a_report(tmp_path, capsys
     capsys.readouterr()
     with ResultStore(tmp_path / "s.db", create=False) as store:
         cells = store.cells("attack")
-        assert len(cells) == 4 and all(len(store.images(c.key)) == 2 for c in cells)
-        assert all(len(c.extras["sequences"]) == 2 for c in cells)
+        grid = [c for c in cells if not c.labels.get("sample_rung")]  # the rest: the sample ladder's
+        assert len(grid) == 4 and all(len(store.images(c.key)) == 2 for c in grid)
+        assert all(len(c.extras["sequences"]) == 2 for c in grid)
     result = write_report(tmp_path / "s.db", tmp_path / "report")
     verdicts = {e["defense"]: (e["verdict"], e["verdict_text"]) for e in result["strongest"]}
     assert verdicts["none"] == ("leaks", "leaks: 4 of 4 examples copied exactly (token for token) by dager")
@@ -239,7 +240,7 @@ def test_a_sweep_over_defenses_gives_text_verdicts_and_a_report(tmp_path, capsys
     # (measured over seeds 0-3: ROUGE-1 0.0, none re-identified among 1,000 sequences)
     assert verdicts["noise"][0] == "holds", verdicts["noise"]
     page = (tmp_path / "report" / "index.html").read_text()
-    assert result["texts"] == 4 and page.count("(exact)") >= 4 and "best ROUGE-1" in page
+    assert result["texts"] >= 4 and page.count("(exact)") >= 4 and "best ROUGE-1" in page
 
 
 def test_scores_decode_with_the_data_s_own_tokenizer():

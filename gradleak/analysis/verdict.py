@@ -166,6 +166,11 @@ def still_open(entry: dict) -> bool:
     return True
 
 
+def _tolerance(entry: dict) -> Tolerance:
+    stored = entry.get("tolerance")
+    return Tolerance(**stored) if isinstance(stored, dict) else Tolerance()
+
+
 def percent(rate: float | None) -> str:
     """A rate as the verdicts print it (0.001998 → "0.2%", 0.376 → "38%", 1.0 → "100%")."""
     if rate is None:
@@ -201,7 +206,7 @@ def _evidence_text(entry: dict) -> str:
     n = entry.get("ev_examples") or 0
     if not n:
         return "no example judged against a gallery"
-    level = f"{100 * entry['tolerance']['level']:g}%"
+    level = f"{100 * _tolerance(entry).level:g}%"
     linkage = _interval(entry["ev_linkage_low"], entry["ev_linkage_high"])
     return (f"linkage AUC {entry['ev_linkage']:.2f} ({level} {linkage}), "
             f"{count_text(entry['ev_recognizable'], n)} recognizable "
@@ -212,7 +217,7 @@ def _evidence_text(entry: dict) -> str:
 def verdict(entry: dict) -> tuple[str, str]:
     """('leaks' | 'linkable' | 'holds' | 'not shown (why)', the verdict in one sentence)."""
     grade, attack = entry.get("grade"), entry.get("grade_attack")
-    tolerance = Tolerance(**entry["tolerance"])
+    tolerance = _tolerance(entry)
     borderline = " (borderline: not yet confirmed on fresh examples)" if entry.get("borderline") else ""
     if grade == "copies":
         return "leaks", (f"leaks: {count_text(entry['ev_copies'], entry['ev_copies_of'])} copied exactly "
