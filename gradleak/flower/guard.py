@@ -126,7 +126,10 @@ class FlowerGuard:
         if reply.has_error():
             _save(guard, context.state)
             return reply
-        model = training.prepare_model(self.model_fn(), config.seed)
+        from .hook import _build_model
+
+        # model_fn() or model_fn(run_config), as the audit hook builds it
+        model = training.prepare_model(_build_model(self.model_fn, context.run_config), config.seed)
         model.load_state_dict(received, strict=len(received) == len(model.state_dict()))
         inputs, labels = self.examples(context, msg)
         update = _received_update(model, received, reply, training, sample_count(reply) or len(inputs))
