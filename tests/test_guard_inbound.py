@@ -158,9 +158,10 @@ def test_no_false_alarm_over_20_honest_rounds_of_each_example(app, monkeypatch):
     if app == "images":
         from flower_audit.task import client_data, initial_model, shuffle_seed
 
-        config = {"seed": 0, "dirichlet-alpha": 0.5, "examples-per-client": 8}
+        # the example's small configuration (its test model, 8 examples per client)
+        config = {"seed": 0, "dirichlet-alpha": 0.5, "examples-per-client": 8, "model": "sigmoid-cnn"}
         clients = [client_data(i, 10, config) for i in range(10)]
-        model = initial_model(0)
+        model = initial_model(config)
 
         def training(r, c):
             return TrainingSpec(lr=0.05, optimizer="sgd:momentum=0.9,weight_decay=0.0005", local_epochs=2,

@@ -26,6 +26,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 SMALL_SWEEP = """
 name: killtest
 defaults: {lpips: none}
+samples: {rungs: 0}
 grids:
   - datasets: [mnist]
     models: [lenet]
