@@ -78,7 +78,8 @@ def test_saturation_on_a_ladder_that_keeps_improving_and_one_that_has_flattened(
     def ladder(*psnrs, identified=(0,), start=400, examples=4):
         ids = list(identified) + [identified[-1]] * (len(psnrs) - len(identified))
         return [Rung(iterations=start * 2 ** i, budget=start * 2 ** i, seconds=1.0, mse=10 ** (-p / 10), psnr=p,
-                     examples=examples, copies=0, identified=k) for i, (p, k) in enumerate(zip(psnrs, ids))]
+                     examples=examples, copies=0, identified=k, recognizable=k)
+                for i, (p, k) in enumerate(zip(psnrs, ids))]
 
     chance = 2 / 1001
     improving = ladder(6.0, 7.5, 12.0)
@@ -87,9 +88,9 @@ def test_saturation_on_a_ladder_that_keeps_improving_and_one_that_has_flattened(
     assert rung_decision(flattened, False, None, chance, floor=312) == "saturated"
     # flat, but below the attack's floor: its curve has not had the budget to rise
     assert rung_decision(ladder(6.0, 6.1, start=5), False, None, chance, floor=312) is None
-    # flat in PSNR, yet one more example re-identified: a leak is decided on the spot
+    # flat in PSNR, yet one more example recognised: a leak on this batch is decided on the spot
     assert rung_decision(ladder(6.0, 6.1, identified=(0, 1)), False, None, chance, floor=312) == "leak"
-    # flat in PSNR and a re-identification that chance could explain (a gallery of 3): not saturated
+    # flat in PSNR and a recognition that chance could explain (a gallery of 3): not saturated
     assert rung_decision(ladder(6.0, 6.1, identified=(0, 1)), False, None, 0.5, floor=312) is None
     assert rung_decision(ladder(6.0), False, None, chance, floor=312) is None  # one rung tells nothing
     assert rung_decision(ladder(6.0), True, None, chance) == "analytic"
