@@ -249,7 +249,9 @@ def verdict(entry: dict) -> tuple[str, str]:
         return "not shown (one seed)", f"not shown: one seed (holds needs {HOLDS_MIN_SEEDS})"
     if not entry.get("meets_tolerance"):
         needed = entry.get("needed_examples") or 0
-        more = (f"; about {needed} per attack would bound them if the rates stay as measured" if needed else "")
+        more = (f"; about {needed} per attack would bound them if the rates stay as measured" if 0 < needed <= 1000
+                else "; the rates as measured sit too near the tolerance for any affordable number of examples to "
+                "bound them" if needed > 1000 else "")
         return ("not shown (rates not bounded)",
                 f"not shown: {entry['min_examples']} examples per attack bound the linkage AUC only to "
                 f"{entry['worst_linkage_high']:.2f} and the recognizable rate to "
