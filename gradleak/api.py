@@ -47,7 +47,7 @@ from .experiment import (
 from .fl import TrainingSpec
 from .fl.update import Update
 from .ladder import LADDER_DOUBLINGS
-from .leakage import SAMPLE_SEED_OFFSET, Tolerance, parse_tolerance
+from .leakage import SAMPLE_SEED_OFFSET, Tolerance, parse_tolerance, sample_target
 from .metrics.reidentify import Gallery
 from .models.base import hash_weights
 from .models.references import fit_classes, resolve_model
@@ -339,7 +339,7 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
         if not open_entries:
             break
         have = min(e.get("min_examples") or 1 for e in open_entries)
-        target = min(max_examples, max(2 * have, max(e.get("needed_examples") or 0 for e in open_entries)))
+        target = sample_target(have, max(e.get("needed_examples") or 0 for e in open_entries), max_examples)
         missing = target - have
         if missing <= 0 or len(dataset) < batch_size:
             break

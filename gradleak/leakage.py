@@ -215,6 +215,13 @@ class Evidence:
                 "linkage_p": self.linkage_p(), "chance": self.chance}
 
 
+def sample_target(have: int, needed: int, max_examples: int) -> int:
+    """How many examples per attack the next sample rung aims at: at least double what was
+    judged, as many as the rates measured so far need (`Evidence.examples_needed`), never past
+    `max_examples`."""
+    return min(max_examples, max(2 * max(have, 1), needed))
+
+
 def holm(p_values: list[float]) -> list[float]:
     """Holm's step-down adjusted p-values (same order as given)."""
     order = sorted(range(len(p_values)), key=lambda i: p_values[i])

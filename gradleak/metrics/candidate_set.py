@@ -15,7 +15,16 @@ from __future__ import annotations
 import torch
 
 from .distance_matrix import l2_matrix
-from .reidentify import Distance, Gallery, Judgement, _duplicates, _matrix, gallery_scale, linkage_distances
+from .reidentify import (
+    Distance,
+    Gallery,
+    Judgement,
+    _duplicates,
+    _matrix,
+    gallery_scale,
+    linkage_distances,
+    rank_and_auc,
+)
 
 
 def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery: Gallery,
@@ -49,12 +58,9 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
             to_batch, _ = _matrix(candidates, candidates, batch, distance, backbone, pad_token)
         nearest_gallery = to_gallery.min(0).values  # (G,)
         nearest_original = to_batch.min(0).values  # (n,)
-        closer = (nearest_gallery[None] <= nearest_original[:, None]) & counted
-        farther = ((nearest_gallery[None] > nearest_original[:, None]) & counted).sum(1).double()
-        tied = ((nearest_gallery[None] == nearest_original[:, None]) & counted).sum(1).double()
-        auc = (farther + tied / 2) / counted.sum(1).clamp_min(1).double()
+        closer, auc = rank_and_auc(nearest_gallery[None].expand(n, -1), nearest_original, counted)
         for i in range(n):
-            ranks[i][distance] = int(closer[i].sum())
+            ranks[i][distance] = int(closer[i])
             if distance in linkage:
                 aucs[i][distance] = float(auc[i])
     return Judgement(ranks, [min(r[d] for d in distances) for r in ranks],

@@ -165,17 +165,24 @@ def judge(originals: torch.Tensor, reconstructions: torch.Tensor, gallery: Galle
         for distance in wanted:
             to_gallery, to_original = _matrix(r, x, gallery, distance, backbone, pad_token, features)
             to_gallery, to_original = _refine(r, x, gallery, distance, backbone, to_gallery, to_original, features)
-            counted = ~duplicate
-            at_least_as_close = ((to_gallery <= to_original[:, None]) & counted).sum(1)
-            farther = ((to_gallery > to_original[:, None]) & counted).sum(1).double()
-            tied = ((to_gallery == to_original[:, None]) & counted).sum(1).double()
-            auc = (farther + tied / 2) / counted.sum(1).clamp_min(1).double()
+            at_least_as_close, auc = rank_and_auc(to_gallery, to_original, ~duplicate)
             for k, i in enumerate(keep):
                 ranks[i][distance] = int(at_least_as_close[k])
                 if distance in linkage:
                     aucs[i][distance] = float(auc[k])
     return Judgement(ranks, [min(r[d] for d in distances) for r in ranks],
                      [sum(a.values()) / len(a) if a else 0.5 for a in aucs], aucs)
+
+
+def rank_and_auc(to_gallery: torch.Tensor, to_original: torch.Tensor, counted: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per original (rows of `to_gallery`, one entry of `to_original` each): its rank, the
+    counted gallery examples at least as close as the original, and its linkage AUC, the
+    fraction strictly farther with ties one half. `counted` leaves out the original's duplicates."""
+    at_least_as_close = ((to_gallery <= to_original[:, None]) & counted).sum(1)
+    farther = ((to_gallery > to_original[:, None]) & counted).sum(1).double()
+    tied = ((to_gallery == to_original[:, None]) & counted).sum(1).double()
+    return at_least_as_close, (farther + tied / 2) / counted.sum(1).clamp_min(1).double()
 
 
 def gallery_ranks(originals: torch.Tensor, reconstructions: torch.Tensor, gallery: Gallery,

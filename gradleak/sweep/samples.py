@@ -15,7 +15,7 @@ import math
 
 from ..analysis.cells import SCENARIO_KEYS
 from ..knowledge import granted
-from ..leakage import SAMPLE_SEED_OFFSET
+from ..leakage import SAMPLE_SEED_OFFSET, sample_target
 from .spec import Cell, SampleLadder, _canonical
 
 
@@ -46,7 +46,7 @@ def extension_cells(grid_cells: list[Cell], entries: list[dict], examples_by_att
             continue
         setting = tuple(entry[k] for k in SCENARIO_KEYS[1:]) + (entry["defense"], entry["strength"])
         have = max(1, entry.get("min_examples") or 1)
-        target = min(ladder.max_examples, max(2 * have, entry.get("needed_examples") or 0))
+        target = sample_target(have, entry.get("needed_examples") or 0, ladder.max_examples)
         if target <= have:
             continue
         targets[setting] = max(targets.get(setting, 0), target)
