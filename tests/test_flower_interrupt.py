@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from process_groups import as_in_a_terminal, group_ends, kill_group
 
 pytest.importorskip("flwr")
 
@@ -28,11 +29,6 @@ COMMAND = [sys.executable, "-m", "gradleak", "flower", str(APP), "--num-supernod
            "--attack", "ig:iterations=150", "--attack", "fedavg:iterations=150", "--json"]
 
 
-def _as_in_a_terminal() -> None:
-    """SIGINT as a terminal's Ctrl-C finds it (a test run in the background inherits it ignored)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _rows(store: Path) -> dict[str, str]:
     """key -> metrics of the stored attack rows."""
     if not store.is_file():
@@ -44,20 +40,12 @@ def _rows(store: Path) -> dict[str, str]:
         return {}  # not created yet
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.mark.slow
 def test_ctrl_c_stops_a_flower_audit_at_once_and_the_same_command_resumes(tmp_path):
     out = tmp_path / "report"
     command = [*COMMAND, "--out", str(out)]
     proc = subprocess.Popen(command, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, preexec_fn=_as_in_a_terminal)
+                            text=True, start_new_session=True, preexec_fn=as_in_a_terminal)
     try:
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline and proc.poll() is None and not _rows(out / "results.db"):
@@ -70,19 +58,14 @@ def test_ctrl_c_stops_a_flower_audit_at_once_and_the_same_command_resumes(tmp_pa
         stdout, err = proc.communicate(timeout=60)
         stopped_after = time.monotonic() - start
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        kill_group(proc)
     assert proc.returncode == 130, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in err, err
     assert stdout == ""
     # measured on a shared 2-core machine: 0.13-0.27 s
     assert stopped_after < 5, f"the audit took {stopped_after:.1f} s to stop"
-    deadline = time.monotonic() + 10
-    while _group_alive(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _group_alive(proc.pid), "processes outlived the interrupted audit"
+    assert group_ends(proc.pid), "processes outlived the interrupted audit"
 
     partial = _rows(out / "results.db")
     assert 1 <= len(partial) < 4 and before.items() <= partial.items()
@@ -101,7 +84,7 @@ def test_ctrl_c_inside_the_flower_simulation_stops_it_with_one_line(tmp_path):
     waiting on them must not keep the command alive, nor leave Ray's processes behind."""
     out = tmp_path / "report"
     proc = subprocess.Popen([*COMMAND, "--out", str(out)], env=ENV, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_as_in_a_terminal)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=as_in_a_terminal)
     try:
         deadline = time.monotonic() + 300
         # the clients of round 1 are training: their examples are being recorded
@@ -113,15 +96,10 @@ def test_ctrl_c_inside_the_flower_simulation_stops_it_with_one_line(tmp_path):
         _, err = proc.communicate(timeout=60)
         stopped_after = time.monotonic() - start
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        kill_group(proc)
     assert proc.returncode == 130, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "interrupted" in lines[0], err
     # measured on a shared 2-core machine: 1.3-4.1 s (Flower stops its Ray backend)
     assert stopped_after < 15, f"the simulation took {stopped_after:.1f} s to stop"
-    deadline = time.monotonic() + 10
-    while _group_alive(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _group_alive(proc.pid), "Ray's processes outlived the interrupted audit"
+    assert group_ends(proc.pid), "Ray's processes outlived the interrupted audit"

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from process_groups import as_in_a_terminal, group_ends, kill_group
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -31,27 +32,12 @@ grids:
 """
 
 
-def _as_in_a_terminal() -> None:
-    """In the sweep's process before it starts: SIGINT as a terminal's Ctrl-C finds it. A shell
-    starts background jobs with SIGINT ignored, and so would a test suite run as one; the
-    sweep rightly keeps an inherited ignore, which is not what these tests are about."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _stored(store: Path) -> int:
     try:
         with sqlite3.connect(store, timeout=1) as db:
             return db.execute("SELECT COUNT(*) FROM cells").fetchone()[0]
     except sqlite3.OperationalError:
         return 0  # not created yet
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.mark.slow
@@ -63,7 +49,7 @@ def test_signal_stops_the_sweep_cleanly_and_resume_finishes_it(tmp_path, signum,
     command = [sys.executable, "-m", "gradleak", "sweep", str(tmp_path / "sweep.yaml"), "--store", str(store),
                "--workers", "2", "--json"]
     proc = subprocess.Popen(command, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, preexec_fn=_as_in_a_terminal)
+                            text=True, start_new_session=True, preexec_fn=as_in_a_terminal)
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None and _stored(store) < 1:
@@ -72,16 +58,11 @@ def test_signal_stops_the_sweep_cleanly_and_resume_finishes_it(tmp_path, signum,
         proc.send_signal(signum)  # the driver only, as `timeout -s INT` or a service manager does
         _, err = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        kill_group(proc)
     assert proc.returncode == code, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and word in lines[0] and "Traceback" not in err, err
-    deadline = time.monotonic() + 10
-    while _group_alive(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _group_alive(proc.pid), "worker or forkserver processes outlived the sweep"
+    assert group_ends(proc.pid), "worker or forkserver processes outlived the sweep"
 
     partial = _stored(store)
     assert 1 <= partial < 6
@@ -99,7 +80,7 @@ def test_interrupt_does_not_wait_for_running_cells(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "gradleak", "sweep", str(tmp_path / "sweep.yaml"),
                              "--store", str(tmp_path / "r.db"), "--workers", "2", "--json"],
                             env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=_as_in_a_terminal)
+                            start_new_session=True, preexec_fn=as_in_a_terminal)
     try:
         time.sleep(8)  # both workers are inside their cells
         assert proc.poll() is None
@@ -108,12 +89,7 @@ def test_interrupt_does_not_wait_for_running_cells(tmp_path):
         _, err = proc.communicate(timeout=60)
         stopped_after = time.monotonic() - start
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        kill_group(proc)
     assert proc.returncode == 130 and len(err.strip().splitlines()) == 1, err
     assert stopped_after < 20, f"the driver took {stopped_after:.0f} s to stop"
-    deadline = time.monotonic() + 10
-    while _group_alive(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _group_alive(proc.pid), "worker or forkserver processes outlived the sweep"
+    assert group_ends(proc.pid), "worker or forkserver processes outlived the sweep"
