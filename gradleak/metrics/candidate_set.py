@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import torch
 
-from .distance_matrix import l2_matrix
+from .distance_matrix import l2_matrix, lpips_matrix, lpips_norms
 from .reidentify import (
     Distance,
     Gallery,
     Judgement,
+    _batch_features,
     _duplicates,
     _matrix,
     gallery_scale,
@@ -28,10 +29,12 @@ from .reidentify import (
 
 
 def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery: Gallery,
-                     distances: tuple[Distance, ...], backbone: str = "alex", pad_token: int | None = None
-                     ) -> Judgement:
+                     distances: tuple[Distance, ...], backbone: str = "alex", pad_token: int | None = None,
+                     lpips_features: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None) -> Judgement:
     """Rank every original among `gallery` by its nearest candidate (module docstring); the
-    Judgement of `reidentify.judge`. Token sequences (`distances` ("tokens",)) keep their ids."""
+    Judgement of `reidentify.judge`. Token sequences (`distances` ("tokens",)) keep their ids.
+    `lpips_features`: the finite candidates' and the originals' `unit_features` when the
+    caller has them already, so each image's features are computed once."""
     linkage = linkage_distances(distances)
     wanted = tuple(dict.fromkeys(distances + linkage))
     if "tokens" in wanted:
@@ -39,7 +42,10 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
     else:
         originals = originals.detach().float().cpu()
         candidates = candidates.detach().float().cpu()
-        candidates = candidates[torch.isfinite(candidates.flatten(1)).all(1)]
+        finite = torch.isfinite(candidates.flatten(1)).all(1)
+        if lpips_features is not None and not bool(finite.all()):
+            lpips_features = [f[finite] for f in lpips_features[0]], lpips_features[1]
+        candidates = candidates[finite]
     n, size = len(originals), len(gallery)
     if size == 0:
         return Judgement([{d: 0 for d in wanted} for _ in range(n)], [0] * n, [None] * n, [{} for _ in range(n)])
@@ -50,10 +56,21 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
     batch = Gallery(originals, "the attacked batch")
     ranks: list[dict[str, int]] = [{} for _ in range(n)]
     aucs: list[dict[str, float]] = [{} for _ in range(n)]
+    if "lpips" in wanted and lpips_features is None:
+        lpips_features = _batch_features(candidates, originals, backbone, None, [])
     for distance in wanted:
-        to_gallery, _ = _matrix(candidates, candidates, gallery, distance, backbone, pad_token)
+        mine = None if lpips_features is None else (lpips_features[0], lpips_features[0])
+        to_gallery, _ = _matrix(candidates, candidates, gallery, distance, backbone, pad_token, mine)
         if distance == "l2z":  # in the gallery's units, not the batch's
             to_batch, _ = l2_matrix(candidates, candidates, originals, gallery_scale(gallery))
+        elif distance == "lpips" and lpips_features is not None:
+            # the batch's features are in hand: no Gallery, so nothing of the batch is cached
+            from .lpips import load_lpips
+
+            model = load_lpips(backbone)  # type: ignore[arg-type]
+            theirs = lpips_features[1]
+            to_batch, _ = lpips_matrix(model, lpips_features[0], lpips_features[0], theirs,
+                                       lpips_norms(model, theirs))
         else:
             to_batch, _ = _matrix(candidates, candidates, batch, distance, backbone, pad_token)
         nearest_gallery = to_gallery.min(0).values  # (G,)

@@ -150,7 +150,11 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
                 from .lpips import load_lpips
                 model = load_lpips(lpips)
                 with torch.no_grad():
-                    features = unit_features(model, r), unit_features(model, x)
+                    # each image's features once: every candidate's (the candidate-set judge
+                    # compares all of them), then the matched ones picked out
+                    candidate_features = unit_features(model, candidates)
+                    picked = torch.tensor([assignment[i] for i in matched], dtype=torch.long)
+                    features = [f[picked] for f in candidate_features], unit_features(model, x)
                     per["lpips"] = model.feature_distance(*features)
     scores = []
     for i in range(originals.shape[0]):
@@ -181,7 +185,9 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
             from .candidate_set import judge_candidates
 
             verdict = judge_candidates(originals[matched], candidates, gallery, distances,
-                                       backbone=lpips if lpips != "none" else "alex")
+                                       backbone=lpips if lpips != "none" else "alex",
+                                       lpips_features=None if features is None else
+                                       (candidate_features, features[1]))
         else:
             verdict = judge(originals[matched], aligned[matched], gallery, distances,
                             backbone=lpips if lpips != "none" else "alex", lpips_features=features)
