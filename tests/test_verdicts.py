@@ -176,3 +176,22 @@ def test_the_same_study_on_other_seeds_gives_the_same_verdicts(tmp_path):
         verdicts.append(({d: (e["verdict"], e["grade"]) for d, e in by_defense.items()},
                          [a["setting"]["defense"] for a in answer(entries)]))
     assert verdicts[0] == verdicts[1]
+
+
+@pytest.mark.slow
+def test_sign_update_speckle_is_not_recognizable():
+    # Issue 42's case: signSGD at batch 4 (MNIST, sigmoid LeNet, seed 41), IG at 800 iterations,
+    # 8 examples. The reconstructions are uniform speckle to the eye (best SSIM 0.12 at 3,200
+    # iterations); some still rank their originals near the top of the gallery. None may be
+    # called recognizable, and the setting's grade may be linkable at most.
+    from gradleak.analysis import strongest_attacks
+    from gradleak.api import AuditResult
+
+    torch.set_num_threads(1)
+    result = run_attack(AttackRunSpec(dataset="mnist", model="lenet", attack="ig:iterations=800", batch_size=4,
+                                      images=8, defenses=("sign",), seed=41, lpips="alex"))
+    per = result.per_image
+    assert len(per) == 8 and max(s["ssim"] for s in per) < 0.3
+    assert not any(s["recognizable"] for s in per)
+    (entry,) = strongest_attacks(AuditResult([result], [], {}).records())
+    assert entry["grade"] in (None, "linkable") and entry["verdict"] != "leaks"
