@@ -25,9 +25,26 @@ def _row(entry: dict) -> dict:
             "linkage_95": [entry.get("ev_linkage_low"), entry.get("ev_linkage_high")],
             "recognizable": entry.get("ev_recognizable"), "recognizable_95": [entry.get("ev_recognizable_low"),
                                                                                entry.get("ev_recognizable_high")],
+            "top1": entry.get("ev_identified"), "top1_95": [entry.get("ev_identified_low"),
+                                                           entry.get("ev_identified_high")],
             "examples": entry.get("ev_examples"), "min_examples": entry.get("min_examples"),
             "sample_rungs": entry.get("sample_rungs"), "utility_loss": entry.get("utility_loss"),
             "utility_loss_ci": entry.get("utility_loss_ci"), "text": entry["verdict_text"]}
+
+
+def sample_examples(cells, entry: dict) -> int:
+    """Examples per attack that the sample ladder added to a setting (its grading attack's, or
+    the most any attack got)."""
+    added: dict[str, int] = {}
+    for cell in cells:
+        labels = cell.labels
+        if (cell.kind == "attack" and labels.get("sample_rung") and labels.get("threat") == entry["threat"]
+                and labels.get("defense") == entry["defense"] and labels.get("strength") == entry["strength"]
+                and labels.get("batch_size") == entry["batch_size"]):
+            attack = labels.get("attack_spec") or labels.get("attack")
+            added[attack] = added.get(attack, 0) + int(cell.metrics.get("examples") or 0)
+    grading = entry.get("grade_attack")
+    return added.get(grading, 0) if grading in added else max(added.values(), default=0)
 
 
 def run(quick: bool = False) -> dict:
@@ -44,10 +61,12 @@ def run(quick: bool = False) -> dict:
         start = time.perf_counter()
         with ResultStore(root / f"seeds-{seeds[0]}-{seeds[1]}.db") as store:
             summary = run_sweep(sweep, store, show_progress=False)
-            entries = strongest_attacks(store.cells())
+            cells = store.cells()
+            entries = strongest_attacks(cells)
         results[str(seeds)] = {"seconds": round(time.perf_counter() - start, 1), "cells": summary["cells"],
                                "sample_cells": summary["sample_cells"],
-                               "settings": [_row(e) for e in entries],
+                               "settings": [{**_row(e), "sample_examples": sample_examples(cells, e)}
+                                            for e in entries],
                                "answers": {f"{a['threat']} b{a['batch_size']}": a["text"] for a in answer(entries)},
                                "answer_settings": {f"{a['threat']} b{a['batch_size']}":
                                                    f"{a['setting']['defense']} {a['setting']['strength']}".strip()

@@ -81,7 +81,7 @@ def _best_ssim(store, cells, entry) -> float | None:
 
 
 def run(quick: bool = False, workers: int | None = None) -> dict:
-    from benchmarks.bench_demo_seeds import _row
+    from benchmarks.bench_demo_seeds import _row, sample_examples
     from gradleak.analysis import strongest_attacks
     from gradleak.store import ResultStore
     from gradleak.sweep import parse_sweep, run_sweep
@@ -98,6 +98,7 @@ def run(quick: bool = False, workers: int | None = None) -> dict:
         for entry in entries:
             row = _row(entry)
             row["best_ssim"] = _best_ssim(store, cells, entry)
+            row["sample_examples"] = sample_examples(cells, entry)
             rows.append(row)
     return {"seconds": round(time.perf_counter() - start, 1), "cells": summary["cells"],
             "sample_cells": summary["sample_cells"], "workers": workers, "settings": rows,

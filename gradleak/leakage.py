@@ -118,20 +118,25 @@ class Evidence:
     linkage_sum: float = 0.0
     linkage_sq: float = 0.0
     chance: float = 0.0
+    # top-1 re-identifications (rank 0 under some distance, with or without the perceptual
+    # bar): reported beside the grades, never graded on (one chance rank 0 must not decide)
+    identified: int = 0
 
     @staticmethod
     def of(examples: int, copies: int, copies_of: int, recognizable: int, linkage_mean: float | None,
-           linkage_sd: float | None, chance: float) -> Evidence:
+           linkage_sd: float | None, chance: float, identified: int = 0) -> Evidence:
         """From a cell's summary (means and the sample standard deviation over its examples)."""
         n = examples if linkage_mean is not None else 0
         mean, sd = (linkage_mean or 0.0), (linkage_sd or 0.0)
         squares = (n - 1) * sd * sd + n * mean * mean if n else 0.0
-        return Evidence(n, copies, copies_of, recognizable if n else 0, n * mean, squares, chance)
+        return Evidence(n, copies, copies_of, recognizable if n else 0, n * mean, squares, chance,
+                        identified if n else 0)
 
     def __add__(self, other: Evidence) -> Evidence:
         return Evidence(self.examples + other.examples, self.copies + other.copies, self.copies_of + other.copies_of,
                         self.recognizable + other.recognizable, self.linkage_sum + other.linkage_sum,
-                        self.linkage_sq + other.linkage_sq, max(self.chance, other.chance))
+                        self.linkage_sq + other.linkage_sq, max(self.chance, other.chance),
+                        self.identified + other.identified)
 
     @property
     def linkage(self) -> float | None:
@@ -208,7 +213,11 @@ class Evidence:
     def summary(self, level: float = LEVEL) -> dict:
         link_low, link_high = self.linkage_interval(level)
         rec_low, rec_high = self.recognizable_interval(level)
-        return {"examples": self.examples, "copies": self.copies, "copies_of": self.copies_of,
+        top_low, top_high = binomial_interval(self.identified, self.examples, level)
+        return {"identified": self.identified,
+                "identified_rate": self.identified / self.examples if self.examples else None,
+                "identified_low": top_low, "identified_high": top_high,
+                "examples": self.examples, "copies": self.copies, "copies_of": self.copies_of,
                 "recognizable": self.recognizable, "recognizable_rate": self.recognizable_rate,
                 "recognizable_low": rec_low, "recognizable_high": rec_high, "recognizable_p": self.recognizable_p(),
                 "linkage": self.linkage, "linkage_low": link_low, "linkage_high": link_high,

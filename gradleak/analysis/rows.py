@@ -36,7 +36,7 @@ def cell_evidence(cell: CellRecord) -> Evidence:
     if linkage is None or recognizable is None:
         return Evidence(copies=copies, copies_of=n, chance=_number(m.get("reid_chance")) or 0.0)
     return Evidence.of(n, copies, n, int(round(recognizable * n)), linkage, _number(m.get("linkage_sd")),
-                       _number(m.get("reid_chance")) or 0.0)
+                       _number(m.get("reid_chance")) or 0.0, int(round((_number(m.get("reid")) or 0.0) * n)))
 
 
 def attack_rows(cells: list[CellRecord]) -> list[dict]:

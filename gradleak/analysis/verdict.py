@@ -208,7 +208,11 @@ def _evidence_text(entry: dict) -> str:
         return "no example judged against a gallery"
     level = f"{100 * _tolerance(entry).level:g}%"
     linkage = _interval(entry["ev_linkage_low"], entry["ev_linkage_high"])
-    return (f"linkage AUC {entry['ev_linkage']:.2f} ({level} {linkage}), "
+    top1 = ""
+    if entry.get("ev_identified_low") is not None:
+        top1 = (f"{entry.get('ev_identified') or 0} of {n} re-identified top-1 "
+                f"({_interval(entry['ev_identified_low'], entry['ev_identified_high'], True)}), ")
+    return (f"linkage AUC {entry['ev_linkage']:.2f} ({level} {linkage}), {top1}"
             f"{count_text(entry['ev_recognizable'], n)} recognizable "
             f"({_interval(entry['ev_recognizable_low'], entry['ev_recognizable_high'], True)}; "
             f"chance {percent(entry['ev_chance'])})")
