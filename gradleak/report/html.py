@@ -10,10 +10,12 @@ from ..analysis import (
     HOLDS_MIN_SEEDS,
     attack_rows,
     best_reconstructions,
+    dataset_modalities,
     leakage_by_round,
     strongest_attacks,
     study_tables,
 )
+from ..data.modality import stored_modality
 from ..errors import GradleakError
 from ..store import ResultStore
 from .exports import write_exports
@@ -48,9 +50,11 @@ def write_report(store_path: str | Path, out: str | Path, tolerance=None) -> dic
         out = Path(out)
         (out / "images").mkdir(parents=True, exist_ok=True)
         entries = strongest_attacks(cells, tolerance)
+        modalities = dataset_modalities(cells)
         rows = [{k: v for k, v in r.items() if k != "evidence"} for r in attack_rows(cells)]
         images = ImageFiles(out, store)
         rounds = leakage_by_round(cells)
+        pictures = {c.key for c in cells if stored_modality(c.modality).pixels}
         gallery = gallery_groups(cells, images)
         page = _TEMPLATES.get_template("report.html").render(
             store_path=str(store_path),
@@ -61,10 +65,10 @@ def write_report(store_path: str | Path, out: str | Path, tolerance=None) -> dic
             strongest=[(threat_title(threat), make_table([with_words(e, full=True) for e in members], STRONGEST_COLUMNS,
                                                       lambda e: "frontier" if e.get("frontier") else ""))
                        for threat, members in by_threat(entries).items()],
-            tradeoffs=tradeoff_figures(entries, out),
+            tradeoffs=tradeoff_figures(entries, out, modalities),
             rounds=make_table(rounds, ROUND_COLUMNS) if rounds else None,
             rounds_plot=(Figure("rounds.png", "leakage per round")
-                         if rounds and plot_rounds(rounds, out / "rounds.png") else None),
+                         if rounds and plot_rounds(rounds, out / "rounds.png", pictures) else None),
             studies=[(factor, make_table(rows_of, study_columns(factor)))
                      for factor, rows_of in study_tables(cells).items()],
             attacks=make_table(rows, ATTACK_COLUMNS),
@@ -75,7 +79,8 @@ def write_report(store_path: str | Path, out: str | Path, tolerance=None) -> dic
         write_exports(out, cells, entries, rows, store)
         return {"out": str(out), "html": str(out / "index.html"), "cells": len(cells),
                 "grids": sum(len(group.figures) for group in gallery),
-                "texts": sum(len(group.texts) for group in gallery), "strongest": entries}
+                "texts": sum(len(group.texts) for group in gallery), "strongest": entries,
+                "modalities": modalities}
     finally:
         store.close()
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..analysis import SCENARIO_KEYS
+from ..data.modality import stored_modality
 
 
 @dataclass
@@ -20,15 +21,16 @@ def _scenario_title(key: tuple) -> str:
     return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in zip(SCENARIO_KEYS, key))
 
 
-def plot_rounds(rows: list[dict], path: Path) -> bool:
-    """PSNR of each attack per server round (mean over audited clients)."""
+def plot_rounds(rows: list[dict], path: Path, pictures: set[str]) -> bool:
+    """PSNR of each attack per server round (mean over audited clients), over the rows of
+    cells whose data are pictures (their keys: `pictures`)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     by_attack: dict[str, dict] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        if r.get("psnr") is not None:
+        if r["key"] in pictures:
             by_attack[str(r["attack"])][r["round"]].append(r["psnr"])
     if not by_attack:
         return False
@@ -51,17 +53,16 @@ PLOT_MSE_FLOOR = 1e-6
 PLOT_PSNR_CAP = 60.0
 
 
-def _tradeoff_plot(entries: list[dict], path: Path, title: str) -> bool:
-    """Utility loss (x) against the best attack's PSNR (y, dB, linear: higher = more leaked);
-    stores without PSNR (tabular data) fall back to the best MSE on a log axis."""
+def _tradeoff_plot(entries: list[dict], path: Path, title: str, by_psnr: bool) -> bool:
+    """Utility loss (x) against the best attack's PSNR (y, dB, linear: higher = more leaked)
+    for pictures (`by_psnr`); other data by the best MSE on a log axis."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = [e for e in entries if e.get("mse") is not None or e.get("psnr") is not None]
+    points = [e for e in entries if e.get("psnr" if by_psnr else "mse") is not None]
     if not points:
         return False
-    by_psnr = all(e.get("psnr") is not None for e in points)
 
     def privacy(e: dict) -> float:
         if by_psnr:
@@ -102,15 +103,17 @@ def _tradeoff_plot(entries: list[dict], path: Path, title: str) -> bool:
     return True
 
 
-def tradeoff_figures(entries: list[dict], out: Path) -> list[Figure]:
-    """One trade-off plot per scenario (the ones with something to plot)."""
+def tradeoff_figures(entries: list[dict], out: Path, modalities: dict[str, str]) -> list[Figure]:
+    """One trade-off plot per scenario (the ones with something to plot); `modalities`: each
+    dataset's modality."""
     scenarios: dict[tuple, list[dict]] = defaultdict(list)
     for e in entries:
         scenarios[tuple(e[k] for k in SCENARIO_KEYS)].append(e)
     figures = []
     for i, (key, members) in enumerate(scenarios.items()):
         name = f"tradeoff-{i}.png"
-        if _tradeoff_plot(members, out / name, _scenario_title(key)):
+        pictures = stored_modality(modalities.get(str(key[SCENARIO_KEYS.index("dataset")]))).pixels
+        if _tradeoff_plot(members, out / name, _scenario_title(key), pictures):
             figures.append(Figure(name, f"trade-off {i}", _scenario_title(key)))
     return figures
 

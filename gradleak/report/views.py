@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..analysis import SCENARIO_KEYS, cell_ladder
+from ..data.modality import stored_modality
 from ..store import ResultStore
 from ..viz import pairs_thumbnail
 from .plots import Figure
@@ -140,12 +141,7 @@ def _matrix_cell(slot: dict | None, images: ImageFiles) -> MatrixCell:
         error = error if len(error) <= 160 else error[:157] + "…"
         return MatrixCell(empty=f"failed: {error}")
     m, lab = best.metrics, best.labels
-    if m.get("psnr") is not None:
-        score = f"PSNR {fmt(m.get('psnr'), 3)} dB · SSIM {fmt(m.get('ssim'), 2)}"
-    elif m.get("rouge1") is not None:
-        score = f"ROUGE-1 {fmt(m.get('rouge1'), 2)} · ROUGE-2 {fmt(m.get('rouge2'), 2)}"
-    else:
-        score = f"MSE {fmt(m.get('mse'), 3)}"
+    score = stored_modality(best.modality).score_words(m, fmt)
     if m.get("asr"):
         score += f" · ASR {fmt(m.get('asr'), 2)}"
     lines = [MatrixLine(score)]
@@ -238,11 +234,13 @@ def gallery_groups(cells, images: ImageFiles) -> list[GalleryGroup]:
                    f"{lab.get('strength')} · batch {lab.get('batch_size')} · T={lab.get('local_steps')} · "
                    f"seed {lab.get('seed')} · ")
         group = by_defense.setdefault(str(lab.get("defense")), GalleryGroup(str(lab.get("defense")), []))
-        if cell.grid_png is not None:
-            caption += f"PSNR {fmt(cell.metrics.get('psnr'), 3)}"
+        kind = stored_modality(cell.modality)
+        if kind.pixels:  # the grid, captioned by the headline score
+            headline = kind.scores[0]
+            caption += f"{headline.title} {fmt(cell.metrics.get(headline.key), headline.digits)}"
             group.figures.append(Figure(images.grid(cell), caption, caption))
-        else:
-            caption += f"ROUGE-1 {fmt(cell.metrics.get('rouge1'), 2)} · ROUGE-2 {fmt(cell.metrics.get('rouge2'), 2)}"
+        else:  # the sequences beside their recovery
+            caption += kind.score_words(cell.metrics, fmt)
             group.texts.append(TextFigure(caption, text_pairs(cell)))
     return list(by_defense.values())
 

@@ -6,6 +6,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..analysis import answer, budget_range, percent, setting_name
+from ..data.modality import MODALITIES, stored_modality
 
 
 def fmt(value, digits: int = 4) -> str:
@@ -106,17 +107,21 @@ def with_words(entry: dict, full: bool = False) -> dict:
             "linkage_text": linkage, "recognizable_text": recognizable, "evidence_text": evidence}
 
 
-def format_strongest(entries: list[dict]) -> str:
+def format_strongest(entries: list[dict], modalities: dict[str, str] | None = None) -> str:
     """The verdicts for the terminal: per threat model the answer, then a table of the
-    strongest attack per setting with its verdict in words."""
+    strongest attack per setting with its verdict in words. `modalities`: each dataset's
+    modality (`analysis.dataset_modalities`; without it, every dataset is read as pictures)."""
     blocks = []
     answers = answer(entries)
+    kinds = modalities or {}
     for threat, members in by_threat(entries).items():
-        # the leakage score of the data: PSNR for pictures, ROUGE-1 for token sequences
-        score = "rouge1" if all(e.get("psnr") is None and e.get("rouge1") is not None for e in members) else "psnr"
+        # the leakage score of the data: ROUGE-1 where every setting is token sequences, else PSNR
+        # (tabular records show none)
+        text = all(stored_modality(kinds.get(str(e.get("dataset")))).tokens for e in members)
+        score = (MODALITIES["text"] if text else MODALITIES["image"]).scores[0]
         cols = [("batch_size", "B"), ("local_steps", "T"), ("defense", "defense"), ("strength", "strength"),
-                ("utility_loss", "util.loss"), (score, "best ROUGE-1" if score == "rouge1" else "best PSNR"),
-                (f"best_{score}", "by"), ("grade_text", "grade"), ("linkage_text", "linkage"),
+                ("utility_loss", "util.loss"), (score.key, f"best {score.title}"),
+                (f"best_{score.key}", "by"), ("grade_text", "grade"), ("linkage_text", "linkage"),
                 ("recognizable_text", "recognizable"), ("budget_text", "budget"), ("verdict_text", "verdict")]
         head = [threat_title(threat)] + [f"  {scenario_words(a)}: {a['text']}" for a in answers
                                           if str(a["threat"]) == threat]
