@@ -147,6 +147,7 @@ class ResultStore:
         """Version 1 to 2, once, in one transaction: add the modality column and fill the old
         rows by the legacy rule (the only place a modality is guessed; new rows are declared)."""
         c = self._conn
+        assert c is not None  # called on an open store
         c.execute("BEGIN IMMEDIATE")
         try:
             c.execute("ALTER TABLE cells ADD COLUMN modality TEXT")

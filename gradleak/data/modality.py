@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import torch
 
@@ -40,7 +40,7 @@ class Modality:
     copy_criterion: str = "MSE to the original at most 1e-3 (gradleak.metrics.scoring.ASR_MSE_THRESHOLD)"
     # the distance a reconstruction is re-identified by among a gallery (gradleak.metrics.reidentify;
     # pictures add LPIPS where the backbone can read them)
-    reid_distance: str = "l2"
+    reid_distance: Literal["ssim", "l2", "tokens"] = "l2"
     # the range a reconstruction is brought into before it is scored (None: as it is)
     value_range: tuple[float, float] | None = None
     # which of two reconstructions is better: these metrics in turn (name, higher is better)
