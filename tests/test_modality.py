@@ -63,3 +63,29 @@ def test_the_legacy_rule_reads_what_an_old_row_holds():
     assert legacy_modality({"mse": 0.1}, has_sequences=False, has_grid=False) == "tabular"
     assert legacy_modality({}, has_sequences=False, has_grid=False) is None
     assert stored_modality(None) is MODALITIES["tabular"] and stored_modality("text") is MODALITIES["text"]
+
+
+@pytest.mark.parametrize("name, row, line", [
+    ("image", {"psnr": 21.34, "ssim": 0.712, "mse": 0.007}, "PSNR 21.3 dB  SSIM 0.71"),
+    ("text", {"rouge1": 0.8, "rouge2": 0.55, "asr": 0.5}, "ROUGE-1 0.80  ROUGE-2 0.55  exact 50%"),
+    ("tabular", {"mse": 0.01234}, "MSE 0.0123"),
+    ("tabular", {"mse": None}, "no score"),
+])
+def test_a_federation_round_is_printed_in_its_data_scores(name, row, line):
+    from gradleak.commands.flower import _scores
+
+    assert _scores(row, modality(name)) == line
+
+
+@pytest.mark.parametrize("name, metrics, words", [
+    ("image", {"psnr": 21.34, "asr": 0.5, "reid": 0.25}, "PSNR 21.3 dB, 2 of 4 copied, 1 re-identified"),
+    ("text", {"rouge1": 0.8, "asr": 0.25}, "ROUGE-1 0.80, 1 of 4 copied"),
+    ("tabular", {"mse": 0.1, "asr": 0.0}, "0 of 4 copied"),
+])
+def test_a_flower_attack_is_summed_up_in_its_data_headline(name, metrics, words):
+    from types import SimpleNamespace
+
+    from gradleak.flower.attacking import _outcome
+
+    run = SimpleNamespace(metrics=metrics, per_image=[{}] * 4)
+    assert _outcome(SimpleNamespace(runs=[run], skipped=[]), name) == words
