@@ -4,6 +4,13 @@ A cell is keyed by the hash of its full spec, so re-running a sweep finds the
 cells it already has and skips them. Each cell (its metrics, per-image scores
 and PNG images) is written in one transaction: a process killed at any moment
 leaves either the whole cell or nothing of it.
+
+Each row records the modality of the data it was computed on (image, tabular or text), as
+its writer declared it; the report and the analysis read it instead of guessing from the
+metrics. Stores from before that column (schema version 1) still open: a writer migrates
+the file once (adds the column and fills old rows by `data.modality.legacy_modality`), a
+reader leaves the file as it is and applies the same legacy rule to rows it reads, as it
+does to any row whose writer declared no modality.
 """
 from __future__ import annotations
 
@@ -14,12 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from .data.modality import MODALITIES, legacy_modality
 from .errors import StoreError
 from .options import path_kind
 
 # "GLK1": lets us tell our file from any other SQLite database.
 APPLICATION_ID = 0x474C4B31
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# version 1 lacks the modality column; it is read as is and migrated when opened for writing
+LEGACY_SCHEMA_VERSION = 1
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS cells (
@@ -33,7 +43,8 @@ CREATE TABLE IF NOT EXISTS cells (
     seconds REAL NOT NULL,
     cpu_seconds REAL,              -- process CPU time of the cell (wall time is inflated on a busy machine)
     grid_png BLOB,                 -- originals (top) vs reconstructions (bottom)
-    finished REAL NOT NULL
+    finished REAL NOT NULL,
+    modality TEXT                  -- 'image', 'tabular' or 'text' as the writer declared it; NULL: not known
 );
 CREATE TABLE IF NOT EXISTS images (
     cell_key TEXT NOT NULL REFERENCES cells(key) ON DELETE CASCADE,
@@ -58,6 +69,9 @@ class CellRecord:
     seconds: float
     grid_png: bytes | None = None
     cpu_seconds: float | None = None
+    # the attacked data's modality ("image", "tabular", "text"), as its writer declared it;
+    # None where no one knows (a failed cell, an old row without evidence)
+    modality: str | None = None
 
 
 @dataclass
@@ -121,9 +135,31 @@ class ResultStore:
             c.execute(f"PRAGMA application_id={APPLICATION_ID}")
             c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         version = c.execute("PRAGMA user_version").fetchone()[0]
-        if version != SCHEMA_VERSION:
+        if version == LEGACY_SCHEMA_VERSION and create:
+            self._migrate()
+            version = SCHEMA_VERSION
+        if version not in (SCHEMA_VERSION, LEGACY_SCHEMA_VERSION):
             raise StoreError(f"store '{self.path}' has schema version {version}, "
-                                f"this gradleak reads version {SCHEMA_VERSION}")
+                             f"this gradleak reads versions {LEGACY_SCHEMA_VERSION} and {SCHEMA_VERSION}")
+        self._legacy = version == LEGACY_SCHEMA_VERSION
+
+    def _migrate(self) -> None:
+        """Version 1 to 2, once, in one transaction: add the modality column and fill the old
+        rows by the legacy rule (the only place a modality is guessed; new rows are declared)."""
+        c = self._conn
+        assert c is not None  # called on an open store
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            c.execute("ALTER TABLE cells ADD COLUMN modality TEXT")
+            rows = c.execute("SELECT key, kind, labels, metrics, extras, grid_png FROM cells").fetchall()
+            filled = _legacy_fill([(r[0], r[1], _loads(r[2]), _loads(r[3]), _loads(r[4]), r[5], None) for r in rows])
+            c.executemany("UPDATE cells SET modality=? WHERE key=?",
+                          [(modality, key) for key, modality in filled.items() if modality is not None])
+            c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         self._conn.close()
@@ -149,6 +185,13 @@ class ResultStore:
         """Write one finished cell and its images atomically. Returns False (and
         writes nothing) when the cell is already present; a stored failure of the
         same cell is replaced."""
+        if cell.modality is not None and cell.modality not in MODALITIES:
+            raise StoreError(f"cell {_shown(cell.key)}: unknown modality '{_shown(cell.modality)}'; "
+                             f"choose from: {', '.join(MODALITIES)}")
+        if self._legacy:  # opened as a reader, written to: migrate first
+            self._guard(self._migrate)
+            self._legacy = False
+
         def write():
             c = self._conn
             c.execute("BEGIN IMMEDIATE")
@@ -159,10 +202,11 @@ class ResultStore:
                 elif present:
                     c.execute("ROLLBACK")
                     return False
-                c.execute("INSERT INTO cells VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                c.execute("INSERT INTO cells (key, kind, sweep, spec, labels, metrics, extras, seconds, "
+                          "cpu_seconds, grid_png, finished, modality) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                           (cell.key, cell.kind, cell.sweep, _dump(cell.spec), _dump(cell.labels),
                            _dump(cell.metrics), _dump(cell.extras), cell.seconds, cell.cpu_seconds,
-                           cell.grid_png, time.time()))
+                           cell.grid_png, time.time(), cell.modality))
                 c.executemany("INSERT INTO images VALUES (?,?,?,?,?)",
                               [(cell.key, im.idx, _dump(im.metrics), im.original_png, im.reconstruction_png)
                                for im in images])
@@ -174,8 +218,20 @@ class ResultStore:
         return self._guard(write)
 
     def cells(self, kind: str | None = None) -> list[CellRecord]:
-        query = ("SELECT key, kind, sweep, spec, labels, metrics, extras, seconds, grid_png, cpu_seconds "
-                 "FROM cells")
+        records = self._read_cells(kind)
+        if any(r.modality is None for r in records):
+            # a version-1 file read as it is, or rows whose writer declared no modality: the
+            # migration's legacy rule, in memory
+            every = records if not kind else self._read_cells(None)
+            filled = _legacy_fill([(c.key, c.kind, c.labels, c.metrics, c.extras, c.grid_png, c.modality)
+                                   for c in every])
+            for record in records:
+                record.modality = filled.get(record.key)
+        return records
+
+    def _read_cells(self, kind: str | None) -> list[CellRecord]:
+        query = ("SELECT key, kind, sweep, spec, labels, metrics, extras, seconds, grid_png, cpu_seconds, "
+                 + ("NULL" if self._legacy else "modality") + " FROM cells")
         args: tuple = ()
         if kind:
             query += " WHERE kind=?"
@@ -226,8 +282,10 @@ class ResultStore:
                 continue
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 self._malformed(where, column, "is not a number")
+        if r[10] is not None and r[10] not in MODALITIES:
+            self._malformed(where, "modality", f"is '{_shown(r[10])}', not one of {', '.join(MODALITIES)}")
         return CellRecord(key, r[1], r[2], spec, labels, metrics, extras, float(r[7]),
-                          self._blob(r[8], where, "grid_png"), r[9])
+                          self._blob(r[8], where, "grid_png"), r[9], r[10])
 
     def _malformed(self, where: str, column: str, problem: str):
         raise StoreError(f"store '{self.path}': {where} is malformed: '{column}' {problem} "
@@ -274,6 +332,38 @@ def _shown(value: Any) -> str:
     text = str(value)
     text = "".join(ch if ch.isprintable() else "?" for ch in text)
     return text[:40] + ("…" if len(text) > 40 else "")
+
+
+def _loads(text: Any) -> dict:
+    """A stored JSON object, or {} where the row is damaged (the legacy fill skips it; reading
+    the row later reports the damage)."""
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except (ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _legacy_fill(rows: list[tuple]) -> dict[str, str | None]:
+    """The legacy path, for rows that record no modality (written before the column, or by a
+    writer that declared none): (key, kind, labels, metrics, extras, grid_png, modality) to
+    each key's modality. A declared one is kept; an attack row's comes from what it stored
+    (`legacy_modality`); any other row (utility, skipped, failed) takes the one of the attack
+    rows on its dataset, where they agree; else None."""
+    found: dict[str, str | None] = {}
+    by_dataset: dict[str, set] = {}
+    for key, kind, labels, metrics, extras, grid, declared in rows:
+        if declared is not None:
+            found[key] = declared
+        elif kind == "attack":
+            found[key] = legacy_modality(metrics, isinstance(extras.get("sequences"), list), grid is not None)
+        if kind == "attack" and found.get(key) is not None:
+            by_dataset.setdefault(str(labels.get("dataset")), set()).add(found[key])
+    for key, kind, labels, _, _, _, declared in rows:
+        if kind != "attack" and declared is None:
+            known = by_dataset.get(str(labels.get("dataset")), set())
+            found[key] = next(iter(known)) if len(known) == 1 else None
+    return found
 
 
 def _dump(value: Any) -> str:

@@ -117,6 +117,7 @@ class UtilityResult:
     # model's loss near a uniform guess's) from a cheap defense
     num_classes: int | None = None
     next_token: bool = False  # a label at every position: a language model's next tokens
+    modality: str | None = None  # the trained-on data's, as its loader declared it (for the store)
 
     def to_json(self) -> dict:
         return {"defenses": list(self.spec.defenses), "dataset": self.spec.dataset, "model": self.spec.model,
@@ -233,7 +234,7 @@ def run_utility(spec: UtilitySpec, progress: Callable[[int, int, dict], None] | 
     test_loss, test_accuracy = evaluate(model, test)
     epsilon = _epsilon(chain, shards, dp_steps, training, spec.delta)
     return UtilityResult(spec, train_loss, test_accuracy, test_loss, epsilon, time.perf_counter() - start, history,
-                         num_classes=train.num_classes, next_token=train.labels.dim() > 1)
+                         num_classes=train.num_classes, next_token=train.labels.dim() > 1, modality=train.modality)
 
 
 def _epsilon(chain, shards, dp_steps, training: TrainingSpec, delta: float) -> float | None:

@@ -112,7 +112,7 @@ def _store(path: Path, rows: list[tuple], images: list[tuple] = ()) -> None:
 
     ResultStore(path).close()
     conn = sqlite3.connect(path)
-    conn.executemany("INSERT INTO cells VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
+    conn.executemany("INSERT INTO cells VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
     conn.executemany("INSERT INTO images VALUES (?,?,?,?,?)", images)
     conn.commit()
     conn.close()
@@ -123,8 +123,8 @@ GOOD_LABELS = json.dumps({"attack": "ig", "attack_spec": "ig", "defense": "none"
 
 
 def _row(key="k1", kind="attack", labels=GOOD_LABELS, metrics='{"mse": 0.1}',
-         spec="{}", extras="{}", seconds=1.0, grid=None, cpu=None):
-    return (key, kind, "s", spec, labels, metrics, extras, seconds, cpu, grid, 1.0)
+         spec="{}", extras="{}", seconds=1.0, grid=None, cpu=None, modality="tabular"):
+    return (key, kind, "s", spec, labels, metrics, extras, seconds, cpu, grid, 1.0, modality)
 
 
 def make_files(root: Path) -> None:
@@ -330,6 +330,7 @@ def make_files(root: Path) -> None:
     _store(stores / "metrics_not_json.db", [_row(metrics="nan nan")])
     _store(stores / "seconds_text.db", [_row(seconds="fast")])
     _store(stores / "kind_foreign.db", [_row(kind="<script>alert(1)</script>")])
+    _store(stores / "modality_foreign.db", [_row(modality="<script>alert(1)</script>")])
     _store(stores / "spec_number.db", [_row(spec="42")])
     _store(stores / "extras_deep.db", [_row(extras="[" * 100000 + "]" * 100000)])
     _store(stores / "grid_text.db", [_row(grid="not png bytes")])
@@ -613,6 +614,7 @@ def _file_cases() -> list[Case]:
                                             "--workers", "1"), expected))
     for name in ("empty.db", "text.db", "random.db", "foreign.db", "labels_not_json.db", "labels_list.db",
                  "labels_nested.db", "metrics_text.db", "metrics_not_json.db", "seconds_text.db", "kind_foreign.db",
+                 "modality_foreign.db",
                  "spec_number.db", "extras_deep.db", "grid_text.db", "labels_missing.db", "utility_missing.db",
                  "image_metrics_text.db",
                  "image_idx_text.db", "image_metrics_str.db", "dir.db", "truncated.db", "zeroed.db", "absent.db"):

@@ -5,9 +5,8 @@ from __future__ import annotations
 import io
 import re
 from html.parser import HTMLParser
-from pathlib import Path
 
-import jinja2
+import markupsafe
 import pytest
 from PIL import Image
 
@@ -70,8 +69,8 @@ PAYLOAD = ("</td><script>alert(1)</script>\"><img src=x onerror=alert(1)>{{ 7*7 
            "' title='x' onmouseover='alert(1)")
 
 
-def _hostile(field: str) -> str:
-    return f"{field}:{PAYLOAD}"
+def _hostile(field: str, payload: str = PAYLOAD) -> str:
+    return f"{field}:{payload}"
 
 
 class _Elements(HTMLParser):
@@ -110,19 +109,22 @@ class _Elements(HTMLParser):
                 if name == tag and (css_class is None or css_class in attrs.get("class", "").split())]
 
 
-def _hostile_store(path):
+def _hostile_store(path, payload: str = PAYLOAD):
     """A store whose every free-text field holds the payload: labels, a skip reason, an error, the
     re-identification gallery, a client name, an initialisation, and utility runs that did not
     train (so the verdict's notes name the dataset and model)."""
     from gradleak.store import ImageRecord
 
+    def hostile(field: str) -> str:
+        return _hostile(field, payload)
+
     def labels(seed, **extra):
-        return {"threat": _hostile("threat"), "dataset": _hostile("dataset"), "model": _hostile("model"),
-                "batch_size": 16, "local_steps": 1, "seed": seed, "defense": _hostile("defense"),
-                "strength": _hostile("strength"), "defenses": [], "attack": "ig", "attack_spec": _hostile("attack"),
+        return {"threat": hostile("threat"), "dataset": hostile("dataset"), "model": hostile("model"),
+                "batch_size": 16, "local_steps": 1, "seed": seed, "defense": hostile("defense"),
+                "strength": hostile("strength"), "defenses": [], "attack": "ig", "attack_spec": hostile("attack"),
                 "init": None, **extra}
 
-    ladder = {"decision": "undecided", "saturated": False, "iterations": 400, "gallery": _hostile("gallery"),
+    ladder = {"decision": "undecided", "saturated": False, "iterations": 400, "gallery": hostile("gallery"),
               "batches": []}
     metrics = {"mse": 0.1, "psnr": 10.0, "ssim": 0.2, "examples": 16, "reid": 0.0, "reid_chance": 0.002}
     with ResultStore(path) as store:
@@ -131,15 +133,15 @@ def _hostile_store(path):
                                       1.0, _png()),
                            [ImageRecord(i, {"mse": 0.1}, _png(), _png()) for i in range(16)])
         # another initialisation of the same attack: the study of initialisations names it
-        store.add_cell(CellRecord("init", "attack", "s", {}, labels(0, attack_spec="ig", init=_hostile("init")),
+        store.add_cell(CellRecord("init", "attack", "s", {}, labels(0, attack_spec="ig", init=hostile("init")),
                                   metrics, {"ladder": ladder}, 1.0, _png()))
-        store.add_cell(CellRecord("round", "attack", "s", {}, labels(0, round=1, client=_hostile("client")), metrics,
+        store.add_cell(CellRecord("round", "attack", "s", {}, labels(0, round=1, client=hostile("client")), metrics,
                                   {"ladder": ladder}, 1.0, _png()))
-        store.add_cell(CellRecord("skipped", "skipped", "s", {}, labels(0, reason=_hostile("reason")), {}, {}, 0.0))
+        store.add_cell(CellRecord("skipped", "skipped", "s", {}, labels(0, reason=hostile("reason")), {}, {}, 0.0))
         store.add_cell(CellRecord("failed", "failed", "s", {}, labels(0, attack_spec="cpl", cell_kind="attack"), {},
-                                  {"error": _hostile("error")}, 0.0))
-        for defense, strength in (("none", ""), (_hostile("defense"), _hostile("strength"))):
-            utility = {"dataset": _hostile("dataset"), "model": _hostile("model"), "defense": defense,
+                                  {"error": hostile("error")}, 0.0))
+        for defense, strength in (("none", ""), (hostile("defense"), hostile("strength"))):
+            utility = {"dataset": hostile("dataset"), "model": hostile("model"), "defense": defense,
                        "strength": strength, "seed": 0}
             store.add_cell(CellRecord(f"utility {defense}", "utility", "s", {}, utility,
                                       {"test_accuracy": 0.1, "num_classes": 10}, {}, 1.0))
@@ -183,19 +185,21 @@ def test_user_text_prints_literally_wherever_it_appears(tmp_path):
     assert "{{ 7*7 }}" in page and "{% raw %}" in page  # printed as written, not as 49 or an error
 
 
-def test_report_module_leaves_escaping_to_the_template_engine():
-    """Escaping by hand misses a spot sooner or later; marking data as safe switches it off."""
-    import gradleak.report as report
-
-    source = Path(report.__file__).read_text()
-    templates = [p.read_text() for p in (Path(report.__file__).parent / "templates").glob("*")]
-    assert templates
-    assert "html.escape" not in source and "import html" not in source
-    assert "Markup" not in source and not re.search(r"autoescape\s*=\s*False", source)
-    assert report._TEMPLATES.autoescape is True and report._TEMPLATES.undefined is jinja2.StrictUndefined
-    for text in templates:
-        code = re.sub(r"\{#.*?#\}", "", text, flags=re.S)  # comments may name what they forbid
-        assert not re.search(r"\|\s*safe\b", code) and "autoescape false" not in code.lower()
+def test_every_value_reaches_the_page_escaped_exactly_once(tmp_path):
+    """Escaping by hand misses a spot sooner or later, and marking data as safe (or switching
+    autoescaping off) lets it through: on the rendered page each free-text field of the store
+    shows as its text escaped once — never raw, never escaped twice."""
+    payload = "<marquee>x</marquee> &amp; &#60;u&#62; \"q\" 'a'"
+    _hostile_store(tmp_path / "store.db", payload)
+    write_report(tmp_path / "store.db", tmp_path / "report")
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "<marquee>" not in page and "<u>" not in page
+    for field in ("threat", "dataset", "model", "defense", "strength", "attack", "init", "client", "reason", "error",
+                  "gallery"):
+        assert str(markupsafe.escape(_hostile(field, payload))) in page, field
+    elements = _Elements(page)
+    assert not elements.open
+    assert any(_hostile("dataset", payload) in text for text in elements.texts("td"))  # decoded: the text as stored
 
 
 def test_hostile_sentences_print_literally_beside_their_recovery(tmp_path):

@@ -12,6 +12,11 @@ from ..store import CellRecord
 SCENARIO_KEYS = ("threat", "dataset", "model", "batch_size", "local_steps")
 
 
+def dataset_modalities(cells: list[CellRecord]) -> dict[str, str]:
+    """The modality of each dataset's attack rows, as the store records it (by dataset label)."""
+    return {str(c.labels.get("dataset")): c.modality for c in cells if c.kind == "attack" and c.modality}
+
+
 def scenario_label(labels: dict, key: str):
     # rows stored before threat models were recorded carry no 'threat' label
     return labels.get(key, "unrecorded") if key == "threat" else labels.get(key)

@@ -2,9 +2,9 @@
 factor varies), a federation's leakage per round, and the report's defense × attack matrices."""
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 
+from ..data.modality import stored_modality
 from ..store import CellRecord
 from .cells import average, sortable
 from .rows import attack_rows
@@ -83,13 +83,9 @@ def _cell_threat(cell: CellRecord):
 
 
 def _better(a: CellRecord, b: CellRecord) -> bool:
-    """Is a's reconstruction better than b's: lower MSE, then higher PSNR."""
-    def rank(c):
-        mse, psnr, rouge = c.metrics.get("mse"), c.metrics.get("psnr"), c.metrics.get("rouge1")
-        return (mse if isinstance(mse, (int, float)) else math.inf,
-                -(psnr if isinstance(psnr, (int, float)) else -math.inf),
-                -(rouge if isinstance(rouge, (int, float)) else -math.inf))
-    return rank(a) < rank(b)
+    """Is a's reconstruction better than b's, by their data's rule (`Modality.best_by`:
+    lower MSE, then higher PSNR for pictures; higher ROUGE-1 for token sequences)."""
+    return stored_modality(a.modality).rank(a.metrics) < stored_modality(b.modality).rank(b.metrics)
 
 
 def best_reconstructions(cells: list[CellRecord]) -> list[dict]:

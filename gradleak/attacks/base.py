@@ -103,9 +103,10 @@ class Attack(ABC):
         """Why this attack cannot run on this architecture (one line), judged on the
         model's modules; None when it can. Knowledge the attack needs is the threat
         model's business (`needs`), not this check's."""
-        if modality not in self.modalities:
-            return f"does not handle {modality} data"
-        return None
+        from ..data.modality import MODALITIES
+
+        kind = MODALITIES.get(modality)
+        return kind.refuses(self) if kind is not None else f"does not handle {modality} data"
 
     def prepare_model(self, model: nn.Module, input_shape: tuple[int, ...], num_classes: int,
                       ctx: AttackContext) -> PreparedModel:

@@ -6,6 +6,8 @@ import dataclasses
 import json
 import sys
 
+from ..data.modality import modality
+from ..data.references import declared_modality
 from ..experiment import AttackRunSpec, run_attack, training_fields, write_outputs
 from ..fl.training import AUGMENTATIONS, BN_MODES, SHUFFLE_MODES, TrainingSpec
 from ..options import RUN_SPEC_BOUNDS, device_name, output_dir, ranged
@@ -152,7 +154,11 @@ def run(args: argparse.Namespace) -> int:
         fmt = lambda v: "n/a" if v is None else f"{v:.4g}"  # noqa: E731
         print(f"{spec.attack} on {spec.dataset}/{spec.model}, batch {spec.batch_size}, "
               f"{len(result.per_image)} images, defenses: {', '.join(spec.defenses) or 'none'}")
-        text = m.get("rouge1") is not None  # token sequences: no pixel metrics
+        # token sequences: no pixel metrics (the run's data declares its modality; until its
+        # result carries it, the dataset reference is asked)
+        name = getattr(result, "modality", None) or declared_modality(spec.dataset, spec.split, spec.resize,
+                                                                      spec.seq_len)
+        text = modality(name).tokens
         width = 24 if text else 10  # the longest key's
         if text:
             for key in ("rouge1", "rouge2", "rougeL", "token_accuracy", "exact_sequence_accuracy", "label_acc"):

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"sweep": summary, "html": report["html"], "strongest": report["strongest"]}))
     else:
-        print(format_strongest(report["strongest"]))
+        print(format_strongest(report["strongest"], report["modalities"]))
         print(f"{summary['cells']} cells ({summary['skipped']} already stored) in {summary['seconds']:.0f} s; "
               f"report: {report['html']}")
     return report_failures(summary["failed"])

@@ -11,9 +11,13 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import GradleakError, Terminated
 from ..options import output_dir, ranged
+
+if TYPE_CHECKING:
+    from ..data.modality import Modality
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -68,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:  # flwr is in requirements.txt; a bare `pip install gradleak` may lack it
         raise GradleakError(f"gradleak flower needs flwr[simulation] ({exc})") from None
     from ..analysis import leakage_by_round
+    from ..data.modality import stored_modality
     from ..report import verdict_in_words, write_report
     from ..store import ResultStore
 
@@ -95,7 +100,11 @@ def run(args: argparse.Namespace) -> int:
                             "within num-server-rounds?)")
     report = write_report(result.store, result.out)
     with ResultStore(result.store, create=False) as store:
-        rows = [{k: v for k, v in r.items() if k != 'key'} for r in leakage_by_round(store.cells())]
+        cells = store.cells()
+    kinds = {c.key: stored_modality(c.modality) for c in cells}
+    rounds = leakage_by_round(cells)
+    rows = [{k: v for k, v in r.items() if k != 'key'} for r in rounds]
+    scores = [_scores(r, kinds[r["key"]]) for r in rounds]
     verdicts = verdict_in_words(report["strongest"])
     if args.json:
         print(json.dumps({"html": report["html"], "seconds": round(result.seconds, 3),
@@ -111,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
         print(title)
         for line in lines:
             print(f"  {line}")
-    for row in rows:
-        print(f"  round {row['round']:>3}  client {row['client']:>4}  {row['attack']:32s} {_scores(row)}")
+    for row, score in zip(rows, scores):
+        print(f"  round {row['round']:>3}  client {row['client']:>4}  {row['attack']:32s} {score}")
     print(f"report: {report['html']}")
     return 0
 
@@ -144,10 +153,10 @@ def _end_own_job() -> None:
             continue
 
 
-def _scores(row: dict) -> str:
-    """One audited update's leakage in the data's own scores."""
-    if row.get("psnr") is not None:
-        return f"PSNR {row['psnr']:.1f} dB  SSIM {row['ssim']:.2f}"
-    if row.get("rouge1") is not None:
-        return f"ROUGE-1 {row['rouge1']:.2f}  ROUGE-2 {row['rouge2']:.2f}  exact {row.get('asr') or 0:.0%}"
-    return f"MSE {row['mse']:.3g}" if row.get("mse") is not None else "no score"
+def _scores(row: dict, kind: Modality) -> str:
+    """One audited update's leakage in its data's own scores (token sequences: with the share
+    recovered exactly)."""
+    line = kind.score_line(row)
+    if line is None:
+        return f"MSE {row['mse']:.3g}" if row.get("mse") is not None else "no score"
+    return f"{line}  exact {row.get('asr') or 0:.0%}" if kind.tokens else line

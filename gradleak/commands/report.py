@@ -24,6 +24,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"html": report["html"], "strongest": report["strongest"]}))
     else:
-        print(format_strongest(report["strongest"]))
+        print(format_strongest(report["strongest"], report["modalities"]))
         print(f"report: {report['html']}")
     return 0

@@ -73,6 +73,12 @@ def load_reference(text: str, split: str = "test", resize: int | None = None, se
     return load_dataset(dataset_spec(text, split, resize, seq_len))
 
 
+def declared_modality(text: str, split: str = "test", resize: int | None = None, seq_len: int | None = None
+                      ) -> str:
+    """The modality the loader of a dataset reference declares (it loads the dataset)."""
+    return load_reference(text, split, resize, seq_len).modality
+
+
 def held_out_examples(data: Dataset, targets: torch.Tensor) -> Dataset:
     """The examples of `data` other than `targets`."""
     mask = torch.ones(len(data), dtype=torch.bool)

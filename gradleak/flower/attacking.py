@@ -66,6 +66,7 @@ def attack_captured(audit: FlowerAudit, captured: list[CapturedUpdate], run_conf
         result.save(audit.store_path, sweep=SWEEP, labels=_labels(item))
     say = _printer(show_progress)
     total = len(plans)
+    kinds: dict[int, str] = {}  # each captured update's modality, as its data declare it
     for index, item in enumerate(plans, 1):
         what = f"[{index}/{total}] round {item.captured.round} client {_client(item.captured)} " \
                f"{item.threat} {item.attack}"
@@ -78,7 +79,10 @@ def attack_captured(audit: FlowerAudit, captured: list[CapturedUpdate], run_conf
         result = run_planned(audit, item)
         result.save(audit.store_path, sweep=SWEEP, labels=_labels(item))
         counts["ran"] += 1
-        say(f"{what}: {_outcome(result)} ({time.perf_counter() - began:.0f} s)")
+        if show_progress and id(item.captured) not in kinds:
+            kinds[id(item.captured)] = captured_data(audit, item.captured).modality
+        say(f"{what}: {_outcome(result, kinds.get(id(item.captured), 'image'))} "
+            f"({time.perf_counter() - began:.0f} s)")
     counts["seconds"] = round(time.perf_counter() - start, 3)
     return counts
 
@@ -260,15 +264,19 @@ def _model_label(captured: CapturedUpdate) -> str:
     return type(captured.model).__name__
 
 
-def _outcome(result: "AuditResult") -> str:
+def _outcome(result: "AuditResult", modality: str) -> str:
+    """The attack's result in a few words: its data's headline score (pictures and token
+    sequences), how many examples were copied and re-identified."""
+    from ..data.modality import MODALITIES
+
     if not result.runs:
         return f"not run: {result.skipped[0].reason}" if result.skipped else "nothing ran"
     m = result.runs[0].metrics
     parts = []
-    if m.get("psnr") is not None:
-        parts.append(f"PSNR {m['psnr']:.1f} dB")
-    elif m.get("rouge1") is not None:
-        parts.append(f"ROUGE-1 {m['rouge1']:.2f}")
+    kind = MODALITIES[modality]
+    headline = kind.scores[0]
+    if (kind.pixels or kind.tokens) and m.get(headline.key) is not None:
+        parts.append(f"{headline.title} {format(m[headline.key], headline.spec)}{headline.unit}")
     count = len(result.runs[0].per_image)
     if m.get("asr") is not None:
         parts.append(f"{round(m['asr'] * count)} of {count} copied")

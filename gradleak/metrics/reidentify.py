@@ -94,14 +94,11 @@ def reid_distances(modality: str, input_shape: tuple[int, ...], lpips: str) -> t
     from ..data.modality import modality as modality_of
 
     kind = modality_of(modality)
-    if kind.tokens:
-        return ("tokens",)
-    if not kind.pixels:
-        return ("l2",)
-    if lpips != "none" and len(input_shape) == 3 and input_shape[0] in (1, 3) and \
+    # pictures the LPIPS backbone can read are also compared by it
+    if kind.pixels and lpips != "none" and len(input_shape) == 3 and input_shape[0] in (1, 3) and \
             LPIPS_MIN_SIDE <= min(input_shape[1:]) and max(input_shape[1:]) <= 4 * min(input_shape[1:]):
-        return ("ssim", "lpips")
-    return ("ssim",)
+        return (kind.reid_distance, "lpips")
+    return (kind.reid_distance,)
 
 
 def chance_rate(gallery_size: int, distances: int) -> float:

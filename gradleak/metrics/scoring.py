@@ -128,8 +128,7 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
         raise ValueError(f"reconstruction shape {tuple(candidates.shape[1:])} does not match "
                          f"the data shape {tuple(originals.shape[1:])}")
     image = kind.pixels
-    if image:
-        candidates = candidates.clamp(0, 1)
+    candidates = kind.clamp(candidates)
     # A reconstruction with NaN or infinite values (an attack that divided by a zeroed update,
     # say) reconstructs nothing: it is left out of the matching, and its example is scored
     # as unreconstructed.
@@ -164,8 +163,8 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
             m = float(per["mse"][k])
             scores.append(ImageScore(
                 index=i, label=label, recovered_label=None, mse=m, rmse=m ** 0.5,
-                psnr=float(per["psnr"][k]) if "psnr" in per else None,
-                ssim=float(per["ssim"][k]) if "ssim" in per else None,
+                psnr=float(per["psnr"][k]) if image else None,
+                ssim=float(per["ssim"][k]) if image else None,
                 lpips=float(per["lpips"][k]) if "lpips" in per else None,
                 success=m <= asr_mse))
         else:

@@ -63,7 +63,14 @@ def utility_run_spec(spec: dict):
 def _execute_attack(spec: dict, progress, artifacts: Path | None) -> dict:
     from ..experiment import result_record, run_attack
 
-    return result_record(run_attack(attack_run_spec(spec), progress, artifacts))
+    run_spec = attack_run_spec(spec)
+    record = result_record(run_attack(run_spec, progress, artifacts))
+    if "modality" not in record:
+        # until the run's result carries its data's modality, the dataset reference declares it
+        from ..data.references import declared_modality
+
+        record["modality"] = declared_modality(run_spec.dataset, run_spec.split, run_spec.resize, run_spec.seq_len)
+    return record
 
 
 def _execute_utility(spec: dict) -> dict:
@@ -87,4 +94,4 @@ def _execute_utility(spec: dict) -> dict:
         metrics.update({k: v for k, v in data["metrics"].items() if isinstance(v, (int, float, type(None)))})
     extras = {k: v for k, v in data.items() if k not in metrics and k not in not_metrics and k != "spec"}
     return {"metrics": metrics, "extras": extras,
-            "seconds": seconds, "grid_png": None, "images": []}
+            "seconds": seconds, "grid_png": None, "images": [], "modality": getattr(result, "modality", None)}

@@ -37,12 +37,15 @@ def store_result(store, sweep_name: str, cell: Cell, result: dict) -> bool:
 
 
 def store_result_record(store, sweep_name: str, kind: str, spec: dict, labels: dict, result: dict,
-                        key: str | None = None) -> bool:
-    """Write one result (as `experiment.result_record` shapes it) as a store row."""
+                        key: str | None = None, modality: str | None = None) -> bool:
+    """Write one result (as `experiment.result_record` shapes it) as a store row. Its modality
+    is the attacked data's as declared when it was loaded: `modality`, else the result's own
+    `modality` entry (None where the writer knows none)."""
     from ..store import CellRecord, ImageRecord
 
     record = CellRecord(key or cell_key(kind, spec), kind, sweep_name, spec, labels, result["metrics"],
-                        result["extras"], result["seconds"], result["grid_png"], result.get("cpu_seconds"))
+                        result["extras"], result["seconds"], result["grid_png"], result.get("cpu_seconds"),
+                        modality if modality is not None else result.get("modality"))
     images = [ImageRecord(im["idx"], im["metrics"], im["original"], im["reconstruction"])
               for im in result["images"]]
     return store.add_cell(record, images)
