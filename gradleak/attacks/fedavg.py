@@ -35,6 +35,7 @@ from ..threat import Observation
 from .base import AttackContext, Reconstruction, ResumableAttack
 from .candidates import ArrangedLabels, FixedLabels, Pixels
 from .engine import Engine, Optimizer, ScheduleKind
+from .epoch_replay import EpochReplay, applies
 from .initialization import InitKind, observed_start
 from .labels import recover_labels
 from .matching import UpdateSimulator
@@ -61,6 +62,11 @@ class FedAvgOptions:
     init: InitKind = "randn"
     schedule: ScheduleKind = "step"
     label_method: Literal["auto", "bias", "weight"] = "auto"
+    # how the client's steps are simulated: "steps", every local step on the per-epoch copies
+    # (`client_layout`); "epochs", one full-batch step per epoch on one reconstruction per
+    # example (`epoch_replay`: order-free, plain SGD only); "auto": "epochs" where
+    # `epoch_replay.applies` (plain SGD, order unknown, no augmentation), else "steps"
+    replay: Literal["auto", "steps", "epochs"] = "auto"
     # optimise which recovered label sits in which mini-batch (`ArrangedLabels`); "auto": when
     # the client's steps see different parts of the batch and the server cannot place the
     # labels itself (they are recovered as counts, or the order is unknown)
@@ -203,16 +209,21 @@ class FedAvgAttack(ResumableAttack):
 
     def rungs(self, obs: Observation, ctx: AttackContext) -> Iterator[Reconstruction]:
         opt = self.options
-        layout = client_layout(obs, opt.copies)
-        sim = UpdateSimulator(obs, ctx.device, steps=layout.steps)
+        by_epoch = self._epoch_replay(obs)
+        if by_epoch:  # one reconstruction per example; every step sees them all
+            layout = Layout([tuple(range(obs.batch_size))], list(range(obs.batch_size)), [0] * obs.batch_size)
+            sim: UpdateSimulator = EpochReplay(obs, ctx.device)
+        else:
+            layout = client_layout(obs, opt.copies)
+            sim = UpdateSimulator(obs, ctx.device, steps=layout.steps)
         labels = recover_labels(obs, opt.label_method, ctx.generator(17))
         example = torch.tensor(layout.example)
         row_labels = labels[example].to(ctx.device)
         unknown = obs.training.order == "unknown"
         steps_differ = len(layout.steps) > 1 and any(len(step) < len(labels) for step in layout.steps)
-        arrange = opt.arrange_labels == "on" or (
+        arrange = not by_epoch and (opt.arrange_labels == "on" or (
             opt.arrange_labels == "auto" and steps_differ and labels.unique().numel() > 1
-            and (unknown or not obs.knows("labels")))
+            and (unknown or not obs.knows("labels"))))
         label_candidate = (ArrangedLabels(labels.to(ctx.device), obs.num_classes, example.to(ctx.device),
                                           (torch.tensor(layout.epoch) if unknown
                                            else torch.zeros(len(example), dtype=torch.long)).to(ctx.device),
@@ -235,4 +246,14 @@ class FedAvgAttack(ResumableAttack):
             yield Reconstruction(inputs=inputs, labels=slot_labels, iterations=out.iterations,
                                  final_distance=out.distance, **out.trace_fields(),
                                  extras={"copies": layout.copies, "order": obs.training.order,
-                                         "labels_arranged": arrange})
+                                         "labels_arranged": arrange,
+                                         "replay": "epochs" if by_epoch else "steps"})
+
+    def _epoch_replay(self, obs: Observation) -> bool:
+        replay = self.options.replay
+        if replay == "epochs":
+            check(not obs.training.is_fedsgd and obs.training.plain_sgd and obs.training.plain_loss
+                  and not obs.training.augment,
+                  "attack 'fedavg': replay=epochs simulates plain SGD on the plain loss without augmentation; "
+                  "this client trains otherwise (use replay=steps)")
+        return replay == "epochs" or (replay == "auto" and applies(obs.training, obs.batch_size))
