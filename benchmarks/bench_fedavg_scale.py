@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import sys
 import time
 from statistics import median
 
 import torch
 
 from gradleak.attacks import AttackContext, make_attack
-from gradleak.attacks.epoch_replay import EpochReplay, applies
+from gradleak.attacks.epoch_replay import EpochReplay
 from gradleak.attacks.labels import recover_labels
 from gradleak.attacks.matching import UpdateSimulator, update_distance
 from gradleak.data import DatasetSpec, load_dataset
@@ -73,7 +75,8 @@ def _client(args, seed: int, test, gallery) -> dict:
     obs = observe(update, model, make_threat_model("honest"), input_shape=(1, 28, 28), num_classes=10,
                   training=client.server_view(), batch_size=args.images, labels=y, defenses=[])
     attack = make_attack(f"fedavg:iterations={args.iterations},distance={args.distance},replay={args.replay},"
-                         f"lr={args.attack_lr},tv={args.tv}")
+                         f"lr={args.attack_lr},tv={args.tv},optimizer={args.attack_optimizer},"
+                         f"restarts={args.restarts}")
     if device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -96,14 +99,15 @@ def _client(args, seed: int, test, gallery) -> dict:
                          training=dataclasses.replace(client, shuffle="known"), batch_size=args.images, labels=y,
                          defenses=[])
         sims = {"true_order": UpdateSimulator(oracle)}
-        if applies(client, args.images):
+        if result.extras.get("replay") == "epochs":
             sims["epoch_replay"] = EpochReplay(obs)
         for name, sim in sims.items():
             target = {n: update.tensors[n] for n in sim.names}
             reference[f"distance_{name}"] = {
-                "truth": round(float(update_distance(sim(x, y), target, args.distance)), 7),
-                "class_means": round(float(update_distance(sim(means, y), target, args.distance)), 7)}
+                "truth": round(float(update_distance(sim(x, y), target, args.distance).detach()), 7),
+                "class_means": round(float(update_distance(sim(means, y), target, args.distance).detach()), 7)}
         row["reference"] = reference
+    print(json.dumps({"optimizer": args.optimizer, **row}), file=sys.stderr, flush=True)  # each client as it finishes
     return row
 
 
@@ -115,12 +119,16 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--local-batch", type=int, default=None)
     parser.add_argument("--lr", type=float, default=None, help="the client's learning rate")
-    parser.add_argument("--optimizer", default=None, help="the client's (lenet5 case); sigmoid runs sgd and momentum")
+    parser.add_argument("--optimizer", default=None,
+                        help="the client's (default sgd; the sigmoid case runs sgd and sgd:momentum=0.9 unless given)")
     parser.add_argument("--order", choices=["unknown", "known"], default=None)
     parser.add_argument("--iterations", type=int, default=None)
-    parser.add_argument("--replay", choices=["auto", "steps", "epochs"], default="auto")
+    parser.add_argument("--replay", choices=["auto", "steps", "epochs"], default=None,
+                        help="the attack's replay (default: epochs for lenet5, auto for sigmoid)")
     parser.add_argument("--distance", default="layer-cosine")
     parser.add_argument("--attack-lr", type=float, default=0.1)
+    parser.add_argument("--attack-optimizer", choices=["signed-adam", "adam", "lbfgs"], default="signed-adam")
+    parser.add_argument("--restarts", type=int, default=1)
     parser.add_argument("--tv", type=float, default=1e-4)
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--threads", type=int, default=1)
@@ -128,7 +136,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     sigmoid = args.case == "sigmoid"
     defaults = {"images": 4 if sigmoid else 10, "epochs": 2, "local_batch": 2 if sigmoid else 5,
                 "lr": 0.01 if sigmoid else 0.004, "optimizer": "sgd", "order": "known" if sigmoid else "unknown",
-                "iterations": 1000 if sigmoid else 200}
+                "iterations": 1000 if sigmoid else 200, "replay": "auto" if sigmoid else "epochs"}
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -141,7 +149,8 @@ def run_with(argv: list[str]) -> dict:
     torch.set_num_threads(args.threads)
     test, gallery = _data()
     seeds = [int(s) for s in args.seeds.split(",")]
-    optimizers = ["sgd", "sgd:momentum=0.9"] if args.case == "sigmoid" else [args.optimizer]
+    optimizers = ["sgd", "sgd:momentum=0.9"] if args.case == "sigmoid" and "--optimizer" not in argv \
+        else [args.optimizer]
     out = {"setting": {k: v for k, v in vars(args).items() if k != "seeds"}, "seeds": seeds, "runs": []}
     for optimizer in optimizers:
         args.optimizer = optimizer

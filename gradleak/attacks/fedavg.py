@@ -18,6 +18,10 @@ epoch. The result registers every epoch's copies to the first epoch's (Hungarian
 among examples of the same label, a horizontal flip allowed when the client flips) and
 averages them. Labels are the batch's label counts recovered from the update, in the same
 arrangement in every epoch.
+
+Many steps of plain SGD in an unknown order (Dimitrov et al.'s 10 epochs × 10 mini-batches)
+are replayed instead by `epoch_replay`: one full-batch step per epoch on one reconstruction
+per example, which the order only perturbs at second order in the learning rate (`replay`).
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ from ..threat import Observation
 from .base import AttackContext, Reconstruction, ResumableAttack
 from .candidates import ArrangedLabels, FixedLabels, Pixels
 from .engine import Engine, Optimizer, ScheduleKind
-from .epoch_replay import EpochReplay, applies
+from .epoch_replay import EpochReplay, applies, plain_training
 from .initialization import InitKind, observed_start
 from .labels import recover_labels
 from .matching import UpdateSimulator
@@ -47,6 +51,9 @@ class FedAvgOptions:
     # Signed Adam on cosine matching with a light TV prior, as IG (docs/client-training.md)
     iterations: int = 2000
     lr: float = 0.1
+    # the engine's optimizer (signed Adam as IG; L-BFGS as DLG, `lr` its step, 20 evaluations
+    # an iteration)
+    optimizer: Literal["signed-adam", "adam", "lbfgs"] = "signed-adam"
     tv: float = 1e-6
     # weight of the epoch-order-invariant prior (mean squared difference of the epochs'
     # mean reconstructions). Off by default: on MNIST digits with LeNet-5 (batch 4, two
@@ -65,7 +72,7 @@ class FedAvgOptions:
     # how the client's steps are simulated: "steps", every local step on the per-epoch copies
     # (`client_layout`); "epochs", one full-batch step per epoch on one reconstruction per
     # example (`epoch_replay`: order-free, plain SGD only); "auto": "epochs" where
-    # `epoch_replay.applies` (plain SGD, order unknown, no augmentation), else "steps"
+    # `epoch_replay.applies` (plain SGD, order unknown, no augmentation, >= 16 steps), else "steps"
     replay: Literal["auto", "steps", "epochs"] = "auto"
     # optimise which recovered label sits in which mini-batch (`ArrangedLabels`); "auto": when
     # the client's steps see different parts of the batch and the server cannot place the
@@ -236,7 +243,7 @@ class FedAvgAttack(ResumableAttack):
             labels=label_candidate,
             candidates=lambda r: Pixels(observed_start(opt.init, shape, ctx.generator(r), obs, row_labels.cpu(), ctx)
                                         .to(ctx.device), box=image),
-            optimizer=Optimizer("signed-adam", opt.lr, schedule=opt.schedule),
+            optimizer=Optimizer(opt.optimizer, opt.lr, schedule=opt.schedule),
             priors=[TotalVariation(opt.tv if image else 0.0),
                     EpochOrderInvariance(opt.order_prior, torch.tensor(layout.epoch, device=ctx.device))],
             iterations=opt.iterations, restarts=opt.restarts, box=image, model=sim.model, progress=ctx.progress)
@@ -252,8 +259,7 @@ class FedAvgAttack(ResumableAttack):
     def _epoch_replay(self, obs: Observation) -> bool:
         replay = self.options.replay
         if replay == "epochs":
-            check(not obs.training.is_fedsgd and obs.training.plain_sgd and obs.training.plain_loss
-                  and not obs.training.augment,
+            check(plain_training(obs.training),
                   "attack 'fedavg': replay=epochs simulates plain SGD on the plain loss without augmentation; "
                   "this client trains otherwise (use replay=steps)")
         return replay == "epochs" or (replay == "auto" and applies(obs.training, obs.batch_size))
