@@ -39,7 +39,7 @@ from ..threat import Observation
 from .base import AttackContext, Reconstruction, ResumableAttack
 from .candidates import ArrangedLabels, FixedLabels, Pixels
 from .engine import Engine, Optimizer, ScheduleKind
-from .epoch_replay import EpochReplay, applies, plain_training
+from .epoch_replay import MAX_ORDER_SHARE, EpochReplay, applies, order_share, plain_training
 from .initialization import InitKind, observed_start
 from .labels import recover_labels
 from .matching import UpdateSimulator
@@ -72,7 +72,8 @@ class FedAvgOptions:
     # how the client's steps are simulated: "steps", every local step on the per-epoch copies
     # (`client_layout`); "epochs", one full-batch step per epoch on one reconstruction per
     # example (`epoch_replay`: order-free, plain SGD only); "auto": "epochs" where
-    # `epoch_replay.applies` (plain SGD, order unknown, no augmentation, >= 16 steps), else "steps"
+    # `epoch_replay.applies` (plain SGD, order unknown, no augmentation, >= 16 steps) and the
+    # order's share of the update is small under this distance (`order_share`), else "steps"
     replay: Literal["auto", "steps", "epochs"] = "auto"
     # optimise which recovered label sits in which mini-batch (`ArrangedLabels`); "auto": when
     # the client's steps see different parts of the batch and the server cannot place the
@@ -216,14 +217,14 @@ class FedAvgAttack(ResumableAttack):
 
     def rungs(self, obs: Observation, ctx: AttackContext) -> Iterator[Reconstruction]:
         opt = self.options
-        by_epoch = self._epoch_replay(obs)
+        labels = recover_labels(obs, opt.label_method, ctx.generator(17))
+        by_epoch, share = self._epoch_replay(obs, labels, ctx)
         if by_epoch:  # one reconstruction per example; every step sees them all
             layout = Layout([tuple(range(obs.batch_size))], list(range(obs.batch_size)), [0] * obs.batch_size)
             sim: UpdateSimulator = EpochReplay(obs, ctx.device)
         else:
             layout = client_layout(obs, opt.copies)
             sim = UpdateSimulator(obs, ctx.device, steps=layout.steps)
-        labels = recover_labels(obs, opt.label_method, ctx.generator(17))
         example = torch.tensor(layout.example)
         row_labels = labels[example].to(ctx.device)
         unknown = obs.training.order == "unknown"
@@ -254,12 +255,17 @@ class FedAvgAttack(ResumableAttack):
                                  final_distance=out.distance, **out.trace_fields(),
                                  extras={"copies": layout.copies, "order": obs.training.order,
                                          "labels_arranged": arrange,
-                                         "replay": "epochs" if by_epoch else "steps"})
+                                         "replay": "epochs" if by_epoch else "steps", "order_share": share})
 
-    def _epoch_replay(self, obs: Observation) -> bool:
+    def _epoch_replay(self, obs: Observation, labels: torch.Tensor, ctx: AttackContext) -> tuple[bool, float | None]:
+        """Whether to replay by epoch, and the order's share of the update where "auto" measured it."""
         replay = self.options.replay
         if replay == "epochs":
             check(plain_training(obs.training),
                   "attack 'fedavg': replay=epochs simulates plain SGD on the plain loss without augmentation; "
                   "this client trains otherwise (use replay=steps)")
-        return replay == "epochs" or (replay == "auto" and applies(obs.training, obs.batch_size))
+            return True, None
+        if replay == "steps" or not applies(obs.training, obs.batch_size):
+            return False, None
+        share = order_share(obs, labels, self.options.distance, ctx.generator(29), ctx.device)
+        return share <= MAX_ORDER_SHARE, round(share, 4)
