@@ -17,8 +17,11 @@ step per epoch over the whole batch, with the step scaled by the epoch's mini-ba
 That is E full-batch passes instead of E·k mini-batch passes (the same examples seen, ~k
 times fewer sequential kernels), one reconstruction per example (no per-epoch copies to
 register), and only the label multiset matters (no arrangement of labels over mini-batches).
-It is exact when every step sees the whole batch (k = 1). The attack chooses it where it
-applies (`applies`): plain SGD, plain loss, no augmentation, order unknown.
+It is exact when every step sees the whole batch (k = 1). The attack's "auto" chooses it
+where it applies (`applies`: plain SGD, plain loss, no augmentation, order unknown, at least
+MIN_STEPS steps) and where the order's share of the update, which the server estimates on
+random inputs (`order_share`), is small under the attack's distance: one epoch's steps can
+move a model's weights too far for the order to be second order (docs/client-training.md).
 """
 from __future__ import annotations
 
@@ -31,9 +34,9 @@ from ..fl.training import TrainingSpec
 from ..threat import Observation
 from .matching import Distance, Tensors, UpdateSimulator, update_distance
 
-# Below this many local steps the attack keeps the exact replay on per-epoch copies: it is
-# affordable there and fits the update exactly (MNIST LeNet-5, 4 digits, 2 epochs of 2
-# mini-batches: 13.5–20.9 dB, tests/test_fedavg_attack.py)
+# Below this many local steps "auto" keeps the exact replay on per-epoch copies, whose cost
+# grows with the steps: at a few steps it is affordable and fits the update exactly (MNIST
+# LeNet-5, 4 digits, 2 epochs of 2 mini-batches: 13.5–20.9 dB, tests/test_fedavg_attack.py)
 MIN_STEPS = 16
 
 
