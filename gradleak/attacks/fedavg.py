@@ -18,6 +18,10 @@ epoch. The result registers every epoch's copies to the first epoch's (Hungarian
 among examples of the same label, a horizontal flip allowed when the client flips) and
 averages them. Labels are the batch's label counts recovered from the update, in the same
 arrangement in every epoch.
+
+Many steps of plain SGD in an unknown order (Dimitrov et al.'s 10 epochs × 10 mini-batches)
+are replayed instead by `epoch_replay`: one full-batch step per epoch on one reconstruction
+per example, which the order only perturbs at second order in the learning rate (`replay`).
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ from ..threat import Observation
 from .base import AttackContext, Reconstruction, ResumableAttack
 from .candidates import ArrangedLabels, FixedLabels, Pixels
 from .engine import Engine, Optimizer, ScheduleKind
+from .epoch_replay import MAX_ORDER_SHARE, EpochReplay, applies, order_share, plain_training
 from .initialization import InitKind, observed_start
 from .labels import recover_labels
 from .matching import UpdateSimulator
@@ -46,6 +51,9 @@ class FedAvgOptions:
     # Signed Adam on cosine matching with a light TV prior, as IG (docs/client-training.md)
     iterations: int = 2000
     lr: float = 0.1
+    # the engine's optimizer (signed Adam as IG; L-BFGS as DLG, `lr` its step, 20 evaluations
+    # an iteration)
+    optimizer: Literal["signed-adam", "adam", "lbfgs"] = "signed-adam"
     tv: float = 1e-6
     # weight of the epoch-order-invariant prior (mean squared difference of the epochs'
     # mean reconstructions). Off by default: on MNIST digits with LeNet-5 (batch 4, two
@@ -61,6 +69,12 @@ class FedAvgOptions:
     init: InitKind = "randn"
     schedule: ScheduleKind = "step"
     label_method: Literal["auto", "bias", "weight"] = "auto"
+    # how the client's steps are simulated: "steps", every local step on the per-epoch copies
+    # (`client_layout`); "epochs", one full-batch step per epoch on one reconstruction per
+    # example (`epoch_replay`: order-free, plain SGD only); "auto": "epochs" where
+    # `epoch_replay.applies` (plain SGD, order unknown, no augmentation, >= 16 steps) and the
+    # order's share of the update is small under this distance (`order_share`), else "steps"
+    replay: Literal["auto", "steps", "epochs"] = "auto"
     # optimise which recovered label sits in which mini-batch (`ArrangedLabels`); "auto": when
     # the client's steps see different parts of the batch and the server cannot place the
     # labels itself (they are recovered as counts, or the order is unknown)
@@ -203,16 +217,21 @@ class FedAvgAttack(ResumableAttack):
 
     def rungs(self, obs: Observation, ctx: AttackContext) -> Iterator[Reconstruction]:
         opt = self.options
-        layout = client_layout(obs, opt.copies)
-        sim = UpdateSimulator(obs, ctx.device, steps=layout.steps)
         labels = recover_labels(obs, opt.label_method, ctx.generator(17))
+        by_epoch, share = self._epoch_replay(obs, labels, ctx)
+        if by_epoch:  # one reconstruction per example; every step sees them all
+            layout = Layout([tuple(range(obs.batch_size))], list(range(obs.batch_size)), [0] * obs.batch_size)
+            sim: UpdateSimulator = EpochReplay(obs, ctx.device)
+        else:
+            layout = client_layout(obs, opt.copies)
+            sim = UpdateSimulator(obs, ctx.device, steps=layout.steps)
         example = torch.tensor(layout.example)
         row_labels = labels[example].to(ctx.device)
         unknown = obs.training.order == "unknown"
         steps_differ = len(layout.steps) > 1 and any(len(step) < len(labels) for step in layout.steps)
-        arrange = opt.arrange_labels == "on" or (
+        arrange = not by_epoch and (opt.arrange_labels == "on" or (
             opt.arrange_labels == "auto" and steps_differ and labels.unique().numel() > 1
-            and (unknown or not obs.knows("labels")))
+            and (unknown or not obs.knows("labels"))))
         label_candidate = (ArrangedLabels(labels.to(ctx.device), obs.num_classes, example.to(ctx.device),
                                           (torch.tensor(layout.epoch) if unknown
                                            else torch.zeros(len(example), dtype=torch.long)).to(ctx.device),
@@ -225,7 +244,7 @@ class FedAvgAttack(ResumableAttack):
             labels=label_candidate,
             candidates=lambda r: Pixels(observed_start(opt.init, shape, ctx.generator(r), obs, row_labels.cpu(), ctx)
                                         .to(ctx.device), box=image),
-            optimizer=Optimizer("signed-adam", opt.lr, schedule=opt.schedule),
+            optimizer=Optimizer(opt.optimizer, opt.lr, schedule=opt.schedule),
             priors=[TotalVariation(opt.tv if image else 0.0),
                     EpochOrderInvariance(opt.order_prior, torch.tensor(layout.epoch, device=ctx.device))],
             iterations=opt.iterations, restarts=opt.restarts, box=image, model=sim.model, progress=ctx.progress)
@@ -235,4 +254,18 @@ class FedAvgAttack(ResumableAttack):
             yield Reconstruction(inputs=inputs, labels=slot_labels, iterations=out.iterations,
                                  final_distance=out.distance, **out.trace_fields(),
                                  extras={"copies": layout.copies, "order": obs.training.order,
-                                         "labels_arranged": arrange})
+                                         "labels_arranged": arrange,
+                                         "replay": "epochs" if by_epoch else "steps", "order_share": share})
+
+    def _epoch_replay(self, obs: Observation, labels: torch.Tensor, ctx: AttackContext) -> tuple[bool, float | None]:
+        """Whether to replay by epoch, and the order's share of the update where "auto" measured it."""
+        replay = self.options.replay
+        if replay == "epochs":
+            check(plain_training(obs.training),
+                  "attack 'fedavg': replay=epochs simulates plain SGD on the plain loss without augmentation; "
+                  "this client trains otherwise (use replay=steps)")
+            return True, None
+        if replay == "steps" or not applies(obs.training, obs.batch_size):
+            return False, None
+        share = order_share(obs, labels, self.options.distance, ctx.generator(29), ctx.device)
+        return share <= MAX_ORDER_SHARE, round(share, 4)
