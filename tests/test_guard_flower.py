@@ -142,7 +142,7 @@ def test_guard_off_passes_through_and_a_bad_run_config_is_one_line(tmp_path):
     app = _app(_guard(tmp_path), trained)
     reply = _send(app, _mlp().state_dict(), 1, _context(guard=False))
     assert "guard-rung" not in reply.content["metrics"] and len(trained) == 1
-    for key, value, message in [("guard-tolerance", 2.0, "tolerance must be a share of examples in [0, 1)"),
+    for key, value, message in [("guard-tolerance", "linkage=2", "tolerance linkage must be above 0.5"),
                                 ("guard-ladder", "noise:sigma=0.1;noise:sigma=0.01", "not increasing at rung 2"),
                                 ("guard-ladder", "blur", "unknown defense 'blur'")]:
         reply = _send(app, _mlp().state_dict(), 1, _context(**{key: value}))
@@ -169,9 +169,7 @@ def test_the_example_app_refuses_a_crafted_round_on_every_client(tmp_path, monke
     assert config["guard"] is False  # off unless the run asks for it
     config.update({"model": "sigmoid-cnn", "examples-per-client": 8,  # the example's small configuration
                    "guard": True, "guard-attacks": "dlg:iterations=2", "guard-ladder": "noise:sigma=1",
-                   # even under noise of 1 a content-free reconstruction re-identifies 2 of 8 "typical"
-                   # examples among the client's own share now and then (docs/guard.md, Limits)
-                   "guard-tolerance": 0.5})
+                   })
     contexts = [Context(run_id=1, node_id=10 + c, node_config={"partition-id": c, "num-partitions": 10},
                         state=RecordDict(), run_config=config) for c in range(3)]
     honest = initial_model(config).state_dict()

@@ -118,8 +118,12 @@ def test_guard_keeps_the_last_clean_model_as_reference(cnn_rounds, tmp_path):
 
 @pytest.mark.parametrize("config, message", [
     ({"ladder": ["noise:sigma=0.01", "blur:radius=2"]}, "ladder rung 2 (blur:radius=2): unknown defense 'blur'"),
-    ({"tolerance": 1.5}, "tolerance must be a share of examples in [0, 1)"),
-    ({"tolerance": -0.1}, "tolerance must be a share of examples in [0, 1)"),
+    ({"tolerance": "linkage=1.5"}, "guard: tolerance linkage must be above 0.5 and below 1, got 1.5"),
+    ({"tolerance": "recognizable=-0.1"}, "guard: tolerance recognizable must be above 0 and below 1"),
+    ({"tolerance": "level=0.3"}, "guard: tolerance level must be above 0.5"),
+    ({"tolerance": "linkage=high"}, "guard: tolerance linkage must be a number, got 'high'"),
+    ({"tolerance": "share=0.1"}, "guard: tolerance key 'share' unknown"),
+    ({"tolerance": 0.1}, "guard: tolerance must be the verdict's, e.g. linkage=0.6"),
     ({"ladder": "noise:sigma=0.01; noise:sigma=0.001"}, "not increasing at rung 2"),
     ({"ladder": ["clip:bound=1", "clip:bound=2"]}, "bound goes from 1.0 to 2.0, a weaker setting"),
     ({"ladder": ["noise:sigma=0.01", "noise:sigma=0.01"]}, "no stronger than the rung below"),

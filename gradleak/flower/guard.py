@@ -47,7 +47,7 @@ DEFAULT_LOG = "gradleak-guard.jsonl"
 STATE_KEY = "gradleak-guard"
 # run-config key → GuardConfig field and how its text is read
 RUN_CONFIG_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "guard-tolerance": ("tolerance", float),
+    "guard-tolerance": ("tolerance", str),
     "guard-ladder": ("ladder", str),
     "guard-every": ("every", int),
     "guard-start": ("start", str),
