@@ -131,6 +131,8 @@ def test_guard_keeps_the_last_clean_model_as_reference(cnn_rounds, tmp_path):
     ({"ladder": ["noise:sigma=-1"]}, "sigma must be >= 0"),
     ({"ladder": []}, "the defense ladder is empty"),
     ({"every": 0}, "every must be a whole number of rounds >= 1"),
+    ({"attacks": ["ig:iterations=50", "blah"]}, "guard: attack 'blah': unknown attack 'blah'"),
+    ({"strongest": ("ig:foo=1",)}, "guard: attack 'ig:foo=1': attack 'ig' has no option 'foo'"),
     ({"time_budget": 0}, "time_budget must be a positive number"),
     ({"on_crafted": "ignore"}, "on_crafted must be one of refuse, safe_copy"),
 ])

@@ -100,16 +100,21 @@ class FlowerGuard:
 
     def client_mod(self, msg, context, call_next):
         """Flower client mod: the inbound check, training, the outbound audit and ladder."""
-        if not _is_train(msg) or not self.enabled(context.run_config):
+        if not _is_train(msg):
             return call_next(msg, context)
-        server_round = _server_round(msg)
-        training = self.training(context, server_round)
-        client = context.node_config.get("partition-id", context.node_id)
+        try:  # a bad switch or guard-* key: one line to the server, before anything trains
+            config = self.check(context.run_config)
+        except GradleakError as exc:
+            return _no_update(msg, self.config, str(exc), "guard-misconfigured")
+        if config is None:
+            return call_next(msg, context)
         try:
-            config = self.config_for(context.run_config)
+            server_round = _server_round(msg)
+            training = self.training(context, server_round)
+            client = context.node_config.get("partition-id", context.node_id)
             guard = Guard(config, training=training, num_classes=self.num_classes, tokenizer=self.tokenizer,
                           client=client)
-        except GradleakError as exc:  # bad guard-* keys: one line to the server, before anything trains
+        except GradleakError as exc:
             return _no_update(msg, self.config, str(exc), "guard-misconfigured")
         _restore(guard, context.state)
         start = time.perf_counter()
@@ -154,12 +159,21 @@ class FlowerGuard:
 
     # ---------------------------------------------------------------- configuration
 
+    def check(self, run_config: Mapping[str, Any]) -> GuardConfig | None:
+        """The run's guard configuration, checked before any round: None when the run config
+        turns the guard off, else the `GuardConfig` with its `guard-*` keys; one line
+        (`GradleakError`) when the switch or a key is bad. The example apps' ServerApps call it
+        when the run starts and `gradleak flower` before it starts the simulation."""
+        return self.config_for(run_config) if self.enabled(run_config) else None
+
     def enabled(self, run_config: Mapping[str, Any]) -> bool:
         value = run_config.get(self.switch, False)
         if isinstance(value, str):
             if value.strip().lower() not in ("true", "false", "1", "0", "yes", "no", ""):
                 raise GradleakError(f"FlowerGuard: run config '{self.switch}' must be true or false, got {value!r}")
             return value.strip().lower() in ("true", "1", "yes")
+        if not isinstance(value, (bool, int)) or value not in (0, 1):
+            raise GradleakError(f"FlowerGuard: run config '{self.switch}' must be true or false, got {value!r}")
         return bool(value)
 
     def config_for(self, run_config: Mapping[str, Any]) -> GuardConfig:
@@ -167,8 +181,14 @@ class FlowerGuard:
         changes: dict[str, Any] = {}
         for key, (name, read) in RUN_CONFIG_KEYS.items():
             if key in run_config:
+                value = run_config[key]
                 try:
-                    changes[name] = read(run_config[key])
+                    if isinstance(value, bool) or (read in (int, float) and isinstance(value, str)
+                                                   and not value.strip()):
+                        raise ValueError
+                    changes[name] = read(value)
+                    if read is int and isinstance(value, float) and value != int(value):
+                        raise ValueError
                 except (TypeError, ValueError):
                     raise GradleakError(f"FlowerGuard: run config '{key}' = {run_config[key]!r} is not "
                                         f"a valid {name}") from None

@@ -108,6 +108,25 @@ class GuardConfig:
         if self.budget not in BUDGETS:
             raise GradleakError(f"guard: budget must be one of {', '.join(BUDGETS)}, got {self.budget!r}")
         self.rungs = parse_ladder(self.ladder)
+        if isinstance(self.attacks, str) and self.attacks.strip().lower() != "auto":
+            self.attacks = [self.attacks]
+        if not isinstance(self.attacks, str):
+            self.attacks = [str(a).strip() for a in self.attacks if str(a).strip()]
+            if [a.lower() for a in self.attacks] in ([], ["auto"]):
+                self.attacks = "auto"
+        self.strongest = tuple(self.strongest)
+        _check_attacks(([] if self.attacks == "auto" else list(self.attacks)) + list(self.strongest))
+
+
+def _check_attacks(texts: list[str]) -> None:
+    """Every attack the guard may run exists and takes its options (one line if not)."""
+    from ..attacks import make_attack
+
+    for text in texts:
+        try:
+            make_attack(text)
+        except GradleakError as exc:
+            raise GradleakError(f"guard: attack '{text}': {exc}") from None
 
 
 def parse_ladder(ladder: Sequence[str] | str) -> tuple[Rung, ...]:
