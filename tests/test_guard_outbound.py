@@ -150,6 +150,16 @@ def test_every_kth_round_keeps_the_last_rung_between_audits(tmp_path):
         "within tolerance", "not audited", "within tolerance"]
 
 
+def test_after_a_withholding_audit_the_rounds_until_the_next_withhold_too():
+    x, y = _one_example(2)
+    update = compute_update(_mlp(), x, y, FEDSGD)
+    g = Guard(GuardConfig(ladder=["noise:sigma=0.000001"], attacks=["fc-analytic"], every=2), training=FEDSGD)
+    decisions = [g.outbound(_mlp(), update, (x, y), server_round=r) for r in (1, 2, 3)]
+    assert [(d.send, d.grade, bool(d.audits)) for d in decisions] == [
+        (False, "withheld", True), (False, "withheld", False), (False, "withheld", True)]
+    assert "the last audit withheld" in decisions[1].reason
+
+
 def test_a_dpsgd_rung_retrains_the_client():
     x, y = _one_example()
     update = compute_update(_mlp(), x, y, FEDSGD)

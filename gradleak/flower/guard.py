@@ -231,7 +231,7 @@ def _save(guard: Guard, state) -> None:
     if guard.own_change is not None:
         state.array_records[f"{STATE_KEY}-own-change"] = ArrayRecord(
             {k: v.detach().clone() for k, v in guard.own_change.items()})
-    state.config_records[STATE_KEY] = ConfigRecord({"rung": int(guard.rung)})
+    state.config_records[STATE_KEY] = ConfigRecord({"rung": int(guard.rung), "withholding": bool(guard.withholding)})
 
 
 def _restore(guard: Guard, state) -> None:
@@ -240,4 +240,6 @@ def _restore(guard: Guard, state) -> None:
     if f"{STATE_KEY}-own-change" in state.array_records:
         guard.own_change = state_of(state.array_records[f"{STATE_KEY}-own-change"].to_torch_state_dict())
     if STATE_KEY in state.config_records:
-        guard.rung = int(state.config_records[STATE_KEY]["rung"])
+        record = state.config_records[STATE_KEY]
+        guard.rung = int(record["rung"])
+        guard.withholding = bool(record["withholding"]) if "withholding" in record else False

@@ -103,6 +103,7 @@ class Guard:
         self.previous: dict[str, torch.Tensor] | None = None
         self.own_change: dict[str, torch.Tensor] | None = None
         self.rung = 0  # the rung chosen at the last audit
+        self.withholding = False  # the last audit withheld the update: so do the rounds until the next
         self.client_state: dict = {}
 
     # ------------------------------------------------------------------ inbound
@@ -134,7 +135,11 @@ class Guard:
         x, y = examples
         cfg = self.config
         audits: list[OutboundAudit] = []
-        if not self.audited_round(server_round):
+        if not self.audited_round(server_round) and self.withholding:
+            decision = GuardDecision(False, None, self.rung, self._rung_text(self.rung), "withheld",
+                                     f"round not audited (every {cfg.every}); the last audit withheld the top rung",
+                                     time.perf_counter() - start)
+        elif not self.audited_round(server_round):
             sent = self.defended(self.rung, model_before, update, x, y, training, server_round, self.client_state)
             decision = GuardDecision(True, sent, self.rung, self._rung_text(self.rung), "not audited",
                                      f"round not audited (every {cfg.every}); the last chosen rung applied",
@@ -164,6 +169,7 @@ class Guard:
                 decision = GuardDecision(True, candidate, self.rung, self._rung_text(self.rung), "within chance",
                                          f"the top rung is above the tolerance only within chance "
                                          f"({audits[-1].reason}); sent under it", time.perf_counter() - start, audits)
+            self.withholding = decision is None
             if decision is None:
                 self.rung = len(cfg.rungs)
                 decision = GuardDecision(False, None, self.rung, self._rung_text(self.rung), "withheld",

@@ -55,7 +55,8 @@ class GuardConfig:
     ladder:      the defense rungs, weakest first (texts, or one text with `;` between rungs);
     time_budget: seconds the outbound audit may spend per round (per rung checked);
     every:       audit the outgoing update every k-th round (1: every round); between audits
-                 the last chosen rung is applied unaudited;
+                 the last chosen rung is applied unaudited (nothing is sent when the last audit
+                 withheld the update);
     start:       where an audit starts climbing: "bottom" (the update as trained, then each rung
                  in turn) or "last" (the rung chosen at the last audit: fewer audits per round,
                  but the guard never steps back down);
