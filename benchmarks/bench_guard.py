@@ -206,7 +206,7 @@ def outbound(quick: bool, case: str = "leak") -> dict:
         last = decision.audits[-1] if decision.audits else None
         per_round.setdefault(number, []).append({
             "client": client, "rung": decision.rung_text, "grade": decision.grade, "sent": decision.send,
-            "seconds": round(decision.seconds, 2), "verdict": decision.reason,
+            "audited": bool(decision.audits), "seconds": round(decision.seconds, 2), "verdict": decision.reason,
             "evidence": last.attacks_run if last else None,
             "first_audit": {"rung": decision.rung - len(decision.audits) + 1, "leaks": first.leaks,
                             "beyond_chance": first.beyond_chance} if first else None})
@@ -227,13 +227,13 @@ def outbound(quick: bool, case: str = "leak") -> dict:
     for number, rows in per_round.items():
         out["rounds"][number] = {
             "rungs": _count(r["rung"] for r in rows), "grades": _count(r["grade"] for r in rows),
-            "guard_seconds_median": statistics.median(r["seconds"] for r in rows),
+            "guard_seconds_median_audited": statistics.median([r["seconds"] for r in rows if r["audited"]] or [0.0]),
             "accuracy_after": accuracy["guarded"][number - 1][1], "clients": rows}
     unprotected = [r for rows in per_round.values() for r in rows
                    if r["sent"] and r["rung"] == "none" and r["grade"] not in ("within tolerance", "not audited")]
     graded_leaking = [r for rows in per_round.values() for r in rows
                       if r["first_audit"] and r["first_audit"]["rung"] == 0 and r["first_audit"]["leaks"]]
-    audited_seconds = [r["seconds"] for rows in per_round.values() for r in rows if r["grade"] != "not audited"]
+    audited_seconds = [r["seconds"] for rows in per_round.values() for r in rows if r["audited"]]
     sent = [r for rows in per_round.values() for r in rows if r["sent"]]
     strongest = max((guard_config.rungs.index(next(g for g in guard_config.rungs if g.text == r["rung"])) + 1
                      for r in sent if r["rung"] != "none"), default=0)
