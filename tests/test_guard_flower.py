@@ -170,7 +170,10 @@ def test_the_example_app_refuses_a_crafted_round_on_every_client(tmp_path, monke
     assert config["guard"] is False  # off unless the run asks for it
     config.update({"model": "sigmoid-cnn", "examples-per-client": 8,  # the example's small configuration
                    "guard": True, "guard-attacks": "dlg:iterations=2", "guard-ladder": "noise:sigma=1",
-                   })
+                   # DLG's random start after 2 iterations under noise of 1 carries nothing, yet one of
+                   # these clients measured a linkage AUC of 0.754 over its 8 examples, beyond chance by
+                   # the test (docs/guard.md, Limits): a lax tolerance keeps this test on the inbound side
+                   "guard-tolerance": "linkage=0.9,recognizable=0.5"})
     contexts = [Context(run_id=1, node_id=10 + c, node_config={"partition-id": c, "num-partitions": 10},
                         state=RecordDict(), run_config=config) for c in range(3)]
     honest = initial_model(config).state_dict()
@@ -181,7 +184,7 @@ def test_the_example_app_refuses_a_crafted_round_on_every_client(tmp_path, monke
         if server_round == 2:
             assert all(r.has_error() and "refused round 2" in r.error.reason for r in replies)
         else:
-            assert not any(r.has_error() for r in replies)
+            assert not any(r.has_error() for r in replies), [r.error.reason for r in replies if r.has_error()]
             assert all(r.content["metrics"]["guard-rung"] in (0, 1) for r in replies)
             make_model(config).load_state_dict(replies[0].content["arrays"].to_torch_state_dict())
     records = [json.loads(line) for line in (tmp_path / "guard.jsonl").read_text().splitlines()]

@@ -209,6 +209,6 @@ def test_the_text_example_is_not_sent_while_dager_copies_it(monkeypatch):
     update = compute_update(Net(0), x, y, training)
     decision = guard(Net(0), update, (x, y), training=training, gallery=held_out_sequences(200),
                      num_classes=VOCAB_SIZE, tokenizer="gpt2", config=GuardConfig())
-    assert decision.audits[0].leaks and "4 of 4 examples exposed (4 copied exactly" in decision.audits[0].reason
+    assert decision.audits[0].leaks and "dager: 4 of 4 examples copied exactly" in decision.audits[0].reason
     assert decision.send and decision.rung >= 1
     assert any("tag" in s and "FedAvg" in s for s in decision.audits[-1].skipped)
