@@ -6,15 +6,19 @@
   to compare with), and the false alarms over 20 honest rounds of each example app, for every
   client. The trajectories are simulated with gradleak's own client (gradleak.fl) on the
   example's model, data and training, not by running Flower for 20 rounds.
-- outbound (examples/flower_audit's setting): a federation in which every client runs the
-  guard each round, against the same federation under fixed noise of the strength the guard
-  ended on and without any defense: the rung per round, the verdict after it, the guard's
-  seconds against the client's training seconds, and the final accuracy (MNIST test split).
+- outbound (examples/flower_audit's clients at small sizes): a federation in which every
+  client runs the guard, against the same federation under fixed noise of the strongest rung
+  the guard sent and without any defense: the rung per round, the verdict after it, the
+  guard's seconds against the client's training seconds, and the test accuracy (MNIST test
+  split). Case "outbound": the sigmoid CNN, where the undefended update leaks; case
+  "utility": the example's LeNet-5, which learns within its 10 rounds.
+- chance: the leak rule on updates that carry nothing (Gaussian noise at the update's RMS).
 - flower: the example's real ClientApp (examples/flower_audit, all its mods) driven
   in-process with Flower messages, `guard = true`: an honest round 1, an rtf-crafted model in
   round 2, an honest round 3.
 
-`--quick`: fewer rounds and clients everywhere.
+`python -m benchmarks guard` runs every case; `python -m benchmarks.bench_guard utility chance`
+runs the cases named. `--quick`: fewer rounds and clients everywhere.
 """
 from __future__ import annotations
 
@@ -29,7 +33,8 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 MNIST = (1, 28, 28)
 IMAGE_ATTACKS = ("rtf", "rtf:bins=16,query=gaussian", "fishing", "fishing:target_class=3,fish_bias=5")
 MKOR_ATTACKS = ("mkor", "mkor:noise=0.01", "mkor:noise=0.1,shuffle=false")
-MNIST_CONFIG = {"seed": 0, "dirichlet-alpha": 0.5, "examples-per-client": 8}
+# the inbound measurements ran on the example's sigmoid CNN (its default model then)
+MNIST_CONFIG = {"seed": 0, "dirichlet-alpha": 0.5, "examples-per-client": 8, "model": "sigmoid-cnn"}
 TEXT_CONFIG = {"seed": 0, "seq-len": 16, "sequences-per-client": 4}
 
 
@@ -75,8 +80,9 @@ def inbound(quick: bool) -> dict:
         return build_model(ModelSpec("lenet5", MNIST, 10, seed=0))
 
     def net():
-        return initial_model(0)
-    for label, factory, attacks in (("cnn (flower_audit's Net)", net, IMAGE_ATTACKS), ("lenet5", lenet5, MKOR_ATTACKS)):
+        return initial_model(MNIST_CONFIG)
+    for label, factory, attacks in (("cnn (flower_audit's sigmoid-cnn)", net, IMAGE_ATTACKS),
+                                    ("lenet5", lenet5, MKOR_ATTACKS)):
         history = list(honest_fedavg(factory(), data, training, rounds))
         false_alarms, checked = [], 0
         for client in range(clients):
@@ -131,11 +137,39 @@ def _text_false_alarms(rounds: int, clients: int) -> dict:
             "median_check_seconds": round(statistics.median(seconds), 3)}
 
 
-def outbound(quick: bool, model: str = "example") -> dict:
-    """`model` "example": the app's sigmoid CNN, every round; "mlp": gradleak's mlp on the same
-    clients and training (the example's CNN does not learn within tens of rounds of this
-    setting, so its accuracy cannot show a defense's cost), audited every 5th round."""
-    from flower_audit.task import evaluate, initial_model
+# The outbound cases: examples/flower_audit's clients and training at small sizes, FedAvg
+# simulated with gradleak's client. "leak": the sigmoid CNN of the gradient-inversion
+# literature, 8 examples, 2 local epochs, every round audited (where the undefended update
+# leaks); "utility": the example's LeNet-5 (ReLU, a hidden dense layer), which learns within
+# 10 rounds at 10 local full-batch epochs of 8 examples, audited in rounds 1 and 6 with
+# Inverting Gradients at 25 iterations (its budget ladder doubles it up to 100): one audit
+# takes 10-15 s on a shared 2-core CPU, where 100 iterations (up to 400) took 40-56 s.
+OUTBOUND = {
+    "leak": {"config": {**MNIST_CONFIG, "model": "sigmoid-cnn"}, "clients": 10, "rounds": 5, "every": 1,
+             "local_epochs": 2, "batch_size": 32, "attack": "ig:iterations=200"},
+    "utility": {"config": {**MNIST_CONFIG, "model": "lenet5"}, "clients": 3, "rounds": 10, "every": 5,
+                "local_epochs": 10, "batch_size": 8, "attack": "ig:iterations=25"},
+}
+
+
+def _training(setting: dict):
+    from flower_audit.task import shuffle_seed
+
+    from gradleak.fl import TrainingSpec
+
+    def training(r, c):
+        return TrainingSpec(lr=0.05, optimizer="sgd:momentum=0.9,weight_decay=0.0005",
+                            local_epochs=setting["local_epochs"], local_batch_size=setting["batch_size"],
+                            shuffle_seed=shuffle_seed(setting["config"], r, c))
+    return training
+
+
+def outbound(quick: bool, case: str = "leak") -> dict:
+    """A federation in which every client runs the guard (default tolerance and ladder, start at
+    the last rung), against the same federation under fixed noise of the strongest rung the
+    guard sent and without any defense: per round the rungs sent, the verdicts after them and
+    the guard's seconds; the test accuracy after every round (1,000 MNIST test examples)."""
+    from flower_audit.task import client_data, evaluate, make_model
 
     from gradleak.data import DatasetSpec, load_dataset
     from gradleak.defenses import make_chain
@@ -143,18 +177,22 @@ def outbound(quick: bool, model: str = "example") -> dict:
     from gradleak.fl.places import DefenseContext
     from gradleak.guard import Guard, GuardConfig
     from gradleak.guard.trajectory import honest_fedavg
-    from gradleak.models import ModelSpec, build_model
     from gradleak.seeding import stream
 
-    rounds, clients = (2, 3) if quick else ((5, 10) if model == "example" else (20, 10))
-    every = 1 if model == "example" else 5
-    data, training = _mnist_setting(clients)
-    galleries = [_other_examples(c) for c in range(clients)]
+    setting = dict(OUTBOUND[case])
+    if quick:
+        setting.update(clients=2, rounds=2)
+    config, clients, rounds = setting["config"], setting["clients"], setting["rounds"]
+    data = [client_data(i, 10, config) for i in range(clients)]
+    training = _training(setting)
+    galleries = [_other_examples(c, config) for c in range(clients)]
     test = load_dataset(DatasetSpec("mnist", split="test"))
-    config = GuardConfig(strongest=("ig:iterations=200",), start="last", every=every)
-    def factory(seed: int):
-        return initial_model(seed) if model == "example" else build_model(ModelSpec(model, MNIST, 10, seed=seed))
-    guards = [Guard(config, training=training(1, c), client=c) for c in range(clients)]
+    guard_config = GuardConfig(strongest=(setting["attack"],), start="last", every=setting["every"])
+
+    def initial():
+        torch.manual_seed(int(config["seed"]))
+        return make_model(config)
+    guards = [Guard(guard_config, training=training(1, c), client=c) for c in range(clients)]
     per_round: dict[int, list] = {}
     train_seconds: list[float] = []
 
@@ -165,57 +203,103 @@ def outbound(quick: bool, model: str = "example") -> dict:
         decision = guards[client].outbound(model, update, (x, y), gallery=galleries[client], server_round=number,
                                            training=training(number, client))
         first = decision.audits[0] if decision.audits else None
+        last = decision.audits[-1] if decision.audits else None
         per_round.setdefault(number, []).append({
             "client": client, "rung": decision.rung_text, "grade": decision.grade, "sent": decision.send,
-            "seconds": round(decision.seconds, 2), "verdict": decision.reason,
-            "first_audit": {"rung": decision.rung - len(decision.audits) + 1, "leaks": first.leaks} if first else None})
+            "audited": bool(decision.audits), "seconds": round(decision.seconds, 2), "verdict": decision.reason,
+            "evidence": last.attacks_run if last else None,
+            "first_audit": {"rung": decision.rung - len(decision.audits) + 1, "leaks": first.leaks,
+                            "beyond_chance": first.beyond_chance} if first else None})
         return decision.update
 
-    final = list(honest_fedavg(factory(0), data, training, rounds, keep=(), send=guarded, final=True))[-1]
-    out = {"setting": f"{clients} clients of examples/flower_audit ({model} model), {rounds} rounds, guard every "
-                      f"{every} round(s) "
-                      f"(tolerance 0, ladder {'; '.join(r.text for r in config.rungs)}, {config.strongest[0]}, "
-                      "start at the last rung, gallery: 64 other examples of the client's share)",
+    def federation(send):
+        history = list(honest_fedavg(initial(), data, training, rounds, keep=(), send=send, final=True))
+        return [_accuracy(r.received, test, evaluate, initial) for r in history[1:]]
+
+    accuracy = {"guarded": federation(guarded)}
+    out = {"setting": f"{clients} clients of examples/flower_audit ({config['model']}, "
+                      f"{config['examples-per-client']} examples each, {setting['local_epochs']} local epochs of "
+                      f"batch {setting['batch_size']}, SGD lr 0.05 momentum 0.9), {rounds} rounds, guard every "
+                      f"{setting['every']} round(s) (tolerance {guard_config.tolerance.to_text()}, ladder "
+                      f"{'; '.join(r.text for r in guard_config.rungs)}, {setting['attack']}, start at the last rung, "
+                      "gallery: 64 other examples of the client's share)",
            "rounds": {}}
     for number, rows in per_round.items():
         out["rounds"][number] = {
             "rungs": _count(r["rung"] for r in rows), "grades": _count(r["grade"] for r in rows),
-            "guard_seconds_median": statistics.median(r["seconds"] for r in rows),
-            "clients": rows}
+            "guard_seconds_median_audited": statistics.median([r["seconds"] for r in rows if r["audited"]] or [0.0]),
+            "accuracy_after": accuracy["guarded"][number - 1][1], "clients": rows}
     unprotected = [r for rows in per_round.values() for r in rows
-                   if r["sent"] and r["rung"] == "none" and r["grade"] == "leaks"]
+                   if r["sent"] and r["rung"] == "none" and r["grade"] not in ("within tolerance", "not audited")]
     graded_leaking = [r for rows in per_round.values() for r in rows
                       if r["first_audit"] and r["first_audit"]["rung"] == 0 and r["first_audit"]["leaks"]]
-    guard_seconds = [r["seconds"] for rows in per_round.values() for r in rows]
-    top = max(guards, key=lambda g: g.rung)
-    strength = top.config.rungs[top.rung - 1].text if top.rung else None
-    accuracy = {"guarded": _accuracy(final.received, test, evaluate, factory)}
+    audited_seconds = [r["seconds"] for rows in per_round.values() for r in rows if r["audited"]]
+    sent = [r for rows in per_round.values() for r in rows if r["sent"]]
+    strongest = max((guard_config.rungs.index(next(g for g in guard_config.rungs if g.text == r["rung"])) + 1
+                     for r in sent if r["rung"] != "none"), default=0)
+    strength = guard_config.rungs[strongest - 1].text if strongest else None
     for label, rung in (("fixed " + (strength or "none"), strength), ("no defense", None)):
         def fixed(number, client, model, update, x, y, rung=rung):
             if rung is None:
                 return update
             ctx = DefenseContext(stream(0, "fixed", number, client), {}, training(number, client), model)
             return make_chain([rung]).transform_update(update, ctx)
-        last = list(honest_fedavg(factory(0), data, training, rounds, keep=(), send=fixed, final=True))[-1]
-        accuracy[label] = _accuracy(last.received, test, evaluate, factory)
+        accuracy[label] = federation(fixed)
     out.update({"undefended_graded_leaking": len(graded_leaking), "sent_unprotected_while_leaking": len(unprotected),
-                "guard_seconds_per_client_round_median": statistics.median(guard_seconds),
+                "withheld": sum(not r["sent"] for rows in per_round.values() for r in rows),
+                "guard_seconds_per_audited_client_round_median": statistics.median(audited_seconds)
+                if audited_seconds else None,
                 "client_training_seconds_median": round(statistics.median(train_seconds), 4),
-                "final_strength": strength, "test_loss_and_accuracy_1000": accuracy})
+                "strongest_rung_sent": strength,
+                "final_test_loss_and_accuracy_1000": {k: v[-1] for k, v in accuracy.items()},
+                "test_accuracy_per_round": {k: [a for _, a in v] for k, v in accuracy.items()}})
     return out
 
 
-def _other_examples(partition: int):
+def chance(quick: bool, case: str = "utility") -> dict:
+    """The leak rule on updates that carry nothing: for each client of the case, its round-1
+    update replaced by Gaussian noise at the real update's RMS per tensor, attacked by the
+    guard's attack: how often the measured rates are above the tolerance (the guard would climb)
+    and how often beyond chance (it would withhold at the top rung)."""
+    from flower_audit.task import client_data, make_model
+
+    from gradleak.fl import compute_update
+    from gradleak.guard import audit_outbound
+    from gradleak.leakage import parse_tolerance
+
+    setting = OUTBOUND[case]
+    config = setting["config"]
+    clients = 2 if quick else 6
+    training = _training(setting)
+    rows = []
+    for client in range(clients):
+        x, y = client_data(client, 10, config)
+        torch.manual_seed(int(config["seed"]))
+        model = make_model(config)
+        update = compute_update(model, x, y, training(1, client))
+        g = torch.Generator().manual_seed(1000 + client)
+        noise = update.replace(tensors={k: torch.randn(v.shape, generator=g) * v.pow(2).mean().sqrt()
+                                        for k, v in update.tensors.items()})
+        audit = audit_outbound(model, noise, x, y, training=training(1, client), attacks=[setting["attack"]],
+                               gallery=_other_examples(client, config), tolerance=parse_tolerance(None))
+        rows.append({"client": client, "leaks": audit.leaks, "beyond_chance": audit.beyond_chance,
+                     "evidence": audit.attacks_run, "seconds": round(audit.seconds, 1)})
+    return {"setting": f"{case} case's clients, round 1, the update replaced by Gaussian noise at its RMS",
+            "clients": clients, "above_tolerance": sum(r["leaks"] for r in rows),
+            "beyond_chance": sum(r["beyond_chance"] for r in rows), "rows": rows}
+
+
+def _other_examples(partition: int, config: dict):
     from types import SimpleNamespace
 
     from flower_audit.guard import other_examples
 
-    return other_examples(SimpleNamespace(run_config=MNIST_CONFIG, node_config={
+    return other_examples(SimpleNamespace(run_config=config, node_config={
         "partition-id": partition, "num-partitions": 10}))
 
 
-def _accuracy(state, test, evaluate, factory) -> list[float]:
-    loss, accuracy = evaluate(_load(lambda: factory(0), state), test.inputs[:1000], test.labels[:1000])
+def _accuracy(state, test, evaluate, initial) -> list[float]:
+    loss, accuracy = evaluate(_load(initial, state), test.inputs[:1000], test.labels[:1000])
     return [round(loss, 4), round(accuracy, 4)]
 
 
@@ -242,19 +326,20 @@ def flower_app(quick: bool) -> dict:
     tmp = tempfile.mkdtemp()
     os.environ["GRADLEAK_FLOWER_OUT"], os.environ["GRADLEAK_GUARD_LOG"] = tmp, f"{tmp}/guard.jsonl"
     from flower_audit.client_app import app
-    from flower_audit.task import Net, initial_model
+    from flower_audit.task import initial_model, make_model
 
     config = tomllib.loads((EXAMPLES / "flower_audit" / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    config.update({"guard": True, "guard-attacks": "ig:iterations=100", "guard-start": "last"})
+    config.update({"guard": True, "guard-attacks": "ig:iterations=100", "guard-start": "last",
+                   "model": "sigmoid-cnn", "examples-per-client": 8})  # the small configuration
     clients = 3 if quick else 10
     contexts = [Context(run_id=1, node_id=100 + c, node_config={"partition-id": c, "num-partitions": 10},
                         state=RecordDict(), run_config=config) for c in range(clients)]
-    global_state = initial_model(0).state_dict()
+    global_state = initial_model(config).state_dict()
     out: dict = {}
     for number in (1, 2, 3):
         sent = global_state
         if number == 2:
-            crafted = make_attack("rtf").prepare_model(_load(Net, global_state), MNIST, 10,
+            crafted = make_attack("rtf").prepare_model(_load(lambda: make_model(config), global_state), MNIST, 10,
                                                        AttackContext(seed=2)).model
             sent = {k: v.detach() for k, v in crafted.state_dict().items()}
         replies = []
@@ -275,13 +360,29 @@ def flower_app(quick: bool) -> dict:
     return out
 
 
-def run(quick: bool = False) -> dict:
+CASES = ("inbound", "flower_app", "outbound", "chance", "utility")
+
+
+def run(quick: bool = False, cases=CASES) -> dict:
     torch.set_num_threads(1)
     _apps_on_path()
-    start = time.perf_counter()
-    out = {"inbound": inbound(quick)}
-    out["inbound_seconds"] = round(time.perf_counter() - start, 1)
-    out["flower_app"] = flower_app(quick)
-    out["outbound"] = outbound(quick)
-    out["outbound_utility_mlp"] = outbound(quick, "mlp")
+    out: dict = {}
+    for case in cases:
+        start = time.perf_counter()
+        if case == "utility":
+            out[case] = outbound(quick, "utility")
+        else:
+            out[case] = {"inbound": inbound, "flower_app": flower_app, "outbound": outbound,
+                         "chance": chance}[case](quick)
+        out[f"{case}_seconds"] = round(time.perf_counter() - start, 1)
     return out
+
+
+if __name__ == "__main__":  # python -m benchmarks.bench_guard [case ...] [--quick]
+    import json
+
+    wanted = [a for a in sys.argv[1:] if not a.startswith("--")]
+    unknown = [w for w in wanted if w not in CASES]
+    if unknown:
+        sys.exit(f"bench_guard: unknown case '{unknown[0]}'; choose from: {', '.join(CASES)}")
+    print(json.dumps(run("--quick" in sys.argv, tuple(wanted) or CASES), indent=2))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from flwr.clientapp import ClientApp  # noqa: E402
 
 from gradleak.attacks import make_attack  # noqa: E402
 from gradleak.attacks.base import AttackContext  # noqa: E402
+from gradleak.errors import GradleakError  # noqa: E402
 from gradleak.fl import TrainingSpec  # noqa: E402
 from gradleak.flower.guard import FlowerGuard  # noqa: E402
 from gradleak.guard import GuardConfig  # noqa: E402
@@ -142,7 +144,7 @@ def test_guard_off_passes_through_and_a_bad_run_config_is_one_line(tmp_path):
     app = _app(_guard(tmp_path), trained)
     reply = _send(app, _mlp().state_dict(), 1, _context(guard=False))
     assert "guard-rung" not in reply.content["metrics"] and len(trained) == 1
-    for key, value, message in [("guard-tolerance", 2.0, "tolerance must be a share of examples in [0, 1)"),
+    for key, value, message in [("guard-tolerance", "linkage=2", "tolerance linkage must be above 0.5"),
                                 ("guard-ladder", "noise:sigma=0.1;noise:sigma=0.01", "not increasing at rung 2"),
                                 ("guard-ladder", "blur", "unknown defense 'blur'")]:
         reply = _send(app, _mlp().state_dict(), 1, _context(**{key: value}))
@@ -157,7 +159,6 @@ def test_the_example_app_refuses_a_crafted_round_on_every_client(tmp_path, monke
     The attack is DLG at 2 iterations and the ladder one rung of large noise, so that the
     outbound side stays cheap and sure to send here (the benchmark runs the real ones)."""
     import tomllib
-    from pathlib import Path
 
     app_dir = Path(__file__).resolve().parents[1] / "examples" / "flower_audit"
     monkeypatch.syspath_prepend(str(app_dir))
@@ -169,9 +170,10 @@ def test_the_example_app_refuses_a_crafted_round_on_every_client(tmp_path, monke
     assert config["guard"] is False  # off unless the run asks for it
     config.update({"model": "sigmoid-cnn", "examples-per-client": 8,  # the example's small configuration
                    "guard": True, "guard-attacks": "dlg:iterations=2", "guard-ladder": "noise:sigma=1",
-                   # even under noise of 1 a content-free reconstruction re-identifies 2 of 8 "typical"
-                   # examples among the client's own share now and then (docs/guard.md, Limits)
-                   "guard-tolerance": 0.5})
+                   # DLG's random start after 2 iterations under noise of 1 carries nothing, yet one of
+                   # these clients measured a linkage AUC of 0.754 over its 8 examples, beyond chance by
+                   # the test (docs/guard.md, Limits): a lax tolerance keeps this test on the inbound side
+                   "guard-tolerance": "linkage=0.9,recognizable=0.5"})
     contexts = [Context(run_id=1, node_id=10 + c, node_config={"partition-id": c, "num-partitions": 10},
                         state=RecordDict(), run_config=config) for c in range(3)]
     honest = initial_model(config).state_dict()
@@ -182,7 +184,7 @@ def test_the_example_app_refuses_a_crafted_round_on_every_client(tmp_path, monke
         if server_round == 2:
             assert all(r.has_error() and "refused round 2" in r.error.reason for r in replies)
         else:
-            assert not any(r.has_error() for r in replies)
+            assert not any(r.has_error() for r in replies), [r.error.reason for r in replies if r.has_error()]
             assert all(r.content["metrics"]["guard-rung"] in (0, 1) for r in replies)
             make_model(config).load_state_dict(replies[0].content["arrays"].to_torch_state_dict())
     records = [json.loads(line) for line in (tmp_path / "guard.jsonl").read_text().splitlines()]
@@ -190,4 +192,66 @@ def test_the_example_app_refuses_a_crafted_round_on_every_client(tmp_path, monke
     # round 3 compared the received model with round 1's, the last that passed (context.state)
     assert all(r["compared_with_previous"] for r in records if r["stage"] == "inbound" and r["round"] == 3)
     for name in [n for n in list(sys.modules) if n.startswith("flower_audit")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+APP = Path(__file__).resolve().parents[1] / "examples" / "flower_audit"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (("guard=true", "guard-tolerance=linkage=1.5"), "guard: tolerance linkage must be above 0.5 and below 1, got 1.5"),
+    (("guard=true", "guard-ladder=noise:sigma=0.01;noise:sigma=0.001"), "the ladder is not increasing at rung 2"),
+    (("guard=true", "guard-ladder=noise:sigma=0.001;blur:radius=2"), "unknown defense 'blur'"),
+    (("guard=true", "guard-every=0"), "guard: every must be a whole number of rounds >= 1, got 0"),
+    (("guard=maybe",), "--run-config guard=maybe: expected a bool"),
+])
+def test_gradleak_flower_refuses_a_bad_guard_configuration_before_the_simulation(overrides, message, tmp_path,
+                                                                                 capsys, monkeypatch):
+    """`gradleak flower` checks the app's guards against the run config before it starts
+    Flower: one line, exit code 2, no round run (no guard log, no store)."""
+    from gradleak.cli import main
+
+    monkeypatch.setenv("GRADLEAK_GUARD_LOG", str(tmp_path / "guard.jsonl"))
+    args = [arg for item in overrides for arg in ("--run-config", item)]
+    code = main(["flower", str(APP), "--out", str(tmp_path / "out"), *args])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "guard.jsonl").exists() and not (tmp_path / "out" / "results.db").exists()
+
+
+def test_the_command_line_says_it_in_one_line_with_exit_code_2(tmp_path):
+    """The same, as a user runs it: a subprocess (no simulation starts: a few seconds)."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-m", "gradleak", "flower", str(APP), "--out", str(tmp_path / "out"),
+                             "--run-config", "guard=true", "--run-config", "guard-tolerance=recognizable=2"],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "gradleak: error: guard: tolerance recognizable must be above 0 and below 1, got 2"]
+
+
+@pytest.mark.parametrize("app", ["flower_audit", "flower_text"])
+def test_the_example_server_apps_check_the_guard_when_the_run_starts(app, monkeypatch):
+    """Under `flwr run` the ServerApp's main checks the guard first: a bad guard-* value
+    raises there, before the strategy starts round 1 (the grid is never touched)."""
+    import importlib
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1] / "examples" / app
+    monkeypatch.syspath_prepend(str(root))
+    server = importlib.import_module(f"{app}.server_app")
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    for key, value, message in (("guard-ladder", "noise:sigma=1;noise:sigma=0.1", "not increasing at rung 2"),
+                                ("guard-tolerance", "level=2", "tolerance level must be above 0.5"),
+                                ("guard-every", 1.5, "guard-every' = 1.5 is not a valid every")):
+        context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                          run_config={**config, "guard": True, key: value})
+        with pytest.raises(GradleakError, match=message) as info:
+            server.main(grid=None, context=context)
+        assert "\n" not in str(info.value)
+    for name in [n for n in list(sys.modules) if n.startswith(app)]:
         monkeypatch.delitem(sys.modules, name)

@@ -118,8 +118,12 @@ def test_guard_keeps_the_last_clean_model_as_reference(cnn_rounds, tmp_path):
 
 @pytest.mark.parametrize("config, message", [
     ({"ladder": ["noise:sigma=0.01", "blur:radius=2"]}, "ladder rung 2 (blur:radius=2): unknown defense 'blur'"),
-    ({"tolerance": 1.5}, "tolerance must be a share of examples in [0, 1)"),
-    ({"tolerance": -0.1}, "tolerance must be a share of examples in [0, 1)"),
+    ({"tolerance": "linkage=1.5"}, "guard: tolerance linkage must be above 0.5 and below 1, got 1.5"),
+    ({"tolerance": "recognizable=-0.1"}, "guard: tolerance recognizable must be above 0 and below 1"),
+    ({"tolerance": "level=0.3"}, "guard: tolerance level must be above 0.5"),
+    ({"tolerance": "linkage=high"}, "guard: tolerance linkage must be a number, got 'high'"),
+    ({"tolerance": "share=0.1"}, "guard: tolerance key 'share' unknown"),
+    ({"tolerance": 0.1}, "guard: tolerance must be the verdict's, e.g. linkage=0.6"),
     ({"ladder": "noise:sigma=0.01; noise:sigma=0.001"}, "not increasing at rung 2"),
     ({"ladder": ["clip:bound=1", "clip:bound=2"]}, "bound goes from 1.0 to 2.0, a weaker setting"),
     ({"ladder": ["noise:sigma=0.01", "noise:sigma=0.01"]}, "no stronger than the rung below"),
@@ -127,6 +131,8 @@ def test_guard_keeps_the_last_clean_model_as_reference(cnn_rounds, tmp_path):
     ({"ladder": ["noise:sigma=-1"]}, "sigma must be >= 0"),
     ({"ladder": []}, "the defense ladder is empty"),
     ({"every": 0}, "every must be a whole number of rounds >= 1"),
+    ({"attacks": ["ig:iterations=50", "blah"]}, "guard: attack 'blah': unknown attack 'blah'"),
+    ({"strongest": ("ig:foo=1",)}, "guard: attack 'ig:foo=1': attack 'ig' has no option 'foo'"),
     ({"time_budget": 0}, "time_budget must be a positive number"),
     ({"on_crafted": "ignore"}, "on_crafted must be one of refuse, safe_copy"),
 ])

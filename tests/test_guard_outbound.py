@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from gradleak.fl import TrainingSpec, compute_update
-from gradleak.guard import Guard, GuardConfig, guard, update_leaks
+from gradleak.guard import Guard, GuardConfig, guard, judge_update, update_evidence, update_leaks
+from gradleak.leakage import Tolerance
 
 FEDSGD = TrainingSpec(lr=0.1)
 
@@ -25,23 +26,71 @@ def _one_example(seed: int = 1):
     return torch.rand(1, 1, 8, 8, generator=g), torch.tensor([2])
 
 
-def test_update_leaks_counts_copies_and_reidentifications():
-    copy_ = {"success": True, "gallery_rank": 0}
-    found = {"success": False, "gallery_rank": 0}
-    missed = {"success": False, "gallery_rank": 7}
-    assert update_leaks([copy_] + [missed] * 7, 0.0)[0]
-    leaks, reason = update_leaks([copy_, found] + [missed] * 6, 0.2)
-    assert leaks and reason.startswith("2 of 8 examples exposed (1 copied exactly, 2 re-identified)")
-    assert not update_leaks([copy_] + [missed] * 7, 0.2)[0]  # 12.5 % within a 20 % tolerance
-    assert not update_leaks([missed] * 8, 0.0)[0]
-    assert not update_leaks([], 0.0)[0]
-    # among a gallery of 64 (chance 1/65), one of 8 re-identified is what chance gives; three is not
-    chance = {"reid_chance": 1 / 65}
-    one = [{**found, **chance}] + [{**missed, **chance}] * 7
-    leaks, reason = update_leaks(one, 0.0)
-    assert not leaks and "1 re-identified, within chance" in reason
-    assert update_leaks([{**found, **chance}] * 3 + [{**missed, **chance}] * 5, 0.0)[0]
-    assert update_leaks([{**copy_, **chance}] + [{**missed, **chance}] * 7, 0.0)[0]  # a copy always counts
+def _scores(n: int, linkage: float = 0.5, recognizable: int = 0, copies: int = 0, chance: float = 1 / 65):
+    """Per-example scores as the scorer writes them: `n` examples judged among a gallery of 64."""
+    return [{"success": k < copies, "gallery_rank": 0 if k < recognizable else 9, "linkage": linkage,
+             "recognizable": k < recognizable, "reid_chance": chance} for k in range(n)]
+
+
+def test_update_leaks_weighs_the_verdicts_evidence_against_its_tolerance():
+    # a copy decides, whatever the rest
+    leaks, reason = update_leaks(_scores(8, copies=1))
+    assert leaks and reason.startswith("1 of 8 examples copied exactly")
+    assert judge_update([("ig", update_evidence(_scores(8, copies=1)))]).beyond_chance
+    # reconstructions that carry nothing: linkage 0.5, none recognizable
+    assert update_leaks(_scores(8)) == (False, update_leaks(_scores(8))[1])
+    assert not update_leaks(_scores(8))[0]
+    # 1 of 8 recognizable is 12.5 %, above the default 10 %: not sent as it is; but one
+    # recognised among 64 happens by chance (binomial tail 0.12 at 1/65, Holm x2): within chance
+    grade = judge_update([("ig", update_evidence(_scores(8, recognizable=1)))])
+    assert grade.leaks and grade.grade == "recognizable" and not grade.beyond_chance
+    assert "1 of 8 examples recognizable (12.5%" in grade.reason and "within chance" in grade.reason
+    grade = judge_update([("ig", update_evidence(_scores(8, recognizable=3)))])
+    assert grade.leaks and grade.beyond_chance and "beyond chance" in grade.reason
+    # within a tolerance of 20 %, 1 of 8 is no leak
+    assert not update_leaks(_scores(8, recognizable=1), "recognizable=0.2")[0]
+    # linkage: 0.65 over 8 examples is above 0.6 but within what chance gives (z = 1.47);
+    # 0.9 is not; 0.58 is within the tolerance
+    grade = judge_update([("ig", update_evidence(_scores(8, linkage=0.65)))])
+    assert grade.leaks and grade.grade == "linkable" and not grade.beyond_chance
+    assert judge_update([("ig", update_evidence(_scores(8, linkage=0.9)))]).beyond_chance
+    assert not update_leaks(_scores(8, linkage=0.58))[0]
+    assert not update_leaks(_scores(8, linkage=0.65), Tolerance(linkage=0.7))[0]
+    # the same 0.65 over 64 examples is beyond chance
+    assert judge_update([("ig", update_evidence(_scores(64, linkage=0.65)))]).beyond_chance
+    # without a gallery only copies count
+    bare = [{"success": False, "gallery_rank": None, "linkage": None}] * 8
+    assert not update_leaks(bare)[0] and "only copies" in judge_update([("ig", update_evidence(bare))]).reason
+    assert not update_leaks([])[0]
+
+
+def test_holm_corrects_over_the_audits_attacks():
+    """linkage 0.72 over 8 examples: one-sided p 0.016; two tests of one attack make it
+    0.031 (beyond chance at 95 %), eight tests of four attacks 0.12 (within chance)."""
+    leaky = ("ig", update_evidence(_scores(8, linkage=0.72)))
+    assert judge_update([leaky]).beyond_chance
+    others = [(f"other{k}", update_evidence(_scores(8))) for k in range(3)]
+    grade = judge_update([leaky, *others])
+    assert grade.leaks and not grade.beyond_chance and grade.attack == "ig"
+
+
+def test_the_top_rung_above_the_tolerance_within_chance_is_sent(monkeypatch):
+    """The ladder's logic on given audits: a leak beyond chance climbs; at the top rung a leak
+    within chance is sent under it (withholding would refuse it on chance), one beyond chance
+    is withheld."""
+    import gradleak.guard as guard_module
+    from gradleak.guard.outbound import OutboundAudit
+
+    x, y = _one_example()
+    update = compute_update(_mlp(), x, y, FEDSGD)
+    for top, expected in (((True, False), ("within chance", True)), ((True, True), ("withheld", False))):
+        audits = iter([OutboundAudit(True, "copies", beyond_chance=True), OutboundAudit(*top[:1], "top",
+                                                                                     beyond_chance=top[1])])
+        monkeypatch.setattr(guard_module, "audit_outbound", lambda *a, **k: next(audits))
+        decision = Guard(GuardConfig(ladder=["noise:sigma=0.01"]), training=FEDSGD).outbound(_mlp(), update, (x, y))
+        assert (decision.grade, decision.send) == expected and decision.rung == 1
+        assert decision.update is None or not torch.equal(decision.update.tensors["1.weight"],
+                                                          update.tensors["1.weight"])
 
 
 def test_a_batch_one_dense_layer_climbs_the_ladder(tmp_path):
@@ -54,7 +103,7 @@ def test_a_batch_one_dense_layer_climbs_the_ladder(tmp_path):
     decision = guard(_mlp(), update, (x, y), training=FEDSGD, config=config)
     assert decision.send and decision.rung == 2 and decision.rung_text == "noise:sigma=1"
     assert [a.leaks for a in decision.audits] == [True, True, False]
-    assert "1 of 1 examples exposed (1 copied exactly" in decision.audits[0].reason
+    assert "fc-analytic: 1 of 1 examples copied exactly" in decision.audits[0].reason
     sent = decision.update.tensors["1.weight"]
     assert not torch.equal(sent, update.tensors["1.weight"])
     assert 0.8 < float((sent - update.tensors["1.weight"]).std()) < 1.2  # the rung's noise, sigma 1
@@ -99,6 +148,16 @@ def test_every_kth_round_keeps_the_last_rung_between_audits(tmp_path):
     assert g.outbound(_mlp(), update, (x, y), server_round=3).audits  # audited again
     assert [json.loads(line)["grade"] for line in log.read_text().splitlines()] == [
         "within tolerance", "not audited", "within tolerance"]
+
+
+def test_after_a_withholding_audit_the_rounds_until_the_next_withhold_too():
+    x, y = _one_example(2)
+    update = compute_update(_mlp(), x, y, FEDSGD)
+    g = Guard(GuardConfig(ladder=["noise:sigma=0.000001"], attacks=["fc-analytic"], every=2), training=FEDSGD)
+    decisions = [g.outbound(_mlp(), update, (x, y), server_round=r) for r in (1, 2, 3)]
+    assert [(d.send, d.grade, bool(d.audits)) for d in decisions] == [
+        (False, "withheld", True), (False, "withheld", False), (False, "withheld", True)]
+    assert "the last audit withheld" in decisions[1].reason
 
 
 def test_a_dpsgd_rung_retrains_the_client():
@@ -150,6 +209,6 @@ def test_the_text_example_is_not_sent_while_dager_copies_it(monkeypatch):
     update = compute_update(Net(0), x, y, training)
     decision = guard(Net(0), update, (x, y), training=training, gallery=held_out_sequences(200),
                      num_classes=VOCAB_SIZE, tokenizer="gpt2", config=GuardConfig())
-    assert decision.audits[0].leaks and "4 of 4 examples exposed (4 copied exactly" in decision.audits[0].reason
+    assert decision.audits[0].leaks and "dager: 4 of 4 examples copied exactly" in decision.audits[0].reason
     assert decision.send and decision.rung >= 1
     assert any("tag" in s and "FedAvg" in s for s in decision.audits[-1].skipped)

@@ -23,7 +23,9 @@ clean model, the client's own last update, the rung chosen) lives in the node's
 
 Run-config keys read (all optional but `guard`): `guard` (true/false), `guard-tolerance`,
 `guard-ladder` (rungs separated by `;`), `guard-every`, `guard-start`, `guard-time-budget`,
-`guard-on-crafted`, `guard-attacks` (attack specs separated by `;`).
+`guard-on-crafted`, `guard-attacks` (attack specs separated by `;`). `FlowerGuard.check(run_config)`
+checks them when the run starts (`gradleak flower` calls it before the simulation, the
+example ServerApps first in their `main`), so that a bad value is one line before round 1.
 """
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ DEFAULT_LOG = "gradleak-guard.jsonl"
 STATE_KEY = "gradleak-guard"
 # run-config key → GuardConfig field and how its text is read
 RUN_CONFIG_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "guard-tolerance": ("tolerance", float),
+    "guard-tolerance": ("tolerance", str),
     "guard-ladder": ("ladder", str),
     "guard-every": ("every", int),
     "guard-start": ("start", str),
@@ -100,16 +102,21 @@ class FlowerGuard:
 
     def client_mod(self, msg, context, call_next):
         """Flower client mod: the inbound check, training, the outbound audit and ladder."""
-        if not _is_train(msg) or not self.enabled(context.run_config):
+        if not _is_train(msg):
             return call_next(msg, context)
-        server_round = _server_round(msg)
-        training = self.training(context, server_round)
-        client = context.node_config.get("partition-id", context.node_id)
+        try:  # a bad switch or guard-* key: one line to the server, before anything trains
+            config = self.check(context.run_config)
+        except GradleakError as exc:
+            return _no_update(msg, self.config, str(exc), "guard-misconfigured")
+        if config is None:
+            return call_next(msg, context)
         try:
-            config = self.config_for(context.run_config)
+            server_round = _server_round(msg)
+            training = self.training(context, server_round)
+            client = context.node_config.get("partition-id", context.node_id)
             guard = Guard(config, training=training, num_classes=self.num_classes, tokenizer=self.tokenizer,
                           client=client)
-        except GradleakError as exc:  # bad guard-* keys: one line to the server, before anything trains
+        except GradleakError as exc:
             return _no_update(msg, self.config, str(exc), "guard-misconfigured")
         _restore(guard, context.state)
         start = time.perf_counter()
@@ -154,12 +161,21 @@ class FlowerGuard:
 
     # ---------------------------------------------------------------- configuration
 
+    def check(self, run_config: Mapping[str, Any]) -> GuardConfig | None:
+        """The run's guard configuration, checked before any round: None when the run config
+        turns the guard off, else the `GuardConfig` with its `guard-*` keys; one line
+        (`GradleakError`) when the switch or a key is bad. The example apps' ServerApps call it
+        when the run starts and `gradleak flower` before it starts the simulation."""
+        return self.config_for(run_config) if self.enabled(run_config) else None
+
     def enabled(self, run_config: Mapping[str, Any]) -> bool:
         value = run_config.get(self.switch, False)
         if isinstance(value, str):
             if value.strip().lower() not in ("true", "false", "1", "0", "yes", "no", ""):
                 raise GradleakError(f"FlowerGuard: run config '{self.switch}' must be true or false, got {value!r}")
             return value.strip().lower() in ("true", "1", "yes")
+        if not isinstance(value, (bool, int)) or value not in (0, 1):
+            raise GradleakError(f"FlowerGuard: run config '{self.switch}' must be true or false, got {value!r}")
         return bool(value)
 
     def config_for(self, run_config: Mapping[str, Any]) -> GuardConfig:
@@ -167,8 +183,14 @@ class FlowerGuard:
         changes: dict[str, Any] = {}
         for key, (name, read) in RUN_CONFIG_KEYS.items():
             if key in run_config:
+                value = run_config[key]
                 try:
-                    changes[name] = read(run_config[key])
+                    if isinstance(value, bool) or (read in (int, float) and isinstance(value, str)
+                                                   and not value.strip()):
+                        raise ValueError
+                    changes[name] = read(value)
+                    if read is int and isinstance(value, float) and value != int(value):
+                        raise ValueError
                 except (TypeError, ValueError):
                     raise GradleakError(f"FlowerGuard: run config '{key}' = {run_config[key]!r} is not "
                                         f"a valid {name}") from None
@@ -211,7 +233,7 @@ def _save(guard: Guard, state) -> None:
     if guard.own_change is not None:
         state.array_records[f"{STATE_KEY}-own-change"] = ArrayRecord(
             {k: v.detach().clone() for k, v in guard.own_change.items()})
-    state.config_records[STATE_KEY] = ConfigRecord({"rung": int(guard.rung)})
+    state.config_records[STATE_KEY] = ConfigRecord({"rung": int(guard.rung), "withholding": bool(guard.withholding)})
 
 
 def _restore(guard: Guard, state) -> None:
@@ -220,4 +242,6 @@ def _restore(guard: Guard, state) -> None:
     if f"{STATE_KEY}-own-change" in state.array_records:
         guard.own_change = state_of(state.array_records[f"{STATE_KEY}-own-change"].to_torch_state_dict())
     if STATE_KEY in state.config_records:
-        guard.rung = int(state.config_records[STATE_KEY]["rung"])
+        record = state.config_records[STATE_KEY]
+        guard.rung = int(record["rung"])
+        guard.withholding = bool(record["withholding"]) if "withholding" in record else False

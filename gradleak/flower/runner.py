@@ -105,6 +105,8 @@ def run_app(app_dir: str | Path, *, out: str | Path = "gradleak-flower", num_sup
     server_app, server_module = _load(app["components"]["serverapp"], root)
     client_app, client_module = _load(app["components"]["clientapp"], root)
     audits = _find_audits(server_module, client_module)
+    for guard in _find_guards(server_module, client_module):
+        guard.check(config)  # a bad guard configuration: one line now, not in round 1 of every client
     # The hook lives in the app's module, so a second run in this process meets the same
     # object: this run's settings are set for the run and restored afterwards.
     overrides = {"out": str(out), "rounds": tuple(rounds) if rounds is not None else None, "clients": clients,
@@ -245,6 +247,14 @@ def _find_audits(*modules) -> list[FlowerAudit]:
     if not found:
         raise GradleakError("Flower app has no gradleak.flower.FlowerAudit hook in its ServerApp or ClientApp "
                             "module (see docs/flower.md)")
+    return list(found.values())
+
+
+def _find_guards(*modules) -> list:
+    """The app's client-side guards (`gradleak.flower.guard.FlowerGuard`), if it has any."""
+    from .guard import FlowerGuard
+
+    found = {id(v): v for module in modules for v in vars(module).values() if isinstance(v, FlowerGuard)}
     return list(found.values())
 
 

@@ -6,9 +6,9 @@ Two halves, for any framework (the Flower client mod is `gradleak.flower.guard`)
   checked for the signs of a crafted one (`gradleak.guard.inbound`);
 - outbound (`guard`, `Guard.outbound`): after training, the update is attacked as the
   server would attack it and scored against the client's own examples
-  (`gradleak.guard.outbound`); while it leaks beyond the tolerance, the next rung of the
-  defense ladder is applied and the update re-checked; if the top rung still leaks, the
-  update is withheld.
+  (`gradleak.guard.outbound`); while it leaks beyond the verdict's tolerance (by the measured
+  rates), the next rung of the defense ladder is applied and the update re-checked; if the
+  top rung still leaks beyond what chance explains, the update is withheld.
 
 Every decision is one JSON line in the log (round, stage, grade, rung, seconds, reason).
 See docs/guard.md.
@@ -32,10 +32,11 @@ from ..fl.update import Update
 from ..seeding import stream
 from .config import DEFAULT_LADDER, GuardConfig, Rung, parse_ladder
 from .inbound import Finding, InboundReport, inspect_received, state_of
-from .outbound import OutboundAudit, audit_outbound, update_leaks
+from .outbound import OutboundAudit, UpdateGrade, audit_outbound, judge_update, update_evidence, update_leaks
 
 __all__ = ["guard", "Guard", "GuardConfig", "GuardDecision", "check_received", "InboundReport", "Finding",
-           "OutboundAudit", "update_leaks", "parse_ladder", "DEFAULT_LADDER"]
+           "OutboundAudit", "UpdateGrade", "judge_update", "update_evidence", "update_leaks", "parse_ladder",
+           "DEFAULT_LADDER"]
 
 
 @dataclass
@@ -46,7 +47,9 @@ class GuardDecision:
     update: Update | None  # what to send (None: withhold)
     rung: int  # 0: no defense; k: the k-th rung of the ladder
     rung_text: str
-    grade: str  # "leaks", "within tolerance", "withheld", "crafted", "not audited"
+    # "within tolerance", "within chance" (the top rung, above the tolerance by chance-level
+    # evidence only), "withheld", "crafted", "not audited"
+    grade: str
     reason: str
     seconds: float
     audits: list[OutboundAudit] = field(default_factory=list)  # one per rung checked
@@ -100,6 +103,7 @@ class Guard:
         self.previous: dict[str, torch.Tensor] | None = None
         self.own_change: dict[str, torch.Tensor] | None = None
         self.rung = 0  # the rung chosen at the last audit
+        self.withholding = False  # the last audit withheld the update: so do the rounds until the next
         self.client_state: dict = {}
 
     # ------------------------------------------------------------------ inbound
@@ -131,7 +135,11 @@ class Guard:
         x, y = examples
         cfg = self.config
         audits: list[OutboundAudit] = []
-        if not self.audited_round(server_round):
+        if not self.audited_round(server_round) and self.withholding:
+            decision = GuardDecision(False, None, self.rung, self._rung_text(self.rung), "withheld",
+                                     f"round not audited (every {cfg.every}); the last audit withheld the top rung",
+                                     time.perf_counter() - start)
+        elif not self.audited_round(server_round):
             sent = self.defended(self.rung, model_before, update, x, y, training, server_round, self.client_state)
             decision = GuardDecision(True, sent, self.rung, self._rung_text(self.rung), "not audited",
                                      f"round not audited (every {cfg.every}); the last chosen rung applied",
@@ -154,6 +162,14 @@ class Guard:
                     decision = GuardDecision(True, candidate, rung, self._rung_text(rung), audit.grade, audit.reason,
                                              time.perf_counter() - start, audits)
                     break
+            if decision is None and not audits[-1].beyond_chance:
+                # above the tolerance as measured, but no more than chance gives: withholding would
+                # refuse a well-defended update on chance; the strongest rung goes out
+                self.rung, self.client_state = len(cfg.rungs), state
+                decision = GuardDecision(True, candidate, self.rung, self._rung_text(self.rung), "within chance",
+                                         f"the top rung is above the tolerance only within chance "
+                                         f"({audits[-1].reason}); sent under it", time.perf_counter() - start, audits)
+            self.withholding = decision is None
             if decision is None:
                 self.rung = len(cfg.rungs)
                 decision = GuardDecision(False, None, self.rung, self._rung_text(self.rung), "withheld",
@@ -164,8 +180,10 @@ class Guard:
         self.log({"round": server_round, "stage": "outbound", "grade": decision.grade, "rung": decision.rung,
                   "rung_text": decision.rung_text, "sent": decision.send, "reason": decision.reason,
                   "seconds": round(decision.seconds, 3),
-                  "audits": [{"rung": k, "leaks": a.leaks, "attacks": a.attacks_run, "seconds": round(a.seconds, 3),
-                              "budget_spent": a.budget_spent} for k, a in enumerate(audits)],
+                  "audits": [{"rung": decision.rung - len(audits) + 1 + k, "leaks": a.leaks, "verdict": a.verdict,
+                              "beyond_chance": a.beyond_chance, "attacks": a.attacks_run,
+                              "seconds": round(a.seconds, 3), "budget_spent": a.budget_spent}
+                             for k, a in enumerate(audits)],
                   "labels_shown": audits[0].labels_shown if audits else None})
         return decision
 

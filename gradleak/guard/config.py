@@ -16,6 +16,7 @@ from typing import Literal, Sequence
 
 from ..defenses import DefenseChain, make_chain
 from ..errors import GradleakError
+from ..leakage import Tolerance, parse_tolerance
 from ..options import ComponentSpec, options_dict, parse_spec
 
 # defense → (option, +1 when a larger value is stronger, -1 when a smaller one is)
@@ -47,12 +48,15 @@ class Rung:
 
 @dataclass
 class GuardConfig:
-    """tolerance:   share of the client's examples the audit may expose (copied exactly or
-                    re-identified among the gallery) before an update counts as leaking, in [0, 1);
+    """tolerance:   the verdict's tolerance (`gradleak.leakage.Tolerance`, or its text
+                 "linkage=0.6,recognizable=0.1,level=0.95"; None: that default): an update
+                 leaks when an attack copies an example or its recognizable rate or linkage
+                 AUC, as measured, is above it (gradleak.guard.outbound, docs/guard.md);
     ladder:      the defense rungs, weakest first (texts, or one text with `;` between rungs);
     time_budget: seconds the outbound audit may spend per round (per rung checked);
     every:       audit the outgoing update every k-th round (1: every round); between audits
-                 the last chosen rung is applied unaudited;
+                 the last chosen rung is applied unaudited (nothing is sent when the last audit
+                 withheld the update);
     start:       where an audit starts climbing: "bottom" (the update as trained, then each rung
                  in turn) or "last" (the rung chosen at the last audit: fewer audits per round,
                  but the guard never steps back down);
@@ -67,7 +71,7 @@ class GuardConfig:
                  saying why, for strategies that accept one).
     """
 
-    tolerance: float = 0.0
+    tolerance: Tolerance | str | None = None
     ladder: Sequence[str] | str = DEFAULT_LADDER
     time_budget: float = 60.0
     every: int = 1
@@ -82,10 +86,15 @@ class GuardConfig:
     rungs: tuple[Rung, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
-        if isinstance(self.tolerance, bool) or not isinstance(self.tolerance, (int, float)) \
-                or not math.isfinite(self.tolerance) or not 0 <= self.tolerance < 1:
-            raise GradleakError(f"guard: tolerance must be a share of examples in [0, 1), got {self.tolerance!r}")
-        if not isinstance(self.time_budget, (int, float)) or not self.time_budget > 0:
+        if isinstance(self.tolerance, (bool, int, float)):  # the share of examples of earlier versions
+            raise GradleakError(f"guard: tolerance must be the verdict's, e.g. "
+                                f"linkage=0.6,recognizable=0.1,level=0.95; got {self.tolerance!r}")
+        try:
+            self.tolerance = parse_tolerance(self.tolerance)
+        except GradleakError as exc:
+            raise GradleakError(f"guard: {exc}") from None
+        if isinstance(self.time_budget, bool) or not isinstance(self.time_budget, (int, float)) \
+                or not math.isfinite(self.time_budget) or not self.time_budget > 0:
             raise GradleakError(f"guard: time_budget must be a positive number of seconds, got {self.time_budget!r}")
         if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
             raise GradleakError(f"guard: every must be a whole number of rounds >= 1, got {self.every!r}")
@@ -100,6 +109,25 @@ class GuardConfig:
         if self.budget not in BUDGETS:
             raise GradleakError(f"guard: budget must be one of {', '.join(BUDGETS)}, got {self.budget!r}")
         self.rungs = parse_ladder(self.ladder)
+        if isinstance(self.attacks, str) and self.attacks.strip().lower() != "auto":
+            self.attacks = [self.attacks]
+        if not isinstance(self.attacks, str):
+            self.attacks = [str(a).strip() for a in self.attacks if str(a).strip()]
+            if [a.lower() for a in self.attacks] in ([], ["auto"]):
+                self.attacks = "auto"
+        self.strongest = tuple(self.strongest)
+        _check_attacks(([] if self.attacks == "auto" else list(self.attacks)) + list(self.strongest))
+
+
+def _check_attacks(texts: list[str]) -> None:
+    """Every attack the guard may run exists and takes its options (one line if not)."""
+    from ..attacks import make_attack
+
+    for text in texts:
+        try:
+            make_attack(text)
+        except GradleakError as exc:
+            raise GradleakError(f"guard: attack '{text}': {exc}") from None
 
 
 def parse_ladder(ladder: Sequence[str] | str) -> tuple[Rung, ...]:

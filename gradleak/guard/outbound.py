@@ -8,7 +8,19 @@ analytic attacks run first (the exact-copy conditions: a dense layer on the inpu
 strongest applicable optimisation attack at a small budget, until one shows a leak or the
 time budget is spent. Which label counts the head's bias update shows is logged beside.
 
-The leak decision is one function, `update_leaks(scores, tolerance)`.
+The leak decision weighs the verdict's evidence (`gradleak.leakage.Evidence`: copies, the
+recognizable rate, the linkage AUC) against the verdict's tolerance
+(`gradleak.leakage.Tolerance`), in `judge_update`; `update_leaks(scores, tolerance)` is it
+for one attack's per-example scores. One client-round has a few examples, too few to bound a
+rate the way a verdict of "holds" does, so the guard decides by the point estimates, and says
+whether chance could explain them (docs/guard.md, "The leak rule"):
+
+- **leaks** when any example is copied exactly, or the recognizable rate or the linkage AUC,
+  as measured, is above the tolerance: such an update is never sent as it is;
+- **beyond chance** when, besides, the excess is not what a reconstruction that carries nothing
+  gives (the verdict's tests: the binomial tail against the re-identification chance, the linkage
+  AUC against 0.5 with the null's variance, Holm-corrected over the audit's attacks, at the
+  tolerance's level). Only a leak beyond chance withholds the update at the ladder's top rung.
 """
 from __future__ import annotations
 
@@ -23,49 +35,103 @@ from torch import nn
 from ..errors import GradleakError
 from ..fl import TrainingSpec
 from ..fl.update import Update
-from ..stats import above_chance
+from ..leakage import Evidence, Tolerance, holm, parse_tolerance
 
 # The exact-copy attacks, in the order they run (each is closed-form and takes well under
 # a second where it applies).
 ANALYTIC = ("fc-analytic", "tensor", "dager")
 
 
-def update_leaks(scores: Sequence[dict], tolerance: float) -> tuple[bool, str]:
-    """Whether per-example scores of one attack expose more than `tolerance` of the examples,
-    and why, in one line. An example is exposed when its reconstruction is an exact copy
-    (`success`) or, where the scorer gives one, `recognizable`; re-identifications among the
-    gallery (`gallery_rank` 0) count too when there are more of them than chance explains
-    (`reid_chance`: the exact binomial interval's lower end above it, as the verdicts judge)."""
+def update_evidence(scores: Sequence[dict]) -> Evidence:
+    """The evidence of one attack's per-example scores: copies (`success`), and over the examples
+    judged against a gallery (`gallery_rank`, `linkage`), the recognizable count and the linkage
+    AUCs, with the re-identification chance."""
+    judged = [s for s in scores if s.get("gallery_rank") is not None and s.get("linkage") is not None]
+    links = [float(s["linkage"]) for s in judged]
+    return Evidence(examples=len(judged), copies=sum(bool(s.get("success")) for s in scores),
+                    copies_of=len(scores), recognizable=sum(bool(s.get("recognizable")) for s in judged),
+                    linkage_sum=sum(links), linkage_sq=sum(v * v for v in links),
+                    chance=max((float(s.get("reid_chance") or 0.0) for s in judged), default=0.0))
+
+
+@dataclass(frozen=True)
+class UpdateGrade:
+    """What one audit's evidence says about an update against the tolerance."""
+
+    leaks: bool  # a copy, or a measured rate above the tolerance: not to be sent as it is
+    beyond_chance: bool  # that leak is more than chance explains (at the tolerance's level)
+    grade: str  # "copies", "recognizable", "linkable" or "within tolerance"
+    reason: str
+    attack: str | None = None  # the attack the grade rests on
+
+
+def judge_update(evidence: Sequence[tuple[str, Evidence]], tolerance: Tolerance | str | None = None) -> UpdateGrade:
+    """The guard's grade of an update from its attacks' evidence (`(attack, Evidence)` pairs):
+    copies first, then the recognizable rate, then the linkage AUC; a measure counts when its
+    point estimate is above the tolerance, and is beyond chance when its test, Holm-corrected
+    over every attack × both tests as the verdict corrects them, is significant at the
+    tolerance's level."""
+    tolerance = parse_tolerance(tolerance)
+    alpha = 1 - tolerance.level
+    judged = [(a, e) for a, e in evidence if e.examples]
+    tests = [(a, kind, p) for a, e in judged for kind, p in (("recognizable", e.recognizable_p()),
+                                                             ("linkage", e.linkage_p()))]
+    adjusted = {(a, kind): q for (a, kind, _), q in zip(tests, holm([p for _, _, p in tests]))}
+    copied = [(a, e) for a, e in evidence if e.copies]
+    if copied:
+        attack, e = max(copied, key=lambda ae: ae[1].copies / max(ae[1].copies_of, 1))
+        return UpdateGrade(True, True, "copies", f"{attack}: {e.copies} of {e.copies_of} examples copied "
+                           "exactly (a copy is no chance event)", attack)
+    for kind, limit, value, text in (
+            ("recognizable", tolerance.recognizable, lambda e: e.recognizable_rate,
+             lambda e: f"{e.recognizable} of {e.examples} examples recognizable ({100 * e.recognizable_rate:.3g}%, "
+                       f"re-identification chance {100 * e.chance:.2g}%)"),
+            ("linkage", tolerance.linkage, lambda e: e.linkage,
+             lambda e: f"linkage AUC {e.linkage:.3f} over {e.examples} examples")):
+        above = [(a, e) for a, e in judged if value(e) > limit]
+        if not above:
+            continue
+        attack, e = min(above, key=lambda ae: adjusted[(ae[0], kind)])
+        q = adjusted[(attack, kind)]
+        beyond = q <= alpha
+        chance = (f"beyond chance (Holm-corrected p {q:.2g})" if beyond else
+                  f"within chance (Holm-corrected p {q:.2g} > {alpha:.2g})")
+        grade = "recognizable" if kind == "recognizable" else "linkable"
+        bound = f"{100 * limit:g}%" if kind == "recognizable" else f"{limit:g}"
+        return UpdateGrade(True, beyond, grade, f"{attack}: {text(e)}, above the tolerance's {bound}, {chance}",
+                           attack)
+    if not evidence:
+        return UpdateGrade(False, False, "within tolerance", "no example scored")
+    attack, e = max(evidence, key=lambda ae: (ae[1].linkage or 0.0, ae[1].recognizable_rate or 0.0))
+    if not e.examples:
+        return UpdateGrade(False, False, "within tolerance", f"{attack}: no copy among {e.copies_of} examples "
+                           "(no gallery: only copies can show a leak)", attack)
+    return UpdateGrade(False, False, "within tolerance",
+                       f"{attack}: no copy, {e.recognizable} of {e.examples} recognizable, linkage AUC "
+                       f"{e.linkage:.3f}: within the tolerance ({tolerance.describe()}, by the point estimates)",
+                       attack)
+
+
+def update_leaks(scores: Sequence[dict], tolerance: Tolerance | str | None = None) -> tuple[bool, str]:
+    """Whether one attack's per-example scores show the update leaking beyond `tolerance` (see
+    `judge_update`), and why, in one line."""
     if not scores:
         return False, "no example scored"
-    exposed, copied, identified, beyond_chance = _exposure(scores)
-    what = (f"{exposed} of {len(scores)} examples exposed ({copied} copied exactly, "
-            f"{identified} re-identified{'' if beyond_chance else ', within chance'})")
-    if exposed / len(scores) > tolerance:
-        return True, f"{what}: above the tolerance of {tolerance:.0%}"
-    return False, f"{what}: within the tolerance of {tolerance:.0%}"
-
-
-def _exposure(scores: Sequence[dict]) -> tuple[int, int, int, bool]:
-    """(exposed, copied, re-identified, whether the re-identifications exceed chance)."""
-    copied = [bool(s.get("success")) for s in scores]
-    identified = [s.get("gallery_rank") == 0 for s in scores]
-    chance = max((s.get("reid_chance") or 0.0 for s in scores), default=0.0)
-    beyond_chance = chance == 0 or above_chance(sum(identified), len(scores), chance)
-    exposed = sum(bool(c or s.get("recognizable") or (i and beyond_chance))
-                  for c, i, s in zip(copied, identified, scores))
-    return exposed, sum(copied), sum(identified), beyond_chance
+    grade = judge_update([("attack", update_evidence(scores))], tolerance)
+    return grade.leaks, grade.reason.removeprefix("attack: ")
 
 
 @dataclass
 class OutboundAudit:
-    """The audit of one update: whether it leaks, which attack showed it, what each attack
-    scored and how long it took."""
+    """The audit of one update: whether it leaks (and whether beyond chance), which attack
+    showed it, what each attack scored and how long it took."""
 
     leaks: bool
     reason: str
-    attack: str | None = None  # the attack that showed the leak (or the last one run)
-    attacks_run: list[dict] = field(default_factory=list)  # attack, seconds, exposed, examples
+    attack: str | None = None  # the attack the grade rests on (or the last one run)
+    beyond_chance: bool = False
+    verdict: str = "within tolerance"  # "copies", "recognizable", "linkable" or "within tolerance"
+    attacks_run: list[dict] = field(default_factory=list)  # attack, seconds, the evidence's numbers
     skipped: list[str] = field(default_factory=list)  # attacks not run and why, one line each
     labels_shown: dict | None = None
     seconds: float = 0.0
@@ -76,25 +142,29 @@ class OutboundAudit:
         return "leaks" if self.leaks else "within tolerance"
 
     def to_dict(self) -> dict:
-        return {"leaks": self.leaks, "grade": self.grade, "reason": self.reason, "attack": self.attack,
+        return {"leaks": self.leaks, "grade": self.grade, "verdict": self.verdict,
+                "beyond_chance": self.beyond_chance, "reason": self.reason, "attack": self.attack,
                 "attacks_run": self.attacks_run, "skipped": self.skipped, "labels_shown": self.labels_shown,
                 "seconds": round(self.seconds, 3), "budget_spent": self.budget_spent}
 
 
 def audit_outbound(model_before: nn.Module, update: Update, inputs: torch.Tensor, labels: torch.Tensor, *,
-                   training: TrainingSpec, tolerance: float, attacks="auto",
+                   training: TrainingSpec, tolerance: Tolerance | str | None = None, attacks="auto",
                    strongest: Sequence[str] = ("ig:iterations=300",), gallery: torch.Tensor | None = None,
                    defenses: Sequence[str] = (), budget: str = "quick", time_budget: float = 60.0,
                    num_classes: int | None = None, tokenizer: str | None = None, seed: int = 0) -> OutboundAudit:
-    """Attack `update` (computed from `model_before` on `inputs`, `labels`) and decide."""
+    """Attack `update` (computed from `model_before` on `inputs`, `labels`) and decide: after
+    each attack, `judge_update` on the evidence of every attack so far; the first leak stops."""
     from ..api import audit_update
     from ..data.tensors import dataset_from_tensors
 
+    tolerance = parse_tolerance(tolerance)
     start = time.perf_counter()
     data = dataset_from_tensors(inputs, labels, name="guard", num_classes=num_classes, tokenizer=tokenizer)
     order = _attack_order(attacks, strongest, model_before, data, training, update)
     result = OutboundAudit(False, "no applicable attack", labels_shown=labels_shown(model_before, update, labels))
     result.skipped = [f"{s.attack}: {s.reason}" for s in order[1]]
+    evidence: list[tuple[str, Evidence]] = []
     for text in order[0]:
         if time.perf_counter() - start > time_budget:
             result.budget_spent = True
@@ -110,14 +180,16 @@ def audit_outbound(model_before: nn.Module, update: Update, inputs: torch.Tensor
                                  tokenizer=tokenizer, data_label="guard")
         result.skipped += [f"{s.attack}: {s.reason}" for s in audit.skipped]
         for run in audit.runs:
-            leaks, reason = update_leaks(run.per_image, tolerance)
-            exposed = _exposure(run.per_image)[0]
+            found = update_evidence(run.per_image)
+            evidence.append((text, found))
             result.attacks_run.append({"attack": text, "seconds": round(time.perf_counter() - attack_start, 3),
-                                       "exposed": exposed, "examples": len(run.per_image)})
-            result.attack, result.reason = text, f"{text}: {reason}"
-            if leaks:
-                result.leaks = True
-                break
+                                       "examples": found.copies_of, "copies": found.copies,
+                                       "recognizable": found.recognizable, "judged": found.examples,
+                                       "linkage": None if found.linkage is None else round(found.linkage, 4)})
+        if evidence:
+            grade = judge_update(evidence, tolerance)
+            result.leaks, result.beyond_chance, result.verdict = grade.leaks, grade.beyond_chance, grade.grade
+            result.attack, result.reason = grade.attack or text, grade.reason
         if result.leaks:
             break
     result.seconds = time.perf_counter() - start

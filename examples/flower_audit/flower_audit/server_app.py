@@ -6,6 +6,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from flower_audit.audit import audit
+from flower_audit.guard import guard
 from flower_audit.task import initial_model
 
 app = ServerApp()
@@ -14,6 +15,7 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
+    guard.check(cfg)  # gradleak's client-side guard: a bad guard-* value stops the run here, before round 1
     strategy = FedAvg(fraction_train=float(cfg["fraction-train"]), fraction_evaluate=0.0)
     # gradleak's hook: attack the updates the server receives on the audited rounds.
     strategy = audit.wrap(strategy, cfg)
