@@ -114,3 +114,26 @@ def test_holds_states_the_bound_it_reached_and_few_examples_are_not_shown():
     [entry] = strongest_attacks(_study(few))
     assert entry["verdict"] == "not shown (rates not bounded)" and entry["open"]
     assert "8 examples per attack bound" in entry["verdict_text"]
+
+
+def test_a_borderline_recognizable_count_is_not_called_a_leak_until_confirmed():
+    from gradleak.analysis import strongest_attacks
+
+    rng = random.Random(4)
+    # four attacks × 2 seeds × 32 examples, linked (AUC ≈ 0.65, p-values far below the rest, so Holm
+    # multiplies them by 8 down to 5); one attack recognises 2 of its 64 at a chance level of 0.2%:
+    # p 0.0073 × 4 ≈ 0.03, significant at 5% but not decisive (≤ 0.5%): reported, not called a leak
+    def linked():
+        return [min(1.0, 0.65 + 0.3 * (rng.random() - 0.5)) for _ in range(32)]
+
+    study = {name: [(linked(), 2 if name == "rog" and seed == 0 else 0) for seed in range(2)]
+             for name in ("ig", "cpl", "rog", "rog-sign")}
+    [entry] = strongest_attacks(_study(study))
+    assert entry["grade"] == "linkable" and entry["verdict"] == "linkable"
+    assert entry["unconfirmed_recognizable"].startswith("2 of 64 examples recognizable by rog")
+    assert entry["open"]  # the sample ladder would add fresh examples to confirm or dismiss it
+    assert "leak" not in entry["verdict_text"].replace("not called a leak", "")
+    # three of 64 are decisive (corrected p ≈ 0.003 ≤ 0.005): a leak
+    study["rog"] = [(linked(), 3), (linked(), 0)]
+    [entry] = strongest_attacks(_study(study))
+    assert entry["grade"] == "recognizable" and entry["verdict"] == "leaks" and not entry["borderline"]

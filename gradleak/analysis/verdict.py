@@ -107,7 +107,12 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
     adjusted = holm([p for _, _, p in tests])
     significant = {(id(m), kind): q for (m, kind, _), q in zip(tests, adjusted) if q <= alpha}
     copied = [m for m in members if m["evidence"].copies]
-    recognised = [m for m in judged if (id(m), "recognizable") in significant]
+    # a leak is called only when it is decisive; a borderline one (corrected p between a tenth of
+    # the level and the level) must first be confirmed on fresh examples (the sample ladder adds
+    # them while it is borderline), else it is reported as unconfirmed and the grade falls through
+    decisive = alpha * BORDERLINE_FRACTION
+    recognised = [m for m in judged if significant.get((id(m), "recognizable"), 1.0) <= decisive]
+    unconfirmed = [m for m in judged if (id(m), "recognizable") in significant and m not in recognised]
     linked = [m for m in judged if (id(m), "linkage") in significant]
     meets = bool(judged) and len(judged) == len(members) and all(m["evidence"].meets(tolerance) for m in members)
     if copied:
@@ -126,6 +131,8 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
     return {"grade": grade, "grade_attack": attack_name(best), "tolerance": tolerance.to_dict(),
             "borderline": q is not None and grade in ("recognizable", "linkable") and q > alpha * BORDERLINE_FRACTION,
             "p_adjusted": q, "tests": len(tests), "meets_tolerance": meets,
+            "unconfirmed_recognizable": None if grade in ("copies", "recognizable") or not unconfirmed else
+            _unconfirmed_text(min(unconfirmed, key=lambda m: significant[(id(m), "recognizable")])),
             "linkable_within": bool(linked) and meets,
             "exceeds_tolerance": any(m["evidence"].exceeds(tolerance) for m in members),
             **{f"ev_{k}": v for k, v in evidence.summary(tolerance.level).items()},
@@ -149,6 +156,12 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
             "attack_specs": sorted(attack_name(m) for m in members)}
 
 
+def _unconfirmed_text(member: dict) -> str:
+    evidence: Evidence = member["evidence"]
+    return (f"{count_text(evidence.recognizable, evidence.examples)} recognizable by {attack_name(member)} "
+            "(borderline, not confirmed on fresh examples: not called a leak)")
+
+
 def still_open(entry: dict) -> bool:
     """Whether more examples could change the setting's verdict: no copy; no recognizable or
     linkable grade that is decided (significant and not borderline; a linkable one beyond the
@@ -156,6 +169,9 @@ def still_open(entry: dict) -> bool:
     an unsaturated attack, no gallery) keeping it from holding."""
     if entry.get("grade") == "copies" or entry.get("meets_tolerance") and entry["verdict"] == "holds":
         return False
+    if entry.get("unconfirmed_recognizable") and not (entry.get("failed") or entry.get("training_unconfirmed")
+                                                       or entry.get("blind_only") or entry.get("unsaturated")):
+        return True
     if entry.get("grade") == "recognizable" and not entry.get("borderline"):
         return False
     if entry.get("grade") == "linkable" and entry.get("exceeds_tolerance") and not entry.get("borderline"):
@@ -219,7 +235,14 @@ def _evidence_text(entry: dict) -> str:
 
 
 def verdict(entry: dict) -> tuple[str, str]:
-    """('leaks' | 'linkable' | 'holds' | 'not shown (why)', the verdict in one sentence)."""
+    """('leaks' | 'linkable' | 'holds' | 'not shown (why)', the verdict in one sentence); a
+    borderline recognizable count that was not confirmed is said beside it."""
+    word, text = _verdict(entry)
+    note = entry.get("unconfirmed_recognizable")
+    return word, (f"{text}; {note}" if note and word != "leaks" else text)
+
+
+def _verdict(entry: dict) -> tuple[str, str]:
     grade, attack = entry.get("grade"), entry.get("grade_attack")
     tolerance = _tolerance(entry)
     borderline = " (borderline: not yet confirmed on fresh examples)" if entry.get("borderline") else ""
