@@ -13,7 +13,7 @@ Two Flower extension points, one object:
   the threat model may know about the clients' training (optimizer, learning rate,
   local epochs, batch size, shuffling seed) is read from the app's run config, where
   the server legitimately has it; the declared training, replayed on the ground
-  truth, must reproduce each captured update (`gradleak.api.check_declared_training`),
+  truth, must reproduce each captured update (`gradleak.fl.training_check`),
   else the audit warns and no verdict of `holds` follows.
 
 Under `gradleak flower` the hook only captures while the federation runs; the attacks run
@@ -41,7 +41,7 @@ from .truth import read_truth as _read_truth
 from .truth import write_truth as _write_truth
 
 if TYPE_CHECKING:
-    from ..api import TrainingCheck
+    from ..fl.training_check import TrainingCheck
     from .strategy import AuditStrategy
 
 # Where the runner (`gradleak flower`) tells the hook to write; see runner.py.
@@ -232,7 +232,7 @@ class FlowerAudit:
                     training: TrainingSpec, run_config: Mapping[str, Any]) -> None:
         """Capture the audited replies of one round (`captured`), check the declared training
         on each, and attack them unless `defer_attacks`."""
-        from ..api import TrainingMismatchWarning, check_declared_training
+        from ..fl.training_check import TrainingMismatchWarning, check_declared_training
 
         model = _build_model(self.model_fn, run_config)
         # LoRA clients: the adapters on model_fn's base model (its weights stay; the sent arrays
