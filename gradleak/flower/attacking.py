@@ -263,11 +263,13 @@ def _model_label(captured: CapturedUpdate) -> str:
 def _outcome(result: "AuditResult") -> str:
     if not result.runs:
         return f"not run: {result.skipped[0].reason}" if result.skipped else "nothing ran"
-    m = result.runs[0].metrics
+    from ..data.modality import modality
+
+    m, kind = result.runs[0].metrics, modality(result.runs[0].modality)
     parts = []
-    if m.get("psnr") is not None:
+    if kind.pixels and m.get("psnr") is not None:
         parts.append(f"PSNR {m['psnr']:.1f} dB")
-    elif m.get("rouge1") is not None:
+    elif kind.tokens and m.get("rouge1") is not None:
         parts.append(f"ROUGE-1 {m['rouge1']:.2f}")
     count = len(result.runs[0].per_image)
     if m.get("asr") is not None:

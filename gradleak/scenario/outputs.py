@@ -43,8 +43,9 @@ def result_record(result: AttackRunResult, images: bool = True) -> dict:
                                for s in result.per_image]
     if result.convergence:
         extras["convergence"] = jsonable(result.convergence)
+    # the modality travels with the record, so that the store can keep it beside the row
     return {"metrics": result.metrics, "extras": extras, "seconds": result.seconds,
-            "grid_png": grid, "images": images}
+            "grid_png": grid, "images": images, "modality": result.modality}
 
 
 def _numeric(score: dict) -> dict:
