@@ -16,11 +16,8 @@ from .training import TrainingSpec
 from .update import Update
 
 # A captured update is reproduced by the declared training when replaying that training on the
-# ground truth lands within this fraction of the update's largest entry. A replay of the very
-# training torch.optim ran differs by float32 rounding only (measured on the Flower example's
-# CNN, 2-12 shuffled steps: up to 4e-7 with SGD momentum, 7.5e-6 with Adam/AdamW), while the
-# subtlest mis-declaration measured there, weight decay 5e-4 left out, differs by 7e-4 (another
-# optimizer, epoch count, learning rate or shuffle seed: 0.3 to 1.4).
+# ground truth lands within this fraction of the update's largest entry: between float32
+# rounding and the subtlest mis-declaration measured (docs/flower.md).
 TRAINING_CHECK_TOLERANCE = 1e-4
 
 
