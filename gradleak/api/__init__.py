@@ -26,10 +26,11 @@ from ..fl.training_check import (
 )
 from .captured import audit_update
 from .result import AuditResult
-from .selection import BUDGET_DOUBLINGS, BUDGETS, SkippedAttack, _budget_options, select_attacks
+from .selection import BUDGET_DOUBLINGS, BUDGETS, SkippedAttack, select_attacks
+from .selection import _budget_options as _budget_options  # tests/test_auto_attacks.py reads the presets
 from .simulated import audit
 
 __all__ = ["audit", "audit_update", "AuditResult", "SkippedAttack", "select_attacks", "BUDGETS",
            "TrainingCheck", "TrainingMismatchWarning", "check_declared_training",
            # also importable from here, as before the split
-           "BUDGET_DOUBLINGS", "TRAINING_CHECK_TOLERANCE", "_budget_options"]
+           "BUDGET_DOUBLINGS", "TRAINING_CHECK_TOLERANCE"]
