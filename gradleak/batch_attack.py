@@ -3,26 +3,28 @@ malicious attack), the client computes its update on (x, y), the server
 reconstructs from its observation, and the result is scored against (x, y).
 
 For research scripts and benchmarks that study an attack on chosen examples;
-scenarios over datasets, defenses and seeds go through `gradleak.experiment`.
+scenarios over datasets, defenses and seeds go through `gradleak.experiment`. Both attack and
+score through the same pipeline (`experiment.attack_observations`).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
 from .attacks import Attack, AttackContext, Reconstruction, make_attack
+from .experiment import attack_observations
 from .fl import TrainingSpec, compute_update
-from .metrics.scoring import score_batch, summarize
+from .fl.training import scenario_fields
 from .models.references import build_named_model
+from .scenario.spec import AttackRunSpec
 from .threat import make_threat_model, observe
 
 
 @dataclass
 class BatchAttackResult:
-    metrics: dict  # summarize(): mse, psnr, ssim, asr, ...
+    metrics: dict  # summarize(): mse, psnr, ssim, asr, ... (and the attack's iterations)
     aligned: torch.Tensor  # the reconstruction reordered to match x
     reconstruction: Reconstruction
     server_secrets: Any  # what a malicious prepare_model kept (None otherwise)
@@ -33,7 +35,9 @@ def attack_batch(attack: Attack | str, model: str, x: torch.Tensor, y: torch.Ten
                  seed: int = 0, threat: str | None = None, training: TrainingSpec | None = None,
                  lpips: Literal["alex", "vgg", "none"] = "none") -> BatchAttackResult:
     """Run `attack` (an Attack or `name:k=v`) against the update of built-in or user
-    model `model` (`name[:k=v]`, seeded with `seed`) on the batch (x, y)."""
+    model `model` (`name[:k=v]`, seeded with `seed`) on the batch (x, y), through the one run
+    pipeline (`gradleak.experiment.attack_observations`) at the attack's own budget."""
+    label = attack if isinstance(attack, str) else attack.name
     attack = make_attack(attack) if isinstance(attack, str) else attack
     input_shape = tuple(x.shape[1:])
     net = build_named_model(model, input_shape, num_classes, seed)
@@ -48,11 +52,14 @@ def attack_batch(attack: Attack | str, model: str, x: torch.Tensor, y: torch.Ten
     threat_model.check(attack.name, attack.needs())
     obs = observe(update, net, threat_model, input_shape=input_shape, num_classes=num_classes,
                   training=training, batch_size=x.shape[0], labels=y, defenses=[], server_secrets=secrets)
-    start = time.perf_counter()
-    rec = attack.reconstruct(obs, ctx)
-    seconds = time.perf_counter() - start
-    scores, aligned = score_batch(x, y, rec.inputs, rec.labels, lpips=lpips)
-    return BatchAttackResult(summarize(scores), aligned, rec, secrets, seconds)
+    spec = AttackRunSpec(dataset="batch", model=model, attack=label, batch_size=x.shape[0],
+                         **scenario_fields(training), seed=seed, threat=threat_model.name, lpips=lpips, device="cpu")
+    kept: list[Reconstruction] = []
+    # the attack's seed is the batch's own `seed`, as the malicious model's preparation above
+    result = attack_observations(spec, attack, [(obs, x, y)], None, ctx.device,
+                                 attack_seed=lambda run_seed, batch: run_seed, reconstructions=kept)
+    return BatchAttackResult(result.metrics, result.reconstructions, kept[0], secrets,
+                             result.extras["ladder"]["attack_seconds"])
 
 
 def one_per_class(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

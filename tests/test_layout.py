@@ -1,5 +1,5 @@
 """The package layout follows the data flow: data + models → fl → defenses →
-Observation (threat) → attacks → metrics → ladder → experiment → store → analysis → sweep
+Observation (threat) → attacks → metrics → ladder, scenario → experiment → store → analysis → sweep
 → report → api → the client guard → integrations and the command line. Every import, including
 those inside functions, must point down this order, and no modules may import
 each other in a circle."""
@@ -24,7 +24,7 @@ RANKS: dict[str, int] = {
     "threat": 7,
     "attacks": 8,
     "metrics": 9,
-    "ladder": 10,
+    "ladder": 10, "scenario": 10,
     "experiment": 11, "inspect": 11, "theory": 11,
     "batch_attack": 12, "utility": 12,
     "store": 13,

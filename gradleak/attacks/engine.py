@@ -23,6 +23,9 @@ An attack is a configuration of it (the design of breaching, Geiping et al.):
 Every run reports whether it converged (when a threshold was set), its final
 matching distance and a trace of the distance with its iteration and wall time,
 so sweeps and reports can tell a defense that held from a budget that ran out.
+
+Over 400 lines: the engine's loop (`Engine`) and its run state (`EngineRun`) share private
+helpers and are read together.
 """
 from __future__ import annotations
 

@@ -33,6 +33,7 @@ from typing import Literal
 import torch
 from scipy.optimize import linear_sum_assignment
 
+from ..data.modality import modality as modality_of
 from ..fl.training import TrainingSpec
 from ..options import check
 from ..threat import Observation
@@ -180,7 +181,7 @@ def combine_copies(x: torch.Tensor, layout: Layout, row_labels: torch.Tensor, fl
     for e in range(1, layout.copies):
         rows = ((epoch == e) & used).nonzero().flatten()
         copies = x[rows]
-        candidates = [copies, copies.flip(-1)] if flips and copies.dim() == 4 else [copies]
+        candidates = [copies, copies.flip(-1)] if flips else [copies]
         costs = torch.stack([torch.cdist(reference.flatten(1), c.flatten(1)).pow(2) for c in candidates])
         best, which = costs.min(0)
         allowed = labels[:, None] == row_labels[rows][None, :]
@@ -248,7 +249,7 @@ class FedAvgAttack(ResumableAttack):
             priors=[TotalVariation(opt.tv if image else 0.0),
                     EpochOrderInvariance(opt.order_prior, torch.tensor(layout.epoch, device=ctx.device))],
             iterations=opt.iterations, restarts=opt.restarts, box=image, model=sim.model, progress=ctx.progress)
-        flips = "flip" in obs.training.augment
+        flips = "flip" in obs.training.augment and modality_of(obs.modality).pixels  # only pictures flip
         for out in engine.start().doublings(opt.iterations):
             inputs, slot_labels = combine_copies(out.inputs.cpu(), layout, label_candidate.hard().cpu(), flips)
             yield Reconstruction(inputs=inputs, labels=slot_labels, iterations=out.iterations,

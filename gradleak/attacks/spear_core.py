@@ -18,6 +18,9 @@ uniform weights of the paper and sharper powers of the estimate. Also ours: draw
 verified examples' zero patterns (`Sampler.draw_conditioned`), the last direction found by a scan
 along the missing example's one free direction (`complete_last`), and a linear-program check that
 some input's ReLU pattern explains each direction (`relu_pattern_feasible`). docs/spear.md.
+
+Over 400 lines: one algorithm (decomposition, sampler, selection, completion) whose steps
+share their state; this docstring is 20 of them.
 """
 from __future__ import annotations
 

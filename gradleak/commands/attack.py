@@ -7,7 +7,6 @@ import json
 import sys
 
 from ..data.modality import modality
-from ..data.references import declared_modality
 from ..experiment import AttackRunSpec, run_attack, training_fields, write_outputs
 from ..fl.training import AUGMENTATIONS, BN_MODES, SHUFFLE_MODES, TrainingSpec
 from ..options import RUN_SPEC_BOUNDS, device_name, output_dir, ranged
@@ -154,11 +153,7 @@ def run(args: argparse.Namespace) -> int:
         fmt = lambda v: "n/a" if v is None else f"{v:.4g}"  # noqa: E731
         print(f"{spec.attack} on {spec.dataset}/{spec.model}, batch {spec.batch_size}, "
               f"{len(result.per_image)} images, defenses: {', '.join(spec.defenses) or 'none'}")
-        # token sequences: no pixel metrics (the run's data declares its modality; until its
-        # result carries it, the dataset reference is asked)
-        name = getattr(result, "modality", None) or declared_modality(spec.dataset, spec.split, spec.resize,
-                                                                      spec.seq_len)
-        text = modality(name).tokens
+        text = modality(result.modality).tokens  # token sequences: no pixel metrics
         width = 24 if text else 10  # the longest key's
         if text:
             for key in ("rouge1", "rouge2", "rougeL", "token_accuracy", "exact_sequence_accuracy", "label_acc"):

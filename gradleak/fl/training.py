@@ -267,6 +267,25 @@ def training_field_names() -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(TrainingSpec))
 
 
+@functools.cache
+def training_field_types() -> dict[str, type]:
+    """Each TrainingSpec field's value type, read from its annotation: int, float, str (a
+    `Literal` of texts too), bool, or tuple (a list of texts); optional or not."""
+    import types
+    import typing
+
+    def value_type(hint) -> type:
+        origin = typing.get_origin(hint)
+        if origin is Literal:
+            return type(typing.get_args(hint)[0])
+        if origin in (typing.Union, types.UnionType):
+            return value_type(next(a for a in typing.get_args(hint) if a is not type(None)))
+        return tuple if origin is tuple else hint
+
+    hints = typing.get_type_hints(TrainingSpec)
+    return {name: value_type(hints[name]) for name in training_field_names()}
+
+
 def scenario_fields(training: TrainingSpec) -> dict:
     """The scenario (`AttackRunSpec`) fields that declare `training`."""
     return {SCENARIO_NAMES.get(name, name): getattr(training, name) for name in training_field_names()}

@@ -66,3 +66,19 @@ class Update:
             return self.tensors
         scale = 1.0 / (self.lr * max(self.steps, 1))
         return {k: v * scale for k, v in self.tensors.items()}
+
+
+def check_update_fits(model: torch.nn.Module, update: Update) -> None:
+    """One line when `update` does not fit `model`: a tensor that is not one of its parameters,
+    a shape that differs, or sent buffers the model does not hold."""
+    from .buffers import check_sent_buffers
+
+    check_sent_buffers(model, update.buffers)
+    params = dict(model.named_parameters())
+    unknown = [n for n in update.tensors if n not in params]
+    if unknown:
+        raise GradleakError(f"update tensor '{unknown[0]}' is not a parameter of the model")
+    for name, tensor in update.tensors.items():
+        if tuple(tensor.shape) != tuple(params[name].shape):
+            raise GradleakError(f"update tensor '{name}' has shape {tuple(tensor.shape)}, "
+                                f"the model's parameter {tuple(params[name].shape)}")

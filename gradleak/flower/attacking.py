@@ -241,14 +241,14 @@ def _labels(item: PlannedAttack) -> dict:
 
 
 def _setting(audit: FlowerAudit, captured: CapturedUpdate, data, threat: str) -> dict:
-    from ..api import _data_digest, _defense_labels, _model_digest
+    from ..api.inputs import data_digest, defense_labels, model_digest
 
     training = captured.training
     check = captured.training_check.to_dict() if captured.training_check is not None else None
     return {"dataset": _data_label(captured), "model": _model_label(captured), "batch_size": len(data),
             "local_steps": training.local_steps, "local_epochs": training.local_epochs, "lr": training.lr,
-            "seed": audit.seed, "threat": threat, "budget": audit.budget, "defenses": [], **_defense_labels(()),
-            "model_digest": _model_digest(captured.model), "data_digest": _data_digest(data),
+            "seed": audit.seed, "threat": threat, "budget": audit.budget, "defenses": [], **defense_labels(()),
+            "model_digest": model_digest(captured.model), "data_digest": data_digest(data),
             "training_check": check}
 
 

@@ -13,7 +13,7 @@ Two Flower extension points, one object:
   the threat model may know about the clients' training (optimizer, learning rate,
   local epochs, batch size, shuffling seed) is read from the app's run config, where
   the server legitimately has it; the declared training, replayed on the ground
-  truth, must reproduce each captured update (`gradleak.api.check_declared_training`),
+  truth, must reproduce each captured update (`gradleak.fl.training_check`),
   else the audit warns and no verdict of `holds` follows.
 
 Under `gradleak flower` the hook only captures while the federation runs; the attacks run
@@ -36,23 +36,22 @@ from torch import nn
 
 from ..errors import GradleakError
 from ..fl import TrainingSpec, Update
-from ..fl.training import AdamOptions, SGDOptions
+from ..fl.training import AdamOptions, SGDOptions, training_field_names, training_field_types
 from .truth import read_truth as _read_truth
 from .truth import write_truth as _write_truth
 
 if TYPE_CHECKING:
-    from ..api import TrainingCheck
+    from ..fl.training_check import TrainingCheck
     from .strategy import AuditStrategy
 
 # Where the runner (`gradleak flower`) tells the hook to write; see runner.py.
 OUT_ENV = "GRADLEAK_FLOWER_OUT"
 DEFAULT_OUT = "gradleak-flower"
-# TrainingSpec fields the server may learn from the run config.
-TRAINING_FIELDS = ("lr", "local_steps", "local_epochs", "local_batch_size", "optimizer", "shuffle_seed",
-                   "shuffle", "augment", "crop_padding", "label_smoothing", "clip_norm", "lora_rank", "lora_alpha")
-# how each field's run-config value is read (int otherwise); `augment` is "crop,flip"
-_TEXT_FIELDS = ("optimizer", "shuffle")
-_FLOAT_FIELDS = ("lr", "label_smoothing", "clip_norm", "lora_alpha")
+# TrainingSpec fields the server may learn from the run config: fl.training's one list, but for
+# what the reply itself shows (sends_buffers) and what only a simulated client declares (batch
+# norm in eval mode; LoRA's B drawn part-way through a fine-tuning).
+TRAINING_FIELDS = tuple(name for name in training_field_names()
+                        if name not in ("batchnorm", "sends_buffers", "lora_b_std"))
 # The optimizer's options (torch.optim's names), which a run config holds as keys of their own:
 # added to `optimizer` ("sgd" when not given) as its `name:k=v,...` text.
 OPTIMIZER_OPTION_FIELDS = tuple(dict.fromkeys(f.name for options in (SGDOptions, AdamOptions)
@@ -232,7 +231,7 @@ class FlowerAudit:
                     training: TrainingSpec, run_config: Mapping[str, Any]) -> None:
         """Capture the audited replies of one round (`captured`), check the declared training
         on each, and attack them unless `defer_attacks`."""
-        from ..api import TrainingMismatchWarning, check_declared_training
+        from ..fl.training_check import TrainingMismatchWarning, check_declared_training
 
         model = _build_model(self.model_fn, run_config)
         # LoRA clients: the adapters on model_fn's base model (its weights stay; the sent arrays
@@ -388,12 +387,13 @@ def sample_count(reply) -> int | None:
 
 def _config_value(name: str, value: Any) -> Any:
     """A run-config value as the TrainingSpec field `name` takes it; one line if it is not one."""
+    kind = training_field_types()[name]  # as the field's annotation says; `augment` is "crop,flip"
     try:
-        if name == "augment":
+        if kind is tuple:
             return tuple(a.strip() for a in str(value).split(",") if a.strip())
-        if name in _TEXT_FIELDS:
+        if kind is str:
             return str(value)
-        return float(value) if name in _FLOAT_FIELDS else int(value)
+        return float(value) if kind is float else int(value)
     except (TypeError, ValueError):
         raise GradleakError(f"FlowerAudit: the run config's value for {name} is {value!r}, not a "
-                            f"{'number' if name in _FLOAT_FIELDS else 'whole number'}") from None
+                            f"{'number' if kind is float else 'whole number'}") from None

@@ -40,6 +40,9 @@ All reconstructions of a batch are judged against the gallery at once
 moments and features computed once per Gallery); pairs whose fast distance lies within
 float32 rounding of the original's are recomputed pair by pair (`_refine`), so ranks and
 ties are those of the per-pair definition.
+
+Over 400 lines: the judge, its distance matrices and the kept gallery features are one
+computation with shared private helpers.
 """
 from __future__ import annotations
 

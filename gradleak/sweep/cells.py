@@ -64,13 +64,7 @@ def _execute_attack(spec: dict, progress, artifacts: Path | None) -> dict:
     from ..experiment import result_record, run_attack
 
     run_spec = attack_run_spec(spec)
-    record = result_record(run_attack(run_spec, progress, artifacts))
-    if "modality" not in record:
-        # until the run's result carries its data's modality, the dataset reference declares it
-        from ..data.references import declared_modality
-
-        record["modality"] = declared_modality(run_spec.dataset, run_spec.split, run_spec.resize, run_spec.seq_len)
-    return record
+    return result_record(run_attack(run_spec, progress, artifacts))
 
 
 def _execute_utility(spec: dict) -> dict:

@@ -1,0 +1,177 @@
+"""`audit`: attack a simulated client that trains the user's model on the user's data, with
+the defenses applied where a real client applies them, over one or more seeds, adding fresh
+examples while a verdict is still open (the sample ladder)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Literal, Sequence
+
+from torch import nn
+
+from ..attacks import Attack
+from ..data.references import resolve_data
+from ..defenses import make_chain
+from ..errors import GradleakError
+from ..experiment import run_scenario
+from ..fl import TrainingSpec
+from ..leakage import SAMPLE_SEED_OFFSET, parse_tolerance, sample_target
+from ..models.references import fit_classes, resolve_model
+from ..scenario.spec import AttackRunResult, AttackRunSpec, training_fields
+from ..threat import expected_view, make_threat_model
+from .inputs import (
+    artifacts_folder,
+    audit_seeds,
+    data_digest,
+    defense_labels,
+    gallery_inputs,
+    gallery_maker,
+    model_digest,
+)
+from .result import AuditResult
+from .selection import BUDGET_DOUBLINGS, SkippedAttack, check_budget, component_text, select_attacks
+
+
+def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
+          attacks: str | Sequence[str | Attack] = "auto",
+          defenses: Sequence[str | Any] = (),
+          threat: str = "honest", knows: Iterable[str] = (),
+          training: TrainingSpec | None = None, lr: float = 0.1, local_steps: int = 1,
+          local_epochs: int | None = None, local_batch_size: int | None = None,
+          bn_mode: Literal["train", "eval"] = "train", optimizer: str = "sgd", shuffle_seed: int | None = None,
+          sends_buffers: bool = False,
+          batch_size: int = 1, images: int | None = None, seed: int | Sequence[int] = 0, budget: str = "quick",
+          lpips: str = "alex", device: str = "auto", checkpoint: str | None = None,
+          split: str = "test", resize: int | None = None, seq_len: int | None = None, gallery: Any = None,
+          out: str | Path | None = None, progress: bool = False,
+          artifacts: str | Path | None = None, tolerance: Any = None,
+          sample_rungs: int = 0, max_examples: int = 64) -> AuditResult:
+    """Attack a simulated client that trains `model` on `data` and sends its update.
+
+    model:   an `nn.Module` (not modified), a zero-argument factory, or a model
+             reference (`"lenet"`, `"convnet:width=64"`, `"path/to/file.py:factory:k=v"`).
+    data:    `(inputs, labels)`, a torch `Dataset` or `DataLoader`, a gradleak
+             `Dataset`, or a dataset reference (`"mnist"`, `"tensors:path=FILE"`).
+             Images are float in [0, 1] (or uint8), shaped (N, C, H, W).
+    attacks: `"auto"` (every registered attack the threat model and the
+             architecture allow, at the `budget` preset) or a list of
+             `"name:k=v"` strings / `Attack` objects.
+    defenses: `"name:k=v"` strings or `Defense` objects, applied in order where a
+             real client applies each (data, per-step gradient, final update).
+    training: the client's local training (FedSGD when one step on the whole
+             batch); alternatively `lr`, `local_steps`, `local_epochs`,
+             `local_batch_size`, `bn_mode`, `optimizer` (`"sgd:momentum=0.9,weight_decay=5e-4"`,
+             `"adam"`, `"adamw"`: replayed with torch.optim's semantics), `shuffle_seed`
+             (the client's shuffling DataLoader generator seed, known to the server),
+             `sends_buffers` (the client sends its batch-norm running statistics with its
+             update, as a Flower client returning its state dict does: after one local step
+             on the whole batch they give every threat model the batch's BN statistics).
+    seed:    one seed or several (a verdict of `holds` needs two or more).
+    budget:  `quick`, `standard` or `thorough`: each attack's first budget, and how many
+             times (2, 3, 4) the auditor may double it while its verdict is undecided.
+    seq_len: tokens per sequence of a named text dataset (`"news"`, `"polarity"`; default
+             the dataset's own).
+    gallery: more examples of your data's distribution, not among those the client
+             trains on (tensors, a Dataset or DataLoader): reconstructions are
+             re-identified among them and the examples of `data` that were not attacked.
+    tolerance: what you accept (`gradleak.leakage.Tolerance`, a mapping, or
+             `"linkage=0.6,recognizable=0.1"`): `holds` means every saturated attack's linkage
+             AUC and recognizable rate are bounded within it at 95%.
+    sample_rungs, max_examples: while a verdict is still open (too few examples to bound the
+             rates), up to `sample_rungs` more rounds attack more examples of `data` (new seeds,
+             each drawing its own examples, which may repeat ones drawn before when `data` is
+             small), until each attack was judged on `max_examples`. Default 0: none are added,
+             and an open verdict says how many examples would bound the rates (or pass `images`).
+    out:     when given, the store and the HTML report are written there.
+    artifacts: the folder where attacks keep what they train once per setting (the learned
+             inverters), so that later calls with the same model, defenses and training reuse
+             it; default `out`/artifacts, else $GRADLEAK_CACHE/artifacts (~/.cache/gradleak).
+    """
+    start = time.perf_counter()
+    kept = artifacts_folder(artifacts, out)
+    training = training or TrainingSpec(lr=lr, local_steps=local_steps, local_epochs=local_epochs,
+                                        local_batch_size=local_batch_size, batchnorm=bn_mode, optimizer=optimizer,
+                                        shuffle_seed=shuffle_seed, sends_buffers=sends_buffers)
+    check_budget(budget)
+    seeds = audit_seeds(seed)
+    tolerance = parse_tolerance(tolerance)
+    if not isinstance(sample_rungs, int) or isinstance(sample_rungs, bool) or not 0 <= sample_rungs <= 10:
+        raise GradleakError(f"sample_rungs must be an integer from 0 to 10, got {sample_rungs!r}")
+    if not isinstance(max_examples, int) or isinstance(max_examples, bool) or max_examples < 1:
+        raise GradleakError(f"max_examples must be a positive integer, got {max_examples!r}")
+    threat_model = make_threat_model(threat, tuple(knows))
+    dataset, data_label, prior_loader = resolve_data(data, split, resize, seq_len)
+    extra_gallery = gallery_inputs(gallery, dataset) if gallery is not None else None
+    defense_texts = tuple(component_text(d, "defense") for d in defenses)
+    runs: list[AttackRunResult] = []
+    skipped: list[SkippedAttack] = []
+
+    def attack_seed(run_seed: int, examples: int | None, only: set[str] | None = None) -> tuple[nn.Module, str]:
+        nonlocal dataset
+        built, model_label = resolve_model(model, dataset, run_seed)
+        if checkpoint:
+            from ..models.checkpoint import load_checkpoint
+            load_checkpoint(built, checkpoint)
+        dataset = fit_classes(built, dataset)
+        expected = expected_view(threat_model, training, batch_size, make_chain(defense_texts).aggregate_clients)
+        selected, not_run = select_attacks(attacks, built, dataset.input_shape, dataset.num_classes,
+                                           dataset.modality, expected, budget, training, batch_size)
+        if run_seed == seeds[0]:
+            skipped.extend(not_run)
+        base = AttackRunSpec(dataset=data_label, model=model_label, attack="ig", batch_size=batch_size,
+                             defenses=defense_texts, images=examples, **training_fields(training),
+                             seed=run_seed, threat=threat,
+                             knows=tuple(knows), seq_len=seq_len, lpips=lpips, device=device,
+                             doublings=BUDGET_DOUBLINGS[budget])
+        judge = gallery_maker(data, dataset, split, resize, extra_gallery, seq_len)
+        for text in selected:
+            if only is not None and text not in only:
+                continue
+            spec = dataclasses.replace(base, attack=text)
+            try:
+                runs.append(_run_with_progress(spec, built, dataset, prior_loader, judge, progress, kept))
+            except GradleakError as exc:
+                if run_seed == seeds[0]:
+                    skipped.append(SkippedAttack(text, str(exc)))
+        return built, model_label
+
+    for run_seed in seeds:
+        built, model_label = attack_seed(run_seed, images)
+    for rung in range(1, sample_rungs + 1):
+        # the sample ladder: fresh examples (new seeds) while the verdict is still open
+        entries = AuditResult(runs, skipped, {}, tolerance=tolerance).verdicts()
+        open_entries = [e for e in entries if e.get("open")]
+        if not open_entries:
+            break
+        have = min(e.get("min_examples") or 1 for e in open_entries)
+        target = sample_target(have, max(e.get("needed_examples") or 0 for e in open_entries), max_examples)
+        missing = target - have
+        if missing <= 0 or len(dataset) < batch_size:
+            break
+        per_seed = min(len(dataset), math.ceil(missing / len(seeds) / batch_size) * batch_size)
+        for run_seed in seeds:
+            attack_seed(run_seed + SAMPLE_SEED_OFFSET * rung, per_seed)
+    setting = {"dataset": data_label, "model": model_label, "batch_size": batch_size,
+               "local_steps": training.local_steps, "local_epochs": training.local_epochs,
+               "lr": training.lr, "seed": seeds[0], "seeds": seeds, "threat": threat_model.name, "budget": budget,
+               "defenses": list(defense_texts), **defense_labels(defense_texts),
+               "model_digest": model_digest(built), "data_digest": data_digest(dataset),
+               "seconds": time.perf_counter() - start}
+    result = AuditResult(runs, skipped, setting, tolerance=tolerance)
+    if out is not None:
+        result.write_report(out)
+    return result
+
+
+
+def _run_with_progress(spec: AttackRunSpec, model, data, prior_loader, gallery, progress: bool,
+                       artifacts: Path | None = None) -> AttackRunResult:
+    if not progress:
+        return run_scenario(spec, model, data, None, held_out=prior_loader, gallery=gallery, artifacts=artifacts)
+    from ..progress import attack_progress
+
+    with attack_progress(spec.attack) as bar:
+        return run_scenario(spec, model, data, bar, held_out=prior_loader, gallery=gallery, artifacts=artifacts)
+

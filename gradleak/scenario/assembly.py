@@ -1,0 +1,88 @@
+"""A scenario assembled from its names: the dataset and model a spec names, the checks made
+before anything is computed, and the train split a model is pre-trained on."""
+from __future__ import annotations
+
+from typing import Callable
+
+from torch import nn
+
+from ..attacks import Attack, make_attack
+from ..data import Dataset, DatasetSpec, load_dataset
+from ..data.references import dataset_spec
+from ..defenses import DefenseChain, make_chain
+from ..errors import GradleakError
+from ..models.references import build_named_model
+from ..options import ComponentSpec, parse_spec
+from ..threat import ThreatModel, expected_view, make_threat_model
+from .spec import AttackRunSpec
+
+
+def build_scenario_model(spec: AttackRunSpec, input_shape, num_classes, modality: str = "image"):
+    return build_named_model(spec.model, input_shape, num_classes, spec.seed, spec.activation, modality)
+
+
+def scenario_data(spec: AttackRunSpec, load: Callable[[DatasetSpec], Dataset] = load_dataset) -> Dataset:
+    return load(dataset_spec(spec.dataset, spec.split, spec.resize, spec.seq_len))
+
+
+def scenario_model(spec: AttackRunSpec, data: Dataset) -> nn.Module:
+    """The attacked model as `run_attack` builds it, with its checkpoint (before pre-training)."""
+    model = build_scenario_model(spec, data.input_shape, data.num_classes, data.modality)
+    if spec.checkpoint:
+        from ..models.checkpoint import load_checkpoint
+        load_checkpoint(model, spec.checkpoint)
+    return model
+
+
+def check_scenario(spec: AttackRunSpec, data: Dataset) -> tuple[Attack, DefenseChain, ThreatModel]:
+    """The checks `run_scenario` makes before anything is computed: the attack, the defense
+    chain and the threat model build, the threat model grants what the attack needs, the
+    attack handles the data, and the data holds enough examples. Returns (attack, chain,
+    threat model)."""
+    attack_spec: ComponentSpec = parse_spec(spec.attack, "attack")
+    attack = make_attack(attack_spec)
+    chain = make_chain([parse_spec(d, "defense") for d in spec.defenses])
+    # what the update will carry (batch-norm statistics in sent buffers) counts as seen
+    threat = expected_view(make_threat_model(spec.threat, spec.knows), spec.training(), spec.batch_size,
+                           chain.aggregate_clients)
+    threat.check(attack_spec.name, attack.needs())
+    if spec.lora is not None and not getattr(attack, "handles_lora", False):
+        raise GradleakError(f"attack '{attack_spec.name}' cannot invert a LoRA client's update (--lora): it "
+                            "holds only the adapters' tensors; use dager")
+    if data.modality not in attack.modalities:
+        raise GradleakError(f"attack '{attack_spec.name}' does not support {data.modality} data")
+    needed = (spec.images or spec.batch_size) + (chain.aggregate_clients - 1) * spec.batch_size
+    if needed > len(data):
+        raise GradleakError(f"dataset '{data.name}' has {len(data)} examples, the scenario needs {needed}")
+    return attack, chain, threat
+
+
+def validate_run_spec(spec: AttackRunSpec, load: Callable[[DatasetSpec], Dataset], built: set) -> None:
+    """Every check `run_attack` makes before it attacks — the dataset reference and its
+    options, the model reference with its options, activation and checkpoint, a train split
+    to pre-train on, and `check_scenario` — without running anything. `load` reads datasets
+    (a caching loader serves a whole sweep); `built` holds the models already built."""
+    data = scenario_data(spec, load)
+    model_key = (spec.model, spec.activation, spec.checkpoint, spec.dataset, spec.split, spec.resize, spec.seq_len)
+    if model_key not in built:
+        scenario_model(spec, data)  # builds it: its options, activation and checkpoint are checked
+        built.add(model_key)
+    if spec.pretrain_steps:
+        pretraining_data(spec, load)
+    check_scenario(spec, data)
+
+
+def pretraining_data(spec: AttackRunSpec, load: Callable[[DatasetSpec], Dataset] = load_dataset) -> Dataset:
+    """The train split `--pretrain-steps` trains on; refused for a set of sample images."""
+    train = load(dataset_spec(spec.dataset, "train", spec.resize, spec.seq_len))
+    if train.samples_only:
+        raise GradleakError(f"dataset '{train.name}' ships only sample images; it cannot pre-train a model "
+                            "(use --checkpoint, or pre-train on mnist/fashion-mnist)")
+    return train
+
+
+def pretrained(model, spec: AttackRunSpec):
+    from ..models.training import pretrain
+
+    pretrain(model, pretraining_data(spec), steps=spec.pretrain_steps, seed=spec.seed)
+    return model

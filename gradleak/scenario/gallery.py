@@ -1,0 +1,52 @@
+"""The examples the auditor re-identifies reconstructions among (`Gallery`): a fixed draw of
+a dataset's examples that were not attacked, or a named dataset's other split."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..data import Dataset, load_dataset
+from ..data.references import dataset_path_form, dataset_spec
+from ..metrics.reidentify import Gallery
+from ..options import parse_spec
+from ..seeding import stream
+
+# Re-identification compares each reconstruction with this many other examples when the
+# data has them (Gallery, gradleak.metrics.reidentify).
+GALLERY_SIZE = 1000
+
+
+def gallery_from(data: Dataset, exclude: torch.Tensor | None, source: str, note: str | None = None,
+                 size: int = GALLERY_SIZE) -> Gallery:
+    """Up to `size` examples of `data` other than `exclude`, the same ones for every seed (a
+    fixed draw), described as `source`."""
+    keep = torch.ones(len(data), dtype=torch.bool)
+    if exclude is not None:
+        keep[exclude] = False
+    pool = keep.nonzero().flatten()
+    order = torch.randperm(len(pool), generator=stream(0, "gallery"))
+    chosen = pool[order[:size]].sort().values
+    if len(chosen) < size and note is None:
+        note = f"all the dataset has{' besides the attacked examples' if exclude is not None else ''}"
+    return Gallery(data.inputs[chosen], source, note)
+
+
+def gallery_for(dataset: str, split: str, resize: int | None, data: Dataset, targets: torch.Tensor,
+                seq_len: int | None = None) -> Gallery:
+    """The re-identification gallery of a scenario: GALLERY_SIZE examples of the named
+    dataset's other split (the same for every seed, attack and defense of a study), or
+    the examples of a sample set or user file that were not attacked."""
+    from ..data import TAKES_PATH
+
+    if data.samples_only or dataset_path_form(dataset) is not None or \
+            parse_spec(dataset, "dataset").name in TAKES_PATH:  # a file's examples: its other split may be itself
+        return gallery_from(data, targets, f"other examples of {data.name}")
+    return _split_gallery(dataset, "train" if split == "test" else "test", resize, seq_len)
+
+
+@functools.lru_cache(maxsize=4)
+def _split_gallery(dataset: str, split: str, resize: int | None, seq_len: int | None = None) -> Gallery:
+    # one per process and study: its perceptual features are computed once, then reused
+    other = load_dataset(dataset_spec(dataset, split, resize, seq_len))
+    return gallery_from(other, None, f"{split}-split examples of {other.name}")
