@@ -62,5 +62,5 @@ def test_the_demo_validates_in_seconds():
 
     start = time.perf_counter()
     sweep = parse_sweep(demo_spec_text())
-    assert len(sweep.cells) == 79  # 58 attack cells and 21 utility runs (the sample ladder adds more as it runs)
+    assert len(sweep.cells) == 68  # 50 attack cells and 18 utility runs (the sample ladder adds more as it runs)
     assert time.perf_counter() - start < 30  # 2.8 s here: datasets load once, seed-free checks run once
