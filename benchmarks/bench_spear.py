@@ -10,11 +10,11 @@ import time
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from gradleak.analytic.features import FeatureExtractor
 from gradleak.attacks import AttackContext, make_attack
 from gradleak.data import DatasetSpec, load_dataset
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.models import ModelSpec, build_model
+from gradleak.solvers.features import FeatureExtractor
 from gradleak.threat import make_threat_model, observe
 
 EXACT_MSE = 1e-6

@@ -1,6 +1,6 @@
 """Image priors shared by every reconstruction that optimises inputs: the
 gradient-matching attacks (through `attacks.engine`) and the feature inversion
-of `analytic.features`. Plain tensor functions, one definition each."""
+of `solvers.features`. Plain tensor functions, one definition each."""
 from __future__ import annotations
 
 import torch

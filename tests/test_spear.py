@@ -3,13 +3,13 @@ import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from gradleak.analytic.features import FeatureExtractor
 from gradleak.api import select_attacks
 from gradleak.attacks import AttackContext, make_attack
 from gradleak.data import DatasetSpec, load_dataset
 from gradleak.errors import GradleakError
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.models import ModelSpec, build_model
+from gradleak.solvers.features import FeatureExtractor
 from gradleak.threat import make_threat_model, observe
 
 

@@ -1,7 +1,7 @@
 """Cocktail Party Attack (Kariyappa et al., ICML 2023).
 
 Independent component analysis of the first fully connected layer's weight gradient
-(gradleak.analytic.ica): centring, whitening to B components, FastICA unmixing (log-cosh
+(gradleak.solvers.ica): centring, whitening to B components, FastICA unmixing (log-cosh
 non-Gaussianity, symmetric decorrelation), optional TV refinement, and for inputs that are ≥ 0
 with many zeros (MNIST-like images, ReLU features) a sparse non-negative vertex search seeded by
 ICA (see `unmix_gradient`); then sign and scale from the bias gradient (exact) or, for bias-free
@@ -9,7 +9,7 @@ layers, the skew heuristic (plus a [0, 1] rescale for images).
 
 When the first FC layer sits behind convolutions (lenet5, vgg16, ...), what it separates are the
 feature vectors h_i = f(x_i) that layer saw; each is then inverted through the known extractor f
-by optimisation with a TV prior (gradleak.analytic.features). The layer needs ≥ B units.
+by optimisation with a TV prior (gradleak.solvers.features). The layer needs ≥ B units.
 """
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from typing import Literal
 
 import torch
 
-from ..analytic.fc import layer_gradients, locate_first_linear
-from ..analytic.features import FeatureExtractor, FeatureInversionOptions, invert_features
-from ..analytic.ica import resolve_sign_scale, unmix_gradient
 from ..options import check
+from ..solvers.fc import layer_gradients, locate_first_linear
+from ..solvers.features import FeatureExtractor, FeatureInversionOptions, invert_features
+from ..solvers.ica import resolve_sign_scale, unmix_gradient
 from ..threat import Observation
 from .base import Attack, AttackContext, Reconstruction, check_result
 from .labels import recover_labels

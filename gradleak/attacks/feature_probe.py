@@ -9,7 +9,7 @@ and utility are unchanged — and `width` random Gaussian neurons
 σ(w_jᵀ z/‖z‖), w_j ~ N(0, I_d), whose head weights start at zero. The random
 part with one class row c of the head is WLL's two-layer net: the head-weight
 gradient is g_j = Σ_i r_ic σ(w_jᵀ ẑ_i) with r_ic = (p_ic − 1[y_i = c])/B, from
-which `gradleak.analytic.tensor_method.tensor_features` recovers the B unit
+which `gradleak.solvers.tensor_method.tensor_features` recovers the B unit
 features ẑ_i up to sign. The layer normalises its input because the tensor
 method assumes ‖z‖ = 1 (WLL Assumption 5.1).
 
@@ -150,7 +150,7 @@ def recover_features(obs: Observation, batch_size: int, row: int = -1, seed: int
     """The tensor method on the probe in `obs.model`: a `TensorResult` whose
     `features` (B, d) are unit rows (sign arbitrary) and `span` (d, B) an
     orthonormal basis of their span (from the order-2 moment)."""
-    from ..analytic.tensor_method import tensor_decompose
+    from ..solvers.tensor_method import tensor_decompose
 
     found = find_probe(obs.model)
     if found is None:
@@ -190,7 +190,7 @@ def recover_class_features(obs: Observation, labels: torch.Tensor, seed: int = 0
     [samples] fall into the same class"). Needs the head bias gradient and at
     least one absent class; returns None otherwise.
     """
-    from ..analytic.tensor_method import tensor_decompose
+    from ..solvers.tensor_method import tensor_decompose
 
     found = find_probe(obs.model)
     if found is None:

@@ -14,7 +14,7 @@ of uniform draws (SPEAR's sampling), far more with the guided draws of spear_cor
 follow the auditor's budget ladder (`samples` per rung, doubling, resuming), and batches above
 `max_batch` are refused. On a layer on the input the inputs themselves come back; behind
 convolutions they are the layer's input features, which are then inverted through the known
-extractor by optimisation (gradleak.analytic.features), as the Cocktail Party attack does.
+extractor by optimisation (gradleak.solvers.features), as the Cocktail Party attack does.
 """
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..analytic.features import FeatureExtractor, FeatureInversionOptions, invert_features
 from ..errors import GradleakError
 from ..fl.training import TrainingSpec
 from ..options import check
+from ..solvers.features import FeatureExtractor, FeatureInversionOptions, invert_features
 from ..threat import Observation
 from . import spear_core as core
 from .base import Attack, AttackContext, Reconstruction, check_result

@@ -4,7 +4,7 @@ The model is f(x) = Aᵀσ(Wx) with W ~ N(0, 1) and every head weight 1/m (`twol
 the mean-field query of WLL Alg. 1). With cross-entropy, head row c has the gradient
 g_j = (1/B) Σ_i r_ic σ(w_j·x_i), r_ic = p_ic − 1[y_i = c] (Wang, Lee, Lei 2023,
 eqs. 5.5–5.8, as Liu et al. use it),
-which is the WLL observation with residuals r_ic; `gradleak.analytic.tensor_method` recovers the
+which is the WLL observation with residuals r_ic; `gradleak.solvers.tensor_method` recovers the
 directions x_i/||x_i|| from it (span from P̂, Jennrich decomposition of the Hermite moment,
 H_4 for ReLU). The first-layer gradient is useless here: identical head rows make Σ_c r_ic = 0.
 
@@ -25,10 +25,10 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ..analytic.tensor_method import tensor_decompose
 from ..errors import GradleakError
 from ..models import last_linear
 from ..options import check
+from ..solvers.tensor_method import tensor_decompose
 from ..threat import Observation
 from .base import Attack, AttackContext, Reconstruction, check_result
 

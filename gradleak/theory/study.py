@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from ..analytic import tensor_features
 from ..errors import GradleakError
+from ..solvers import tensor_features
 from .bounds import lower_bound
 from .defenses import defended_gradient, parse_defense
 from .model import random_data, random_network

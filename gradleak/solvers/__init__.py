@@ -1,4 +1,6 @@
-"""Closed-form / spectral building blocks for the analytic attacks (tensor method, ICA)."""
+"""Closed-form and spectral solvers the analytic attacks call (fully-connected inversion, feature
+inversion, ICA unmixing, the tensor method). Named `solvers`, not `analytic`, so it is not
+taken for the analytic attacks themselves (gradleak.attacks)."""
 from .tensor_method import (
                             TensorResult,
                             hermite_expectations,
