@@ -16,15 +16,6 @@ from pathlib import Path
 
 def main(argv: list[str]) -> int:
     quick = "--quick" in argv
-    workers = None
-    if "--workers" in argv:  # parallel cells, for the benchmarks that run a sweep
-        at = argv.index("--workers")
-        try:
-            workers = int(argv[at + 1])
-        except (IndexError, ValueError):
-            print("benchmarks: --workers takes a number of processes", file=sys.stderr)
-            return 2
-        argv = argv[:at] + argv[at + 2:]
     names = sorted(m.name[len("bench_"):] for m in pkgutil.iter_modules([str(Path(__file__).parent)])
                    if m.name.startswith("bench_"))
     if argv and argv[0] in names and any(a.startswith("--") and a != "--quick" for a in argv[1:]):
@@ -46,7 +37,7 @@ def main(argv: list[str]) -> int:
     for name in wanted or names:
         start = time.perf_counter()
         module = importlib.import_module(f"benchmarks.bench_{name}")
-        results[name] = module.run(quick=quick, workers=workers) if workers is not None else module.run(quick=quick)
+        results[name] = module.run(quick=quick)
         results[name]["benchmark_seconds"] = round(time.perf_counter() - start, 2)
         print(f"benchmark {name} done in {results[name]['benchmark_seconds']} s", file=sys.stderr)
     print(json.dumps(results, indent=2))

@@ -105,3 +105,10 @@ def run(quick: bool = False, workers: int | None = None) -> dict:
     return {"seconds": round(time.perf_counter() - start, 1), "cells": summary["cells"],
             "sample_cells": summary["sample_cells"], "workers": workers, "settings": rows,
             "recognizable_sign": [r["recognizable"] for r in rows if "sign" in r["setting"]]}
+
+
+
+def run_with(argv: list[str]) -> dict:
+    from benchmarks import run_with_workers
+
+    return run_with_workers(run, "fresh_settings", argv)

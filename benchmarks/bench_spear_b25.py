@@ -39,3 +39,10 @@ def run(quick: bool = False, workers: int | None = None) -> dict:
             "whole_batches": sum(r["exact"] == BATCH for r in runs),
             "exact_fraction": round(sum(r["exact"] for r in runs) / (BATCH * seeds), 4),
             "seconds_median": seconds[seeds // 2], "seconds_max": seconds[-1], "runs": runs}
+
+
+
+def run_with(argv: list[str]) -> dict:
+    from benchmarks import run_with_workers
+
+    return run_with_workers(run, "spear_b25", argv)

@@ -163,23 +163,22 @@ def _unconfirmed_text(member: dict) -> str:
 
 
 def still_open(entry: dict) -> bool:
-    """Whether more examples could change the setting's verdict: no copy; no recognizable or
-    linkable grade that is decided (significant and not borderline; a linkable one beyond the
-    tolerance); the tolerance not yet met; nothing else (a failure, an unconfirmed training,
-    an unsaturated attack, no gallery) keeping it from holding."""
+    """Whether more examples could change the setting's verdict: no copy; a recognizable count
+    not yet confirmed, or no recognizable or linkable grade that is decided (significant and not
+    borderline; a linkable one beyond the tolerance); the tolerance not yet met; nothing else (a
+    failure, an unconfirmed training, an unsaturated attack, no gallery) keeping it from holding."""
     if entry.get("grade") == "copies" or entry.get("meets_tolerance") and entry["verdict"] == "holds":
         return False
-    if entry.get("unconfirmed_recognizable") and not (entry.get("failed") or entry.get("training_unconfirmed")
-                                                       or entry.get("blind_only") or entry.get("unsaturated")):
+    if entry.get("failed") or entry.get("training_unconfirmed") or entry.get("blind_only") \
+            or entry.get("unsaturated"):
+        return False
+    if entry.get("unconfirmed_recognizable"):
         return True
     if entry.get("grade") == "recognizable" and not entry.get("borderline"):
         return False
     if entry.get("grade") == "linkable" and entry.get("exceeds_tolerance") and not entry.get("borderline"):
         return False
-    if entry.get("failed") or entry.get("training_unconfirmed") or entry.get("blind_only") \
-            or entry.get("unsaturated") or not entry.get("reid_judged"):
-        return False
-    return True
+    return bool(entry.get("reid_judged"))
 
 
 def _tolerance(entry: dict) -> Tolerance:
