@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from gradleak.attacks.dager import dager_search
+from gradleak.attacks.text.dager import dager_search
 from gradleak.data import DatasetSpec, load_dataset
 from gradleak.metrics.text import score_text
 from gradleak.models import ModelSpec

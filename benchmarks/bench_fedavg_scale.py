@@ -28,9 +28,9 @@ from statistics import median
 import torch
 
 from gradleak.attacks import AttackContext, make_attack
-from gradleak.attacks.epoch_replay import EpochReplay
-from gradleak.attacks.labels import recover_labels
-from gradleak.attacks.matching import UpdateSimulator, update_distance
+from gradleak.attacks.replay.epoch_replay import EpochReplay
+from gradleak.attacks.replay.labels import recover_labels
+from gradleak.attacks.replay.matching import UpdateSimulator, update_distance
 from gradleak.data import DatasetSpec, load_dataset
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.metrics.reidentify import Gallery

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from gradleak.attacks.mkor_decoding import sampled_pixels
+from gradleak.attacks.malicious.mkor_decoding import sampled_pixels
 from gradleak.batch_attack import attack_batch, one_per_class
 from gradleak.data import load_dataset
 from gradleak.data.references import dataset_spec

@@ -11,7 +11,7 @@ from statistics import mean, stdev
 
 import torch
 
-from gradleak.attacks.matching import UpdateSimulator, update_distance
+from gradleak.attacks.replay.matching import UpdateSimulator, update_distance
 from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.fl.local import local_update, model_state
@@ -44,10 +44,10 @@ COST_RATIO_TARGET = 2.5  # a matching iteration ≤ 2.5× a training step
 def iteration_cost(name: str, batch_size: int, repeats: int, rounds: int = 5) -> dict:
     """Seconds of one IG-style matching iteration (simulate the update with a graph,
     cosine distance, backward to the candidate, Adam step) vs one SGD training step,
-    with the cheap double backward of `attacks.double_backward` (`ratio`; for an
-    all-linear model the factored gradient of `attacks.factored`), with
+    with the cheap double backward of `attacks.replay.double_backward` (`ratio`; for an
+    all-linear model the factored gradient of `attacks.replay.factored`), with
     PyTorch's own (`ratio_stock`) and with the frozen-kink finite difference of
-    `attacks.finite_difference` (`ratio_difference`: what IG, DLG and CPL run by
+    `attacks.replay.finite_difference` (`ratio_difference`: what IG, DLG and CPL run by
     default on convolutional models; an MLP keeps `ratio`); `ratio_default` is
     the one of the path `second_order="auto"` takes. Thread CPU time, so
     the other jobs on a shared machine inflate it less than wall-clock time; the

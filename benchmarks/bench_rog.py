@@ -35,7 +35,7 @@ import time
 import torch
 
 from gradleak.attacks import AttackContext, make_attack
-from gradleak.attacks.matching import UpdateSimulator
+from gradleak.attacks.replay.matching import UpdateSimulator
 from gradleak.data import DatasetSpec, load_dataset
 from gradleak.defenses import make_chain
 from gradleak.experiment import AttackRunSpec, run_attack

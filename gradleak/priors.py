@@ -1,5 +1,5 @@
 """Image priors shared by every reconstruction that optimises inputs: the
-gradient-matching attacks (through `attacks.engine`) and the feature inversion
+gradient-matching attacks (through `attacks.engine.engine`) and the feature inversion
 of `solvers.features`. Plain tensor functions, one definition each."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Name → component registries.
 
-Entries are dotted paths ("gradleak.attacks.ig:InvertingGradients") imported on
+Entries are dotted paths ("gradleak.attacks.optimization.ig:InvertingGradients") imported on
 first use, so listing names is instant and adding a component touches its own
 module plus one line in the registry table.
 

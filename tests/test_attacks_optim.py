@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from gradleak.attacks import AttackContext, make_attack
-from gradleak.attacks.initialization import initial_inputs
+from gradleak.attacks.engine.initialization import initial_inputs
 from gradleak.errors import GradleakError
 from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.fl import TrainingSpec, compute_update

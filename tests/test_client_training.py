@@ -127,7 +127,7 @@ def test_a_shuffling_dataloader_client_is_replayed_batch_for_batch(mnist_test):
 
 
 def test_the_server_replays_the_known_order_and_only_the_known_order(mnist_test):
-    from gradleak.attacks.head_unroll import make_simulator
+    from gradleak.attacks.replay.head_unroll import make_simulator
     from gradleak.threat import make_threat_model, observe
 
     x, y = mnist_test.inputs[:4], mnist_test.labels[:4]

@@ -195,7 +195,7 @@ def test_attack_matches_only_the_entries_a_sparsifier_sent():
 
 
 def test_sent_entries_masks_only_for_sparsifiers(mnist_test):
-    from gradleak.attacks.matching import sent_entries
+    from gradleak.attacks.replay.matching import sent_entries
     from gradleak.threat import ThreatModel, observe
 
     def observation(defense, grants=frozenset({"batch_size", "defenses"})):

@@ -1,4 +1,4 @@
-"""The cheap double backward (`attacks.double_backward`) must be the stock
+"""The cheap double backward (`attacks.replay.double_backward`) must be the stock
 second derivative, only faster: same simulated update, same gradient of the
 update distance w.r.t. the candidate, and the observed model left alone."""
 import copy
@@ -6,9 +6,9 @@ import copy
 import pytest
 import torch
 
-from gradleak.attacks import double_backward, matching
-from gradleak.attacks.double_backward import make_twice_differentiable
-from gradleak.attacks.matching import UpdateSimulator, update_distance
+from gradleak.attacks.replay import double_backward, matching
+from gradleak.attacks.replay.double_backward import make_twice_differentiable
+from gradleak.attacks.replay.matching import UpdateSimulator, update_distance
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.models import ModelSpec, build_model
 from gradleak.threat import make_threat_model, observe

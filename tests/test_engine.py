@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from gradleak.attacks import AttackContext, make_attack
-from gradleak.attacks.candidates import FixedLabels, Pixels
-from gradleak.attacks.engine import Engine, Optimizer
-from gradleak.attacks.objectives import Matching, TotalVariation
+from gradleak.attacks.engine.candidates import FixedLabels, Pixels
+from gradleak.attacks.engine.engine import Engine, Optimizer
+from gradleak.attacks.engine.objectives import Matching, TotalVariation
 from gradleak.errors import GradleakError
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.metrics import score_batch
@@ -28,7 +28,7 @@ def _observation(dataset, index=0, batch=1):
 
 
 def _engine(obs, y, **kwargs):
-    from gradleak.attacks.matching import UpdateSimulator
+    from gradleak.attacks.replay.matching import UpdateSimulator
 
     sim = UpdateSimulator(obs)
     shape = (obs.batch_size, *obs.input_shape)

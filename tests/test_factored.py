@@ -1,4 +1,4 @@
-"""Linear layers' gradients as factors (`attacks.factored`): the same update, the
+"""Linear layers' gradients as factors (`attacks.replay.factored`): the same update, the
 same cosine distance and the same gradient of it as PyTorch's own double
 backward — and the general path wherever the identity does not hold."""
 import dataclasses
@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from gradleak.attacks import factored
-from gradleak.attacks.matching import UpdateSimulator, update_distance
+from gradleak.attacks.replay import factored
+from gradleak.attacks.replay.matching import UpdateSimulator, update_distance
 from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.models import ModelSpec, build_model

@@ -4,7 +4,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from gradleak.attacks import make_attack
-from gradleak.attacks.feature_probe import (
+from gradleak.attacks.optimization.feature_probe import (
     feature_errors,
     find_probe,
     insert_feature_probe,

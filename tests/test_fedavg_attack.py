@@ -10,8 +10,8 @@ import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from gradleak.attacks.fedavg import client_layout, combine_copies
-from gradleak.attacks.matching import UpdateSimulator
+from gradleak.attacks.optimization.fedavg import client_layout, combine_copies
+from gradleak.attacks.replay.matching import UpdateSimulator
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.models import ModelSpec, build_model
 from gradleak.threat import make_threat_model, observe
@@ -111,8 +111,14 @@ def test_the_epoch_replay_is_exact_for_whole_batch_steps_and_tells_the_batch_fro
     """`EpochReplay` takes one full-batch step per epoch: exact when the client's every step
     sees the whole batch; with mini-batches in an unknown order, an approximation under which
     the true batch still matches far better than other digits of the same labels."""
-    from gradleak.attacks.epoch_replay import MAX_ORDER_SHARE, EpochReplay, applies, epoch_step_counts, order_share
-    from gradleak.attacks.matching import update_distance
+    from gradleak.attacks.replay.epoch_replay import (
+        MAX_ORDER_SHARE,
+        EpochReplay,
+        applies,
+        epoch_step_counts,
+        order_share,
+    )
+    from gradleak.attacks.replay.matching import update_distance
 
     x, y = mnist_test.inputs[:6], mnist_test.labels[:6]
     model = build_model(ModelSpec("lenet5", (1, 28, 28), 10, seed=0))

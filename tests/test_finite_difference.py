@@ -1,4 +1,4 @@
-"""The frozen-kink finite difference (`attacks.finite_difference`) must give the
+"""The frozen-kink finite difference (`attacks.replay.finite_difference`) must give the
 same update and, up to its O(h) error, the same gradient of the update distance
 as autograd's exact second derivative — for every registered model it accepts —
 and fall back to the exact path where it does not apply."""
@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from gradleak.attacks import finite_difference
-from gradleak.attacks.matching import UpdateSimulator, update_distance
+from gradleak.attacks.replay import finite_difference
+from gradleak.attacks.replay.matching import UpdateSimulator, update_distance
 from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.models import MODELS, ModelSpec, build_model

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gradleak.attacks.dager_encoder import encoder_search
+from gradleak.attacks.text.dager_encoder import encoder_search
 from gradleak.cli import main
 from gradleak.data import DatasetSpec, load_dataset
 from gradleak.data import text as text_data

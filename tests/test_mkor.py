@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from gradleak.attacks import ATTACKS
-from gradleak.attacks.mkor import MKOROptions
-from gradleak.attacks.mkor_decoding import sampled_pixels
+from gradleak.attacks.malicious.mkor import MKOROptions
+from gradleak.attacks.malicious.mkor_decoding import sampled_pixels
 from gradleak.batch_attack import attack_batch, one_per_class
 from gradleak.commands.inspect_model import inspect_attack
 from gradleak.data import load_dataset

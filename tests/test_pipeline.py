@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gradleak.attacks import AttackContext, make_attack
-from gradleak.attacks.labels import recover_labels
+from gradleak.attacks.replay.labels import recover_labels
 from gradleak.errors import GradleakError
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.metrics import score_batch, summarize
@@ -194,7 +194,7 @@ def test_cli_list_names():
 
 @pytest.mark.parametrize("steps", [1, 3])
 def test_bn_mode_eval_uses_running_statistics_and_attacks_replay_it(steps):
-    from gradleak.attacks.matching import UpdateSimulator, update_distance
+    from gradleak.attacks.replay.matching import UpdateSimulator, update_distance
 
     model = build_model(ModelSpec("convnet", (3, 16, 16), 10, seed=0, options={"width": "4"}))
     stats = torch.Generator().manual_seed(0)  # seeded: the global RNG made this test flaky

@@ -50,7 +50,7 @@ def test_rog_reconstructs_fedavg_delta_and_beats_ig():
 def test_rog_reconstructs_through_compression(model, defense, options, ceiling, gain):
     # Yue et al. §4.3 compressors, 64 px, batch 2, τ = 5. The baseline is ROG's own
     # starting point, the bicubic-decoded noise latent (LPIPS 0.65).
-    from gradleak.attacks.rog import BicubicLatent
+    from gradleak.attacks.optimization.rog import BicubicLatent
 
     result = run_attack(AttackRunSpec(
         dataset="imagenet-samples", model=model, batch_size=2, images=2, local_steps=5, lr=5e-3,
@@ -88,8 +88,8 @@ def _observation(dataset: str, n: int, model: str = "lenet", options: dict | Non
     ("convnet", {"width": "4"}, TrainingSpec(lr=0.1, local_steps=2, batchnorm="eval"), ()),
 ])
 def test_low_rank_head_replay_equals_generic_replay(model, options, training, defenses):
-    from gradleak.attacks.head_unroll import LowRankHeadSimulator, make_simulator
-    from gradleak.attacks.matching import UpdateSimulator, update_distance
+    from gradleak.attacks.replay.head_unroll import LowRankHeadSimulator, make_simulator
+    from gradleak.attacks.replay.matching import UpdateSimulator, update_distance
 
     obs, x, y = _observation("cifar10", 3, model=model, options=options, training=training, defenses=defenses)
     fast = make_simulator(obs)
@@ -112,7 +112,7 @@ def test_low_rank_head_replay_equals_generic_replay(model, options, training, de
 
 
 def test_low_rank_head_replay_falls_back_for_other_models():
-    from gradleak.attacks.head_unroll import LowRankHeadSimulator, make_simulator
+    from gradleak.attacks.replay.head_unroll import LowRankHeadSimulator, make_simulator
 
     obs, _, _ = _observation("cifar10", 2, model="resnet20")
     assert not isinstance(make_simulator(obs), LowRankHeadSimulator)

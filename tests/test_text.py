@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gradleak.attacks.dager import DagerOptions, dager_reconstruct, dager_search, qkv_gradient_name
+from gradleak.attacks.text.dager import DagerOptions, dager_reconstruct, dager_search, qkv_gradient_name
 from gradleak.data import DatasetSpec, load_dataset
 from gradleak.data import text as text_data
 from gradleak.errors import GradleakError, InputFileError, OptionRangeError

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from gradleak.attacks import ATTACKS, make_attack
-from gradleak.attacks.lamp import BigramPrior, TokenScorer, rearrangement
-from gradleak.attacks.tag import EmbeddingGradients
+from gradleak.attacks.text.lamp import BigramPrior, TokenScorer, rearrangement
+from gradleak.attacks.text.tag import EmbeddingGradients
 from gradleak.errors import GradleakError
 from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.models.gpt2 import GPT2
@@ -77,7 +77,7 @@ def test_lamp_runs_its_discrete_steps_end_to_end():
 def test_lamp_by_default_takes_no_discrete_steps_and_no_prior(monkeypatch):
     """The default LAMP is its continuous part (docs/text.md: the bigram prior cost ROUGE-2):
     it never counts the prior, and never moves a token by a discrete step."""
-    import gradleak.attacks.lamp as lamp
+    import gradleak.attacks.text.lamp as lamp
 
     def refuse():
         raise AssertionError("the bigram prior was counted")

@@ -13,7 +13,7 @@ from torch import nn
 from ..fl.training import TrainingSpec
 from ..threat import Observation
 
-# What the learned inverter (gradleak.attacks.learned) needs to play the client on auxiliary data:
+# What the learned inverter (gradleak.attacks.learned.learned) needs to play the client on auxiliary data:
 # the batch, the client's training and its defenses.
 LEARNED_KNOWLEDGE = frozenset({"batch_size", "local_training", "defenses"})
 

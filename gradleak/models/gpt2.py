@@ -15,12 +15,12 @@ output projections of every block scaled by 1/√(2·layers). No dropout: a FedS
 update is one deterministic gradient. GPT-2 small is layers=12, width=768, heads=12;
 the defaults are a CPU-sized 2 × 384 × 6 (23 M parameters, 85 % of them embeddings, 64 per
 head as GPT-2): wide enough that DAGER recovers a batch of 16 sequences of 16 tokens (it
-needs batch · length < width − 20, see gradleak.attacks.dager).
+needs batch · length < width − 20, see gradleak.attacks.text.dager).
 
 Attention is written out (no fused kernel) so that it has second derivatives, and
 `Block.extend` runs the position after a prefix from the prefix's cached keys and values,
 for one input there (incremental decoding) or many alternatives at once (DAGER's prefix
-search, gradleak.attacks.dager).
+search, gradleak.attacks.text.dager).
 """
 from __future__ import annotations
 

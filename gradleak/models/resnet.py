@@ -31,7 +31,7 @@ class ResNetOptions:
 class PadShortcut(nn.Module):
     """Option-A shortcut: subsample by `stride` and zero-pad the new channels."""
 
-    kink_free = True  # linear, so a finite difference in the weights sees no kink (attacks.finite_difference)
+    kink_free = True  # linear, so a finite difference in the weights sees no kink (attacks.replay.finite_difference)
 
     def __init__(self, in_planes: int, planes: int, stride: int):
         super().__init__()

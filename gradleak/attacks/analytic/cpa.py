@@ -18,13 +18,13 @@ from typing import Literal
 
 import torch
 
-from ..options import check
-from ..solvers.fc import layer_gradients, locate_first_linear
-from ..solvers.features import FeatureExtractor, FeatureInversionOptions, invert_features
-from ..solvers.ica import resolve_sign_scale, unmix_gradient
-from ..threat import Observation
-from .base import Attack, AttackContext, Reconstruction, check_result
-from .labels import recover_labels
+from ...options import check
+from ...solvers.fc import layer_gradients, locate_first_linear
+from ...solvers.features import FeatureExtractor, FeatureInversionOptions, invert_features
+from ...solvers.ica import resolve_sign_scale, unmix_gradient
+from ...threat import Observation
+from ..base import Attack, AttackContext, Reconstruction, check_result
+from ..replay.labels import recover_labels
 
 
 @dataclass

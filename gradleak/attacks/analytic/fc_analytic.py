@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..options import check
-from ..solvers.fc import distinct_consensus, first_linear, layer_gradients, row_ratios
-from ..threat import Observation
-from .base import Attack, AttackContext, Reconstruction, check_result
-from .labels import recover_labels
+from ...options import check
+from ...solvers.fc import distinct_consensus, first_linear, layer_gradients, row_ratios
+from ...threat import Observation
+from ..base import Attack, AttackContext, Reconstruction, check_result
+from ..replay.labels import recover_labels
 
 
 @dataclass

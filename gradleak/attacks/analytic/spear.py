@@ -5,7 +5,7 @@ layer followed by ReLU, under an honest server.
 The gradient of that layer has rank ≤ B; ReLU makes ∂L/∂Z sparse. Sampled subsets of r − 1 rows
 of its low-rank factor give candidate directions, kept when they are as sparse as an example's
 ∂L/∂Z column and an input's ReLU pattern explains their zeros; B of them are chosen greedily, the
-bias gradient fixes their scales, and the inputs follow exactly (gradleak.attacks.spear_core).
+bias gradient fixes their scales, and the inputs follow exactly (gradleak.attacks.analytic.spear_core).
 The result is verified: `converged` is True when the recovered inputs' ReLU pattern explains every
 zero of the recovered ∂L/∂Z, which in every measured case meant every example exact.
 
@@ -27,14 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import GradleakError
-from ..fl.training import TrainingSpec
-from ..options import check
-from ..solvers.features import FeatureExtractor, FeatureInversionOptions, invert_features
-from ..threat import Observation
+from ...errors import GradleakError
+from ...fl.training import TrainingSpec
+from ...options import check
+from ...solvers.features import FeatureExtractor, FeatureInversionOptions, invert_features
+from ...threat import Observation
+from ..base import Attack, AttackContext, Reconstruction, check_result
+from ..replay.labels import recover_labels
 from . import spear_core as core
-from .base import Attack, AttackContext, Reconstruction, check_result
-from .labels import recover_labels
 
 CHUNK = 1024  # row subsets drawn per batched step
 

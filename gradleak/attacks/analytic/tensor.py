@@ -25,12 +25,12 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ..errors import GradleakError
-from ..models import last_linear
-from ..options import check
-from ..solvers.tensor_method import tensor_decompose
-from ..threat import Observation
-from .base import Attack, AttackContext, Reconstruction, check_result
+from ...errors import GradleakError
+from ...models import last_linear
+from ...options import check
+from ...solvers.tensor_method import tensor_decompose
+from ...threat import Observation
+from ..base import Attack, AttackContext, Reconstruction, check_result
 
 
 @dataclass

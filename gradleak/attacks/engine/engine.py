@@ -39,8 +39,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from ..replay.matching import finite_or_inf, registered_mean
 from .candidates import Candidate, FixedLabels, Pixels
-from .matching import finite_or_inf, registered_mean
 from .objectives import GroupConsistency, Matching, Prior, Seen
 
 Tensors = Mapping[str, torch.Tensor]

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import GradleakError
+from ...errors import GradleakError
 
 
 class _Conv(nn.Module):

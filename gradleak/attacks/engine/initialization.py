@@ -5,7 +5,7 @@ same, the name of DLG's and CPL's code), uniform (`rand` is the same), gray;
 and CPL's seeds, which every attack takes too: patterned (a random patch tiled tile×tile over the input),
 dark, light, solid red/green/blue, optimal (a same-class example from the
 held-out data the threat model may grant as `prior_data`), and learned (the output of the
-inverter learned on the defended updates of auxiliary data, `gradleak.attacks.learned`).
+inverter learned on the defended updates of auxiliary data, `gradleak.attacks.learned.learned`).
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 import torch
 
-from ..errors import GradleakError
-from ..threat import Observation
-from .base import AttackContext
+from ...errors import GradleakError
+from ...threat import Observation
+from ..base import AttackContext
 
 InitKind = Literal["randn", "random", "uniform", "rand", "gray", "patterned", "dark", "light", "r", "g", "b",
                    "optimal", "learned"]
@@ -93,7 +93,7 @@ def observed_start(kind: InitKind, shape: tuple[int, ...], generator: torch.Gene
     `learned` is the learned inverter's reconstruction of `obs` for those labels (trained once
     per setting and kept in `ctx.artifacts`), the same for every restart."""
     if kind == "learned":
-        from .learned import learned_start
+        from ..learned.learned import learned_start
 
         return learned_start(obs, labels, ctx).reshape(shape)
     prior = obs.get("prior_data") if kind == "optimal" else None

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..priors import bn_statistics_distance, total_variation
-from .matching import update_distance
+from ...priors import bn_statistics_distance, total_variation
+from ..replay.matching import update_distance
 
 Tensors = Mapping[str, torch.Tensor]
 

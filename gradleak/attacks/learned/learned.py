@@ -42,14 +42,14 @@ import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 from torch import nn
 
-from ..errors import GradleakError
-from ..fl import aggregate_updates, compute_update
-from ..models.base import hash_weights
-from ..options import check
-from ..seeding import stream
-from ..threat import Observation
-from .base import LEARNED_KNOWLEDGE, Attack, AttackContext, Reconstruction
-from .labels import recover_labels
+from ...errors import GradleakError
+from ...fl import aggregate_updates, compute_update
+from ...models.base import hash_weights
+from ...options import check
+from ...seeding import stream
+from ...threat import Observation
+from ..base import LEARNED_KNOWLEDGE, Attack, AttackContext, Reconstruction
+from ..replay.labels import recover_labels
 
 
 @dataclass
@@ -139,7 +139,7 @@ def auxiliary_updates(obs: Observation, pool_inputs: torch.Tensor, pool_labels: 
     Without pool labels (public photos) each example gets a uniform random label. `device`
     computes the batched FedSGD gradients (the bulk of the work) there; the defenses and the
     client's own loop run where the observed model lives."""
-    from ..defenses import DefenseChain
+    from ...defenses import DefenseChain
 
     start = time.perf_counter()
     chain = DefenseChain(list(obs.get("defenses")))
@@ -176,8 +176,8 @@ def _client_updates(obs: Observation, chain, inputs: torch.Tensor, labels: torch
         for i in range(1, len(inputs)):
             yield compute_update(obs.model, inputs[i], labels[i], obs.training, chain, clients[i])
         return
-    from ..fl.local import batchnorm_mode
-    from ..fl.places import DefenseContext
+    from ...fl.local import batchnorm_mode
+    from ...fl.places import DefenseContext
 
     template = first if not len(chain) else compute_update(obs.model, inputs[0], labels[0], obs.training)
     with batchnorm_mode(obs.model, obs.training.batchnorm):  # as the client's step: running statistics
@@ -189,7 +189,7 @@ def _client_updates(obs: Observation, chain, inputs: torch.Tensor, labels: torch
 
 
 def _one_plain_step(obs: Observation, chain) -> bool:
-    from ..fl.buffers import batchnorm_layers
+    from ...fl.buffers import batchnorm_layers
 
     training = obs.training
     active_dropout = any(isinstance(m, nn.modules.dropout._DropoutNd) and m.training for m in obs.model.modules())
@@ -203,8 +203,8 @@ def _mean_per_example_gradients(model: nn.Module, inputs: torch.Tensor, labels: 
     """(first client, each client's mean-loss gradient) chunk by chunk (clients × batch examples,
     DP-SGD's per-example gradients, about 512 MB at a time), computed on `device` (default: the
     model's) and returned where the model lives."""
-    from ..defenses.dpsgd import per_example_gradients
-    from ..fl.local import model_state
+    from ...defenses.dpsgd import per_example_gradients
+    from ...fl.local import model_state
 
     home = next(model.parameters()).device
     device = device or home
@@ -364,7 +364,7 @@ class LearnedInversion:
                                     f"of input shape {tuple(self.obs.input_shape)}")
             digest = hashlib.sha256(prior.inputs.contiguous().numpy().tobytes()).hexdigest()[:16]
             return prior.inputs.float(), prior.labels.long(), f"prior:{digest}"
-        from ..data.auxiliary import public_images
+        from ...data.auxiliary import public_images
 
         count = min(4 * self.options.samples * self.obs.batch_size, 8192)
         images = public_images(tuple(self.obs.input_shape), count, stream(self.seed, "learned", "photos"))

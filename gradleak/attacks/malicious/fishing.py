@@ -26,15 +26,15 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ..errors import GradleakError
-from ..fl import TrainingSpec
-from ..models import last_linear
-from ..options import check
-from ..solvers.fc import locate_first_linear
-from ..threat import Observation, make_threat_model, observe
-from .base import Attack, AttackContext, PreparedModel, Reconstruction
-from .fc_analytic import FCAnalyticOptions, invert_first_layer
-from .ig import IGOptions, InvertingGradients
+from ...errors import GradleakError
+from ...fl import TrainingSpec
+from ...models import last_linear
+from ...options import check
+from ...solvers.fc import locate_first_linear
+from ...threat import Observation, make_threat_model, observe
+from ..analytic.fc_analytic import FCAnalyticOptions, invert_first_layer
+from ..base import Attack, AttackContext, PreparedModel, Reconstruction
+from ..optimization.ig import IGOptions, InvertingGradients
 
 
 @dataclass

@@ -38,10 +38,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import GradleakError
-from ..options import check
-from ..threat import Observation
-from .base import Attack, AttackContext, PreparedModel, Reconstruction, check_result
+from ...errors import GradleakError
+from ...options import check
+from ...threat import Observation
+from ..base import Attack, AttackContext, PreparedModel, Reconstruction, check_result
 from .mkor_crafting import MKORSecrets, check_architecture, craft, mkor_layers
 from .mkor_decoding import decode_images
 
@@ -122,7 +122,7 @@ def _round_to_total(values: torch.Tensor, total: int) -> torch.Tensor:
 
 class MKOR(Attack):
     """MKOR (Wang et al.): malicious FC/conv parameters, label-wise max/min reconstruction.
-    Crafting: gradleak.attacks.mkor_crafting; decoding: gradleak.attacks.mkor_decoding."""
+    Crafting: gradleak.attacks.malicious.mkor_crafting; decoding: gradleak.attacks.malicious.mkor_decoding."""
 
     name = "mkor"
     Options = MKOROptions

@@ -4,7 +4,7 @@
 4-direction conv filters; one decoupled FC path per label) and returns the
 `MKORSecrets` the server keeps: where every considered conv channel sits, the
 rows of the first FC layer that each label owns and the softmax prior. The
-decoder (gradleak.attacks.mkor) reads them from the Observation, never from
+decoder (gradleak.attacks.malicious.mkor) reads them from the Observation, never from
 hidden state.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..errors import GradleakError
+from ...errors import GradleakError
 
 
 @dataclass

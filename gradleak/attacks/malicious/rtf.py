@@ -20,11 +20,11 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ..errors import GradleakError
-from ..options import check
-from ..threat import Observation
-from .base import Attack, AttackContext, PreparedModel, Reconstruction
-from .labels import recover_labels
+from ...errors import GradleakError
+from ...options import check
+from ...threat import Observation
+from ..base import Attack, AttackContext, PreparedModel, Reconstruction
+from ..replay.labels import recover_labels
 
 IMPRINT = "imprint"
 

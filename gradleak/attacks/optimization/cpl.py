@@ -29,15 +29,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from ..options import check
-from ..threat import Observation
-from .base import AttackContext, Reconstruction, ResumableAttack
-from .candidates import FixedLabels, Pixels
-from .engine import Engine, Optimizer, plain_forward
-from .initialization import InitKind, observed_start
-from .labels import recover_labels
-from .matching import SecondOrder, UpdateSimulator, gradient_scale
-from .objectives import LabelConfidence, Matching
+from ...options import check
+from ...threat import Observation
+from ..base import AttackContext, Reconstruction, ResumableAttack
+from ..engine.candidates import FixedLabels, Pixels
+from ..engine.engine import Engine, Optimizer, plain_forward
+from ..engine.initialization import InitKind, observed_start
+from ..engine.objectives import LabelConfidence, Matching
+from ..replay.labels import recover_labels
+from ..replay.matching import SecondOrder, UpdateSimulator, gradient_scale
 
 DEFAULT_LR = {"lbfgs": 1.0, "adam": 0.1, "sgd": 0.1}
 OptimizerKind = Literal["lbfgs", "adam", "sgd"]
@@ -60,7 +60,7 @@ class CPLOptions:
     line_search: bool = False
     label_method: Literal["auto", "bias", "weight"] = "auto"
     # auto: the frozen-kink finite difference on convolutional models' FedSGD gradients
-    # (attacks.finite_difference; cheaper per iteration, same L-BFGS result), else exact
+    # (attacks.replay.finite_difference; cheaper per iteration, same L-BFGS result), else exact
     second_order: SecondOrder = "auto"
 
     def __post_init__(self):

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..options import check
-from ..threat import Observation
-from .base import AttackContext, Reconstruction, ResumableAttack
-from .candidates import Pixels, SoftLabels
-from .engine import Engine, Optimizer
-from .initialization import InitKind, initial_inputs
-from .matching import SecondOrder, UpdateSimulator, gradient_scale
-from .objectives import Matching
+from ...options import check
+from ...threat import Observation
+from ..base import AttackContext, Reconstruction, ResumableAttack
+from ..engine.candidates import Pixels, SoftLabels
+from ..engine.engine import Engine, Optimizer
+from ..engine.initialization import InitKind, initial_inputs
+from ..engine.objectives import Matching
+from ..replay.matching import SecondOrder, UpdateSimulator, gradient_scale
 
 
 @dataclass
@@ -33,7 +33,7 @@ class DLGOptions:
     line_search: bool = False
     threshold: float = 0.0  # stop once the gradient distance is <= this (0: run all iterations)
     # auto: the frozen-kink finite difference on convolutional models' FedSGD gradients
-    # (attacks.finite_difference; cheaper per iteration, same L-BFGS result), else exact
+    # (attacks.replay.finite_difference; cheaper per iteration, same L-BFGS result), else exact
     second_order: SecondOrder = "auto"
 
     def __post_init__(self):

@@ -2,7 +2,7 @@
 inversion through an untrained image prior, guided by features that the tensor
 method recovers from a wide random layer.
 
-Model side (`prepare_model`): the probe layer, see `gradleak.attacks.feature_probe`.
+Model side (`prepare_model`): the probe layer, see `gradleak.attacks.optimization.feature_probe`.
 
 Attack side (`reconstruct`). x̂ = U_θ(z₀), an untrained convolutional generator
 (deep image prior) whose weights θ are optimised with Adam, z₀ fixed noise;
@@ -28,13 +28,17 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ..errors import GradleakError
-from ..models import last_linear
-from ..options import check
-from ..threat import Observation
-from .base import AttackContext, PreparedModel, Reconstruction, ResumableAttack
-from .candidates import FixedLabels, Network
-from .engine import Engine, Optimizer, ScheduleKind
+from ...errors import GradleakError
+from ...models import last_linear
+from ...options import check
+from ...threat import Observation
+from ..base import AttackContext, PreparedModel, Reconstruction, ResumableAttack
+from ..engine.candidates import FixedLabels, Network
+from ..engine.engine import Engine, Optimizer, ScheduleKind
+from ..engine.generators import GENERATORS
+from ..engine.objectives import BNStatistics, Matching, Prior, Seen, TotalVariation
+from ..replay.labels import recover_labels
+from ..replay.matching import UpdateSimulator
 from .feature_probe import (
     class_feature_loss,
     feature_match_loss,
@@ -44,10 +48,6 @@ from .feature_probe import (
     recover_features,
     span_loss,
 )
-from .generators import GENERATORS
-from .labels import recover_labels
-from .matching import UpdateSimulator
-from .objectives import BNStatistics, Matching, Prior, Seen, TotalVariation
 
 ProbeActivation = Literal["relu", "tanh", "sigmoid", "leakyrelu"]
 

@@ -29,10 +29,10 @@ import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 from torch import nn
 
-from ..errors import GradleakError
-from ..models import last_linear
-from ..models.base import make_activation
-from ..threat import Observation
+from ...errors import GradleakError
+from ...models import last_linear
+from ...models.base import make_activation
+from ...threat import Observation
 
 
 class WideFeatureProbe(nn.Module):
@@ -150,7 +150,7 @@ def recover_features(obs: Observation, batch_size: int, row: int = -1, seed: int
     """The tensor method on the probe in `obs.model`: a `TensorResult` whose
     `features` (B, d) are unit rows (sign arbitrary) and `span` (d, B) an
     orthonormal basis of their span (from the order-2 moment)."""
-    from ..solvers.tensor_method import tensor_decompose
+    from ...solvers.tensor_method import tensor_decompose
 
     found = find_probe(obs.model)
     if found is None:
@@ -190,7 +190,7 @@ def recover_class_features(obs: Observation, labels: torch.Tensor, seed: int = 0
     [samples] fall into the same class"). Needs the head bias gradient and at
     least one absent class; returns None otherwise.
     """
-    from ..solvers.tensor_method import tensor_decompose
+    from ...solvers.tensor_method import tensor_decompose
 
     found = find_probe(obs.model)
     if found is None:

@@ -33,18 +33,18 @@ from typing import Literal
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from ..data.modality import modality as modality_of
-from ..fl.training import TrainingSpec
-from ..options import check
-from ..threat import Observation
-from .base import AttackContext, Reconstruction, ResumableAttack
-from .candidates import ArrangedLabels, FixedLabels, Pixels
-from .engine import Engine, Optimizer, ScheduleKind
-from .epoch_replay import MAX_ORDER_SHARE, EpochReplay, applies, order_share, plain_training
-from .initialization import InitKind, observed_start
-from .labels import recover_labels
-from .matching import UpdateSimulator
-from .objectives import Matching, Prior, Seen, TotalVariation
+from ...data.modality import modality as modality_of
+from ...fl.training import TrainingSpec
+from ...options import check
+from ...threat import Observation
+from ..base import AttackContext, Reconstruction, ResumableAttack
+from ..engine.candidates import ArrangedLabels, FixedLabels, Pixels
+from ..engine.engine import Engine, Optimizer, ScheduleKind
+from ..engine.initialization import InitKind, observed_start
+from ..engine.objectives import Matching, Prior, Seen, TotalVariation
+from ..replay.epoch_replay import MAX_ORDER_SHARE, EpochReplay, applies, order_share, plain_training
+from ..replay.labels import recover_labels
+from ..replay.matching import UpdateSimulator
 
 
 @dataclass

@@ -19,16 +19,16 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ..errors import GradleakError
-from ..options import check
-from ..threat import Observation
-from .base import AttackContext, Reconstruction, ResumableAttack
-from .candidates import FixedLabels, Pixels
-from .engine import Engine, Optimizer, plain_forward
-from .initialization import InitKind, observed_start
-from .labels import recover_labels
-from .matching import UpdateSimulator
-from .objectives import BNStatistics, GroupConsistency, L2Norm, Matching, TotalVariation
+from ...errors import GradleakError
+from ...options import check
+from ...threat import Observation
+from ..base import AttackContext, Reconstruction, ResumableAttack
+from ..engine.candidates import FixedLabels, Pixels
+from ..engine.engine import Engine, Optimizer, plain_forward
+from ..engine.initialization import InitKind, observed_start
+from ..engine.objectives import BNStatistics, GroupConsistency, L2Norm, Matching, TotalVariation
+from ..replay.labels import recover_labels
+from ..replay.matching import UpdateSimulator
 
 
 @dataclass

@@ -18,15 +18,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..options import check
-from ..threat import Observation
-from .base import AttackContext, Reconstruction, ResumableAttack
-from .candidates import FixedLabels, Pixels
-from .engine import Engine, Optimizer, ScheduleKind
-from .initialization import InitKind, observed_start
-from .labels import recover_labels
-from .matching import SecondOrder, UpdateSimulator
-from .objectives import Matching, TotalVariation
+from ...options import check
+from ...threat import Observation
+from ..base import AttackContext, Reconstruction, ResumableAttack
+from ..engine.candidates import FixedLabels, Pixels
+from ..engine.engine import Engine, Optimizer, ScheduleKind
+from ..engine.initialization import InitKind, observed_start
+from ..engine.objectives import Matching, TotalVariation
+from ..replay.labels import recover_labels
+from ..replay.matching import SecondOrder, UpdateSimulator
 
 
 @dataclass
@@ -48,7 +48,7 @@ class IGOptions:
     schedule: ScheduleKind = "step"  # step: ×0.1 at 3/8, 5/8, 7/8 (Geiping et al.); cosine: to lr/10
     label_method: Literal["auto", "bias", "weight"] = "auto"
     # auto: the frozen-kink finite difference on convolutional models' FedSGD gradients
-    # (attacks.finite_difference; 1.3–1.9× faster per iteration, same PSNR), else exact
+    # (attacks.replay.finite_difference; 1.3–1.9× faster per iteration, same PSNR), else exact
     second_order: SecondOrder = "auto"
 
     def __post_init__(self):

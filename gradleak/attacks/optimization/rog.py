@@ -25,16 +25,16 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from ..options import check
-from ..threat import Observation
-from .base import AttackContext, Reconstruction, ResumableAttack
-from .candidates import FixedLabels, Latent
-from .engine import Engine, Optimizer
-from .head_unroll import make_simulator
-from .initialization import InitKind, observed_start
-from .labels import recover_labels
-from .matching import UpdateSimulator, update_distance
-from .objectives import Matching, TotalVariation
+from ...options import check
+from ...threat import Observation
+from ..base import AttackContext, Reconstruction, ResumableAttack
+from ..engine.candidates import FixedLabels, Latent
+from ..engine.engine import Engine, Optimizer
+from ..engine.initialization import InitKind, observed_start
+from ..engine.objectives import Matching, TotalVariation
+from ..replay.head_unroll import make_simulator
+from ..replay.labels import recover_labels
+from ..replay.matching import UpdateSimulator, update_distance
 
 Tensors = dict[str, torch.Tensor]
 
@@ -163,7 +163,7 @@ class ROG(ResumableAttack):
                     trace[key] += values
             image, extras = self.finish(out.inputs.cpu())
             if opt.postprocess:
-                from ..postprocess import enhance, load_enhancer
+                from ...postprocess import enhance, load_enhancer
 
                 image = enhance(image, load_enhancer(opt.weights))
             extras.update(latent_dim=int(math.prod(latent.size)) * obs.input_shape[0], evaluations=evaluations)

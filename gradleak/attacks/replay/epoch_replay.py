@@ -29,9 +29,9 @@ import math
 
 import torch
 
-from ..fl.local import batchnorm_mode, loss_gradient
-from ..fl.training import TrainingSpec
-from ..threat import Observation
+from ...fl.local import batchnorm_mode, loss_gradient
+from ...fl.training import TrainingSpec
+from ...threat import Observation
 from .matching import Distance, Tensors, UpdateSimulator, update_distance
 
 # Below this many local steps "auto" keeps the exact replay on per-epoch copies, whose cost

@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch import nn
 
-from ..fl.local import batch_loss
+from ...fl.local import batch_loss
 
 
 class FactoredUpdate(Mapping):

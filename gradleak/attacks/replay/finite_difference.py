@@ -44,8 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..fl.local import batch_loss, batchnorm_mode
-from ..fl.training import TrainingSpec
+from ...fl.local import batch_loss, batchnorm_mode
+from ...fl.training import TrainingSpec
 
 # h = STEP × ‖θ‖ / ‖u‖. The one-sided difference's error grows with h (deep
 # batch-norm nets most: 5e-4 in cosine on ResNet-18 at 1e-5) and float32

@@ -27,8 +27,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from ..fl.local import batch_loss, batchnorm_mode
-from ..threat import Observation
+from ...fl.local import batch_loss, batchnorm_mode
+from ...threat import Observation
 from .matching import UpdateSimulator
 
 Tensors = dict[str, torch.Tensor]

@@ -19,10 +19,10 @@ from typing import Literal
 
 import torch
 
-from ..fl.local import optimizer_step
-from ..models import last_linear
-from ..options import ComponentSpec
-from ..threat import Observation
+from ...fl.local import optimizer_step
+from ...models import last_linear
+from ...options import ComponentSpec
+from ...threat import Observation
 
 Method = Literal["auto", "bias", "weight"]
 

@@ -16,9 +16,9 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch.autograd.function import once_differentiable
 
-from ..fl.local import local_update, model_state
-from ..fl.training import TrainingSpec
-from ..threat import Observation
+from ...fl.local import local_update, model_state
+from ...fl.training import TrainingSpec
+from ...threat import Observation
 from . import factored
 from .double_backward import make_twice_differentiable
 from .finite_difference import DifferencedGradient, has_convolutions, supports

@@ -70,10 +70,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from ..errors import GradleakError
-from ..models.gpt2 import GPT2
-from ..models.lora import LoRALinear
-from ..options import check
+from ...errors import GradleakError
+from ...models.gpt2 import GPT2
+from ...models.lora import LoRALinear
+from ...options import check
 
 PREFILTER_DIRECTIONS = 64  # directions orthogonal to the layer-1 span in the cheap lower bound
 # the lower bound is computed in float32: accept up to twice the threshold there so rounding

@@ -1,13 +1,13 @@
 """The `dager` attack (Petrov, Dimitrov, Baader, Müller, Vechev, NeurIPS 2024): one attack for
-decoders (gradleak.attacks.dager: FedSGD, FedAvg, LoRA) and encoders
-(gradleak.attacks.dager_encoder), chosen by the model it attacks."""
+decoders (gradleak.attacks.text.dager: FedSGD, FedAvg, LoRA) and encoders
+(gradleak.attacks.text.dager_encoder), chosen by the model it attacks."""
 from __future__ import annotations
 
 import copy
 
-from ..errors import GradleakError
-from ..threat import Observation
-from .base import Attack, AttackContext, Reconstruction, check_result
+from ...errors import GradleakError
+from ...threat import Observation
+from ..base import Attack, AttackContext, Reconstruction, check_result
 from .dager import DagerOptions, _check_architecture, dager_search
 from .dager_encoder import check_encoder, is_encoder, reconstruct_encoder
 

@@ -1,6 +1,6 @@
 """DAGER for encoders (Petrov, Dimitrov, Baader, Müller, Vechev, NeurIPS 2024): exact
 recovery of a batch of WordPiece sentences from one FedSGD gradient of the BERT-style
-`minilm` (gradleak.models.minilm), with the span test of gradleak.attacks.dager; a FedAvg
+`minilm` (gradleak.models.minilm), with the span test of gradleak.attacks.text.dager; a FedAvg
 delta and LoRA adapters (`layer_span`) are read as that module reads a decoder's.
 
 Layer 1 is the decoder case: the first block's Q/K/V projections read
@@ -43,11 +43,11 @@ from types import SimpleNamespace
 
 import torch
 
-from ..errors import GradleakError
-from ..models.lora import LoRALinear
-from ..models.minilm import CLS_ID, PAD_ID, SEP_ID, MiniLM
-from ..threat import Observation
-from .base import AttackContext, Reconstruction
+from ...errors import GradleakError
+from ...models.lora import LoRALinear
+from ...models.minilm import CLS_ID, PAD_ID, SEP_ID, MiniLM
+from ...threat import Observation
+from ..base import AttackContext, Reconstruction
 from .dager import (
     DagerOptions,
     InputSpan,
@@ -108,7 +108,7 @@ def _stacked_gradient(gradients: dict[str, torch.Tensor], layer: int, width: int
 def layer_span(model: MiniLM, gradients: dict[str, torch.Tensor], layer: int, max_rank: int,
                options: DagerOptions, extra_rank: int = 0) -> InputSpan:
     """Block `layer`'s input span. Plain projections: the stacked query/key/value weight
-    gradients. LoRA adapters on them, read as gradleak.attacks.dager reads the decoder's: while
+    gradients. LoRA adapters on them, read as gradleak.attacks.text.dager reads the decoder's: while
     every B is nonzero the stacked A gradients span the inputs (at most r of them); with zero
     B, the query's B gradient spans the projected inputs A x. The adapters' rank must exceed
     the inputs' count, else one line says so."""
@@ -136,7 +136,7 @@ def _check_gradients(gradients: dict[str, torch.Tensor], names: list[str], param
 
 
 def _first_layer(model: MiniLM, span: InputSpan) -> _FirstLayerInputs:
-    """The layer-1 test of gradleak.attacks.dager on MiniLM's embeddings: its `ln_1` is the
+    """The layer-1 test of gradleak.attacks.text.dager on MiniLM's embeddings: its `ln_1` is the
     embedding LayerNorm and its position vectors are P[p] + T[0]."""
     positions = model.position_embedding.weight + model.type_embedding.weight[0]
     view = SimpleNamespace(blocks=[SimpleNamespace(ln_1=model.embedding_norm)],
@@ -253,7 +253,7 @@ def encoder_search(model: MiniLM, gradients: dict[str, torch.Tensor], batch_size
     """Recover the `batch_size` WordPiece sentences (padded to `seq_len`) behind a FedSGD
     gradient of `model` (the first two blocks' query/key/value weight gradients, or their LoRA
     adapters', are read). `fedavg`: a FedAvg delta read as the decoder's is
-    (gradleak.attacks.dager: `fedavg_extra_rank` more span directions, the FedAvg thresholds)."""
+    (gradleak.attacks.text.dager: `fedavg_extra_rank` more span directions, the FedAvg thresholds)."""
     options = options or DagerOptions()
     check_encoder(model)
     check_search_size(model, batch_size, seq_len, options, shortest=2)  # [CLS] and [SEP]

@@ -2,7 +2,7 @@
 Jovanović, Vechev, NeurIPS 2022), for gradleak's GPT-2 (gradleak.models.gpt2) under FedSGD.
 
 Start: the best of `init_candidates` random embeddings by gradient distance. Continuous steps:
-Adam on input embeddings (as TAG, gradleak.attacks.tag) against the gradient distance, TAG's
+Adam on input embeddings (as TAG, gradleak.attacks.text.tag) against the gradient distance, TAG's
 ‖Δ‖₂² + α‖Δ‖₁ (`loss=tag`, the paper's LAMP_L2+L1) or 1 − the mean per-parameter cosine
 (`loss=cos`, LAMP_cos), plus `norm_weight` × (mean embedding norm / mean token-embedding norm −
 1)², which keeps the embeddings at the scale of real tokens; the learning rate decays
@@ -36,11 +36,11 @@ from typing import Iterator, Literal
 
 import torch
 
-from ..data import DatasetSpec, load_dataset
-from ..data.text import VOCAB_SIZE
-from ..options import check
-from ..threat import Observation
-from .base import AttackContext, Reconstruction
+from ...data import DatasetSpec, load_dataset
+from ...data.text import VOCAB_SIZE
+from ...options import check
+from ...threat import Observation
+from ..base import AttackContext, Reconstruction
 from .tag import EmbeddingGradients, EmbeddingMatchingAttack, MatchingTrace, l2_l1_distance
 
 DISCOUNT = 0.75  # Kneser-Ney's usual absolute discount

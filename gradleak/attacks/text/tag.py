@@ -34,11 +34,11 @@ from typing import Iterator, Literal
 import torch
 import torch.nn.functional as F
 
-from ..errors import GradleakError
-from ..models.gpt2 import GPT2
-from ..options import check
-from ..threat import Observation
-from .base import Attack, AttackContext, Reconstruction, check_result
+from ...errors import GradleakError
+from ...models.gpt2 import GPT2
+from ...options import check
+from ...threat import Observation
+from ..base import Attack, AttackContext, Reconstruction, check_result
 
 TRACE_POINTS = 20  # matching distances kept in the trace
 

@@ -1,0 +1,1 @@
+"""Honest-server attacks in closed form: fc_analytic, spear (spear_core), tensor, cpa."""

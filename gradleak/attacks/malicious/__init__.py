@@ -1,0 +1,2 @@
+"""Malicious-server attacks, which send a crafted model: rtf, mkor (mkor_crafting, mkor_decoding),
+fishing (which inverts the isolated gradient with fc_analytic or ig)."""
