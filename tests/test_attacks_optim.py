@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from gradleak.attacks import AttackContext, make_attack
-from gradleak.attacks.engine.initialization import initial_inputs
+from gradleak.attacks.engine.initialization import initial_inputs, observed_start
 from gradleak.errors import GradleakError
 from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.fl import TrainingSpec, compute_update
@@ -91,6 +91,23 @@ def test_cpl_optimal_init_seeds_from_same_class(mnist_test):
     assert torch.equal(tiled[..., :8, :8], tiled[..., 8:16, 24:32])
     assert not torch.equal(tiled[..., :8, :8], tiled[..., :8, 1:9])
 
+
+
+def test_init_learned_starts_from_the_start_the_attack_passes_in():
+    # The engine imports no attack family above it: ig, cpl, rog and gradinversion pass the learned
+    # inverter's start in; without one (fedavg) init=learned is refused.
+    shape, labels, ctx = (2, 1, 4, 4), torch.tensor([1, 0]), AttackContext()
+    calls = []
+
+    def start(obs, start_labels, start_ctx):
+        calls.append((obs, start_labels, start_ctx))
+        return torch.arange(32.0).view(2, 16)
+
+    x = observed_start("learned", shape, torch.Generator(), None, labels, ctx, learned=start)
+    assert torch.equal(x, torch.arange(32.0).view(shape))
+    assert len(calls) == 1 and calls[0][0] is None and calls[0][1] is labels and calls[0][2] is ctx
+    with pytest.raises(GradleakError, match="init=learned"):
+        observed_start("learned", shape, torch.Generator(), None, labels, ctx)
 
 def test_ig_reconstructs_fedavg_delta_with_three_local_steps():
     result = run_attack(AttackRunSpec(dataset="mnist", model="lenet", attack="ig:iterations=1000",

@@ -2,7 +2,8 @@
 Observation (threat) → attacks → metrics → ladder, scenario → experiment → store → analysis → sweep
 → report → api → the client guard → integrations and the command line. Every import, including
 those inside functions, must point down this order, and no modules may import
-each other in a circle."""
+each other in a circle. Inside attacks/ the families (sub-packages) follow the same rule:
+base → replay → engine → analytic, text, learned → optimization → malicious → the registry."""
 from __future__ import annotations
 
 import ast
@@ -35,6 +36,18 @@ RANKS: dict[str, int] = {
     "guard": 18,
     "flower": 19,
     "commands": 20, "cli": 21, "__main__": 22, "__init__": 22,
+}
+
+# Rank of each family inside gradleak/attacks (its sub-package, or base.py; "__init__" is the
+# package itself, the registry that names every attack): the same rule one level down.
+ATTACK_FAMILY_RANKS: dict[str, int] = {
+    "base": 0,  # the attack contract
+    "replay": 1,  # the client's update replayed on candidate data, its distances, label recovery
+    "engine": 2,  # the optimisation engine, which matches replayed updates
+    "analytic": 3, "text": 3, "learned": 3,
+    "optimization": 4,  # configurations of the engine; init=learned starts from the learned inverter
+    "malicious": 5,  # fishing inverts its isolated gradient with fc_analytic or ig
+    "__init__": 6,
 }
 
 
@@ -101,6 +114,30 @@ def test_no_import_runs_back_up_the_flow():
     assert not upward, "imports against the flow:\n" + "\n".join(sorted(upward))
 
 
+def _family(module: str) -> str | None:
+    """The attack family of `module` (see ATTACK_FAMILY_RANKS), None outside gradleak.attacks."""
+    parts = module.split(".")
+    if parts[:2] != ["gradleak", "attacks"]:
+        return None
+    return parts[2] if len(parts) > 2 else "__init__"
+
+
+def test_every_attack_module_sits_in_a_ranked_family():
+    missing = sorted({_family(m) for m in _modules()} - {None} - set(ATTACK_FAMILY_RANKS))
+    assert not missing, f"give these attack families a rank in ATTACK_FAMILY_RANKS: {missing}"
+
+
+def test_no_attack_family_imports_its_equal_or_one_above_it():
+    upward = []
+    for name, targets in _graph().items():
+        a = _family(name)
+        for target in targets:
+            b = _family(target)
+            if a is not None and b is not None and a != b and ATTACK_FAMILY_RANKS[b] >= ATTACK_FAMILY_RANKS[a]:
+                upward.append(f"{name} -> {target}")
+    assert not upward, "imports against the attack families' order:\n" + "\n".join(sorted(upward))
+
+
 def test_no_import_circle():
     graph = _graph()
     index: dict[str, int] = {}
@@ -157,3 +194,22 @@ def test_the_checks_catch_a_circle_and_an_upward_arrow(tmp_path, monkeypatch):
         assert "import circles" in str(exc)
     else:
         raise AssertionError("an import circle went unnoticed")
+
+
+def test_the_family_check_catches_an_upward_arrow(tmp_path, monkeypatch):
+    fake = tmp_path / "gradleak"
+    for family in ("engine", "learned"):
+        (fake / "attacks" / family).mkdir(parents=True)
+        (fake / "attacks" / family / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    (fake / "attacks" / "__init__.py").write_text("")
+    (fake / "attacks" / "engine" / "initialization.py").write_text(
+        "def start():\n    from ..learned.learned import learned_start\n")
+    (fake / "attacks" / "learned" / "learned.py").write_text("")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    try:
+        test_no_attack_family_imports_its_equal_or_one_above_it()
+    except AssertionError as exc:
+        assert "gradleak.attacks.engine.initialization -> gradleak.attacks.learned.learned" in str(exc)
+    else:
+        raise AssertionError("an upward import between attack families went unnoticed")

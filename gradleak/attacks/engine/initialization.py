@@ -5,10 +5,12 @@ same, the name of DLG's and CPL's code), uniform (`rand` is the same), gray;
 and CPL's seeds, which every attack takes too: patterned (a random patch tiled tile×tile over the input),
 dark, light, solid red/green/blue, optimal (a same-class example from the
 held-out data the threat model may grant as `prior_data`), and learned (the output of the
-inverter learned on the defended updates of auxiliary data, `gradleak.attacks.learned.learned`).
+inverter learned on the defended updates of auxiliary data, `gradleak.attacks.learned.learned`,
+which the attacks that offer it pass in as `observed_start(..., learned=...)`).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -20,6 +22,9 @@ from ..base import AttackContext
 InitKind = Literal["randn", "random", "uniform", "rand", "gray", "patterned", "dark", "light", "r", "g", "b",
                    "optimal", "learned"]
 SOLID_CHANNEL = {"r": 0, "g": 1, "b": 2}
+# A start computed from the observed update (init=learned: the learned inverter's reconstruction for
+# the recovered labels). The attack passes it in, so the engine imports no family above it.
+ObservedStart = Callable[[Observation, torch.Tensor, AttackContext], torch.Tensor]
 
 
 def initial_inputs(kind: InitKind, shape: tuple[int, ...], generator: torch.Generator, *,
@@ -87,14 +92,14 @@ def same_class_examples(shape: tuple[int, ...], labels: torch.Tensor | None, pri
 
 
 def observed_start(kind: InitKind, shape: tuple[int, ...], generator: torch.Generator, obs: Observation,
-                   labels: torch.Tensor, ctx: AttackContext, *, tile: int = 2) -> torch.Tensor:
+                   labels: torch.Tensor, ctx: AttackContext, *, tile: int = 2,
+                   learned: ObservedStart | None = None) -> torch.Tensor:
     """`initial_inputs` for an attack on `obs`: `optimal` reads the held-out examples the
     threat model grants (the attack's `needs` asks for them) and the recovered `labels`;
-    `learned` is the learned inverter's reconstruction of `obs` for those labels (trained once
-    per setting and kept in `ctx.artifacts`), the same for every restart."""
-    if kind == "learned":
-        from ..learned.learned import learned_start
-
-        return learned_start(obs, labels, ctx).reshape(shape)
+    `learned` is `learned(obs, labels, ctx)`, the learned inverter's reconstruction of `obs` for
+    those labels (trained once per setting and kept in `ctx.artifacts`), the same for every
+    restart; an attack that passes no `learned` does not take init=learned."""
+    if kind == "learned" and learned is not None:
+        return learned(obs, labels, ctx).reshape(shape)
     prior = obs.get("prior_data") if kind == "optimal" else None
     return initial_inputs(kind, shape, generator, tile=tile, labels=labels.cpu(), prior_data=prior)

@@ -36,6 +36,7 @@ from ..engine.candidates import FixedLabels, Pixels
 from ..engine.engine import Engine, Optimizer, plain_forward
 from ..engine.initialization import InitKind, observed_start
 from ..engine.objectives import LabelConfidence, Matching
+from ..learned.learned import learned_start
 from ..replay.labels import recover_labels
 from ..replay.matching import SecondOrder, UpdateSimulator, gradient_scale
 
@@ -96,7 +97,7 @@ class CPL(ResumableAttack):
         engine = Engine(
             matching=Matching(sim, sim.target, opt.distance, scale=scale), labels=FixedLabels(labels),
             candidates=lambda r: Pixels(observed_start(opt.init, shape, ctx.generator(0), obs, labels, ctx,
-                                                       tile=opt.tile).to(ctx.device)),
+                                                       tile=opt.tile, learned=learned_start).to(ctx.device)),
             optimizer=Optimizer(opt.optimizer, opt.lr or DEFAULT_LR[opt.optimizer], inner=opt.inner,
                                 history=opt.history_size, line_search=opt.line_search),
             priors=[LabelConfidence(opt.alpha, obs.num_classes)], iterations=opt.iterations, threshold=stop,

@@ -27,6 +27,7 @@ from ..engine.candidates import FixedLabels, Pixels
 from ..engine.engine import Engine, Optimizer, plain_forward
 from ..engine.initialization import InitKind, observed_start
 from ..engine.objectives import BNStatistics, GroupConsistency, L2Norm, Matching, TotalVariation
+from ..learned.learned import learned_start
 from ..replay.labels import recover_labels
 from ..replay.matching import UpdateSimulator
 
@@ -91,7 +92,8 @@ class GradInversion(ResumableAttack):
         engine = Engine(
             matching=Matching(sim, sim.target, opt.distance), labels=FixedLabels(labels),
             candidates=lambda r: Pixels(
-                observed_start(opt.init, shape, ctx.generator(r), obs, labels, ctx).to(ctx.device), box=True),
+                observed_start(opt.init, shape, ctx.generator(r), obs, labels, ctx, learned=learned_start)
+                .to(ctx.device), box=True),
             optimizer=Optimizer("signed-adam" if opt.signed else "adam", opt.lr, schedule="step"), priors=priors,
             iterations=opt.iterations, restarts=opt.restarts, joint=True, final=opt.final, box=True,
             model=sim.model, forward=plain_forward(sim.model, sim.params, sim.buffers), progress=ctx.progress)

@@ -25,6 +25,7 @@ from ..engine.candidates import FixedLabels, Pixels
 from ..engine.engine import Engine, Optimizer, ScheduleKind
 from ..engine.initialization import InitKind, observed_start
 from ..engine.objectives import Matching, TotalVariation
+from ..learned.learned import learned_start
 from ..replay.labels import recover_labels
 from ..replay.matching import SecondOrder, UpdateSimulator
 
@@ -80,7 +81,8 @@ class InvertingGradients(ResumableAttack):
         engine = Engine(
             matching=Matching(sim, sim.target, opt.distance), labels=FixedLabels(labels),
             candidates=lambda r: Pixels(
-                observed_start(opt.init, shape, ctx.generator(r), obs, labels, ctx).to(ctx.device), box=image),
+                observed_start(opt.init, shape, ctx.generator(r), obs, labels, ctx, learned=learned_start)
+                .to(ctx.device), box=image),
             optimizer=Optimizer("signed-adam" if opt.signed else "adam", opt.lr,
                                 schedule=opt.schedule),
             priors=[TotalVariation(opt.tv if image else 0.0)], iterations=opt.iterations, restarts=opt.restarts,

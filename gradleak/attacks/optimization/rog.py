@@ -32,6 +32,7 @@ from ..engine.candidates import FixedLabels, Latent
 from ..engine.engine import Engine, Optimizer
 from ..engine.initialization import InitKind, observed_start
 from ..engine.objectives import Matching, TotalVariation
+from ..learned.learned import learned_start
 from ..replay.head_unroll import make_simulator
 from ..replay.labels import recover_labels
 from ..replay.matching import UpdateSimulator, update_distance
@@ -126,7 +127,8 @@ class ROG(ResumableAttack):
         sim = make_simulator(obs, ctx.device)
         labels = recover_labels(obs, opt.label_method, ctx.generator(17)).to(ctx.device)
         latent = BicubicLatent(obs.input_shape, opt.scale)
-        noise = observed_start(opt.init, (obs.batch_size, *obs.input_shape), ctx.generator(0), obs, labels, ctx)
+        noise = observed_start(opt.init, (obs.batch_size, *obs.input_shape), ctx.generator(0), obs, labels, ctx,
+                               learned=learned_start)
         # one Matching for both stages: the refinement keeps the coarse stage's normalisation
         matching = Matching(sim, self.observed_target(sim), self.objective, normalise=self.normalise)
         if opt.optimizer == "lbfgs":
