@@ -101,7 +101,7 @@ class DagerOptions:
     rank_margin: int = field(default=20, metadata={"range": (1, 4096)})
     # layer-1 candidates kept per position (nearest first); 0: batch · length, as many tokens as
     # the batch holds (a batch token passes at every position linked to its own, see
-    # `_FirstLayerInputs`)
+    # `FirstLayerInputs`)
     max_candidates: int = field(default=0, metadata={"range": (0, 1_000_000)})
     # prefixes that pass the layer-2 test kept per position (nearest first); 0: 4·batch + 16
     max_prefixes: int = field(default=0, metadata={"range": (0, 1_000_000)})
@@ -207,7 +207,7 @@ def input_span(gradient: torch.Tensor, max_rank: int, options: DagerOptions, *, 
                      projection=None if projection is None else projection.detach().to("cpu", torch.float64))
 
 
-class _FirstLayerInputs:
+class FirstLayerInputs:
     """h(v, p) = LN₁(E[v] + P[p]) for every vocabulary token v, tested against the layer-1 span.
 
     LN(x) = γ ⊙ (x − mean x) / σ(x) + β is affine in the centred x up to the scalar 1/σ, and
@@ -281,7 +281,7 @@ class _FirstLayerInputs:
         return survivors.cpu()[chosen]
 
 
-class _ProjectedFirstLayerInputs(_FirstLayerInputs):
+class ProjectedFirstLayerInputs(FirstLayerInputs):
     """The layer-1 test against a span of projected inputs A h(v, p) (a LoRA adapter's B
     gradient): A h = (A diag γ)(E[v] + P[p] − means) / σ + A β, so a (V × r) table per token,
     computed once, and an r-vector per position give every token's projected input; its
@@ -305,7 +305,7 @@ class _ProjectedFirstLayerInputs(_FirstLayerInputs):
         return self._chosen(bound, position, threshold, limit, fallback)
 
 
-def _check_architecture(model) -> None:
+def check_architecture(model) -> None:
     if not isinstance(model, GPT2):
         raise GradleakError(f"dager needs gradleak's GPT-2 (gradleak.models.gpt2.GPT2, model gpt2), "
                             f"got {type(model).__name__}")
@@ -328,7 +328,7 @@ def check_search_size(model, batch_size: int, seq_len: int, options: DagerOption
 
 def _check_inputs(model, gradients: dict[str, torch.Tensor], batch_size: int, seq_len: int,
                   options: DagerOptions) -> None:
-    _check_architecture(model)
+    check_architecture(model)
     check_search_size(model, batch_size, seq_len, options)
     for layer in (0, 1):
         qkv = model.blocks[layer].attn.qkv
@@ -446,7 +446,7 @@ def dager_search(model: GPT2, gradients: dict[str, torch.Tensor], batch_size: in
     span1, span2 = _layer_spans(model, gradients, max_rank, options, options.fedavg_extra_rank if fedavg else 0)
     saturated = span1.saturated or span2.saturated
     with torch.no_grad():
-        first = (_ProjectedFirstLayerInputs if span1.projection is not None else _FirstLayerInputs)(model, span1)
+        first = (ProjectedFirstLayerInputs if span1.projection is not None else FirstLayerInputs)(model, span1)
         limit = options.candidate_limit(batch_size, seq_len)
         candidates = [first.candidates(p, options.l1_threshold, limit, fallback=batch_size)
                       for p in range(seq_len)]

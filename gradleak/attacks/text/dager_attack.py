@@ -8,7 +8,7 @@ import copy
 from ...errors import GradleakError
 from ...threat import Observation
 from ..base import Attack, AttackContext, Reconstruction, check_result
-from .dager import DagerOptions, _check_architecture, dager_search
+from .dager import DagerOptions, check_architecture, dager_search
 from .dager_encoder import check_encoder, is_encoder, reconstruct_encoder
 
 
@@ -26,7 +26,7 @@ class DAGER(Attack):
 
     def unsupported(self, model, input_shape, num_classes, modality):
         return (super().unsupported(model, input_shape, num_classes, modality)
-                or check_result(lambda: check_encoder(model) if is_encoder(model) else _check_architecture(model)))
+                or check_result(lambda: check_encoder(model) if is_encoder(model) else check_architecture(model)))
 
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
         update = obs.update
@@ -41,7 +41,7 @@ class DAGER(Attack):
                                     "breaks the span test; attack plain SGD (with momentum at most)")
         if is_encoder(obs.model):
             return reconstruct_encoder(obs, ctx, self.options)
-        _check_architecture(obs.model)
+        check_architecture(obs.model)
         batch_size, seq_len = obs.batch_size, int(obs.input_shape[0])
         model = copy.deepcopy(obs.model).to(ctx.device)
         result = dager_search(model, update.as_gradient(), batch_size, seq_len, self.options,

@@ -7,7 +7,7 @@ Layer 1 is the decoder case: the first block's Q/K/V projections read
 h = LN_emb(E[token] + P[position] + T[segment 0]) (the embedding LayerNorm's output: MiniLM is
 post-LN), so the span of their stacked weight gradients holds h(v, p) for every (token,
 position) of the batch, and each position's candidates C_p are the tokens whose h(v, p) lies
-in it (`dager._FirstLayerInputs`, with P[p] + T[0] as the position vector). Padding is
+in it (`dager.FirstLayerInputs`, with P[p] + T[0] as the position vector). Padding is
 masked out of attention and pooling, so padded positions add nothing to any gradient; a
 sentence ends where `[SEP]` passes the test at position l (its tokens are 0..l).
 
@@ -50,9 +50,9 @@ from ...threat import Observation
 from ..base import AttackContext, Reconstruction
 from .dager import (
     DagerOptions,
+    FirstLayerInputs,
     InputSpan,
-    _FirstLayerInputs,
-    _ProjectedFirstLayerInputs,
+    ProjectedFirstLayerInputs,
     adapter_span,
     check_search_size,
     input_span,
@@ -135,14 +135,14 @@ def _check_gradients(gradients: dict[str, torch.Tensor], names: list[str], param
                                 f"expected {tuple(param.shape)}")
 
 
-def _first_layer(model: MiniLM, span: InputSpan) -> _FirstLayerInputs:
+def _first_layer(model: MiniLM, span: InputSpan) -> FirstLayerInputs:
     """The layer-1 test of gradleak.attacks.text.dager on MiniLM's embeddings: its `ln_1` is the
     embedding LayerNorm and its position vectors are P[p] + T[0]."""
     positions = model.position_embedding.weight + model.type_embedding.weight[0]
     view = SimpleNamespace(blocks=[SimpleNamespace(ln_1=model.embedding_norm)],
                            token_embedding=model.token_embedding,
                            position_embedding=SimpleNamespace(weight=positions))
-    return (_ProjectedFirstLayerInputs if span.projection is not None else _FirstLayerInputs)(view, span)
+    return (ProjectedFirstLayerInputs if span.projection is not None else FirstLayerInputs)(view, span)
 
 
 def layer2_distances(model: MiniLM, sentences: torch.Tensor, span: InputSpan) -> torch.Tensor:
