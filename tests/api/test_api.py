@@ -18,7 +18,7 @@ from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.models import ModelSpec, build_model
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 # A user's model file as they would write it: their own class and factory.
 USER_MODEL_FILE = '''

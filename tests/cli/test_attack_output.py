@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gradleak.commands.attack import psnr_line
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 # digits test split, first batch of 4: labels 0, 6, 0, 1 (no 9)
 SCENARIO = ("--dataset", "digits", "--model", "mlp", "--batch-size", "4", "--lpips", "none", "--threat", "malicious")

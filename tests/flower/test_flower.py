@@ -22,7 +22,7 @@ from gradleak.store import ResultStore  # noqa: E402
 # A Flower simulation starts Ray: tens of seconds per test.
 pytestmark = pytest.mark.slow
 
-APP = Path(__file__).resolve().parents[1] / "examples" / "flower_audit"
+APP = Path(__file__).resolve().parents[2] / "examples" / "flower_audit"
 # Inverting Gradients on an 8-image client update of the example's sigmoid CNN (2 local steps).
 ATTACK = "ig:iterations=500"
 # the example's small configuration (its run-config keys; the default is 20 clients of 400

@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
-from process_groups import as_in_a_terminal, group_ends, kill_group
+
+from tests.support.process_groups import as_in_a_terminal, group_ends, kill_group
 
 pytest.importorskip("flwr")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "examples" / "flower_audit"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 # The example's small configuration, round 1's two lowest clients, two iterative attacks of a

@@ -17,7 +17,7 @@ from gradleak.store import ResultStore  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a Flower simulation starts Ray
 
-APP = Path(__file__).resolve().parents[1] / "examples" / "flower_text"
+APP = Path(__file__).resolve().parents[2] / "examples" / "flower_text"
 
 
 @pytest.fixture(scope="module")

@@ -160,7 +160,7 @@ def test_the_example_app_refuses_a_crafted_round_on_every_client(tmp_path, monke
     outbound side stays cheap and sure to send here (the benchmark runs the real ones)."""
     import tomllib
 
-    app_dir = Path(__file__).resolve().parents[1] / "examples" / "flower_audit"
+    app_dir = Path(__file__).resolve().parents[2] / "examples" / "flower_audit"
     monkeypatch.syspath_prepend(str(app_dir))
     monkeypatch.setenv("GRADLEAK_FLOWER_OUT", str(tmp_path))
     from flower_audit.client_app import app
@@ -195,7 +195,7 @@ def test_the_example_app_refuses_a_crafted_round_on_every_client(tmp_path, monke
         monkeypatch.delitem(sys.modules, name)
 
 
-APP = Path(__file__).resolve().parents[1] / "examples" / "flower_audit"
+APP = Path(__file__).resolve().parents[2] / "examples" / "flower_audit"
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -224,7 +224,7 @@ def test_the_command_line_says_it_in_one_line_with_exit_code_2(tmp_path):
     import os
     import subprocess
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     result = subprocess.run([sys.executable, "-m", "gradleak", "flower", str(APP), "--out", str(tmp_path / "out"),
                              "--run-config", "guard=true", "--run-config", "guard-tolerance=recognizable=2"],
                             capture_output=True, text=True, timeout=120, cwd=tmp_path,
@@ -241,7 +241,7 @@ def test_the_example_server_apps_check_the_guard_when_the_run_starts(app, monkey
     import importlib
     import tomllib
 
-    root = Path(__file__).resolve().parents[1] / "examples" / app
+    root = Path(__file__).resolve().parents[2] / "examples" / app
     monkeypatch.syspath_prepend(str(root))
     server = importlib.import_module(f"{app}.server_app")
     config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]

@@ -18,7 +18,7 @@ from gradleak.guard import Guard, GuardConfig, check_received
 from gradleak.guard.trajectory import honest_fedavg
 from gradleak.models import ModelSpec, build_model
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 MNIST = (1, 28, 28)
 
 

@@ -199,7 +199,7 @@ def test_the_text_example_is_not_sent_while_dager_copies_it(monkeypatch):
     DAGER copies none (TAG, the optimisation attack, does not take FedAvg updates)."""
     from pathlib import Path
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples" / "flower_text"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "examples" / "flower_text"))
     from flower_text.task import Net, client_data, held_out_sequences
 
     from gradleak.data.text import VOCAB_SIZE

@@ -20,7 +20,7 @@ from gradleak.sweep import parse_sweep
 from gradleak.sweep.progress import SweepBars
 from gradleak.sweep.ray_executor import RayExecutor, parse_ray_address
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
 ENV.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 

@@ -20,7 +20,7 @@ from gradleak.errors import GradleakError
 from gradleak.store import CellRecord
 from gradleak.sweep import parse_sweep
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 SMALL_SWEEP = """

@@ -12,7 +12,7 @@ from gradleak.report import write_report
 from gradleak.store import ResultStore
 from gradleak.sweep import parse_sweep, run_sweep
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # The classifier raises on a batch of three while FAIL_ON_THREE is set: a failure the sweep
 # cannot foresee when it validates the file.

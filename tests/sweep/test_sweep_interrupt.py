@@ -13,9 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
-from process_groups import as_in_a_terminal, group_ends, kill_group
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.process_groups import as_in_a_terminal, group_ends, kill_group
+
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 # Six cells of a few seconds each: an interrupt lands while cells are running.

@@ -17,7 +17,7 @@ from gradleak.errors import GradleakError
 from gradleak.store import ResultStore
 from gradleak.sweep import parse_sweep, run_sweep
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 OPTIONS = "clients: 4, per_round: 4, rounds: 10, local_steps: 5"
 
