@@ -11,13 +11,13 @@ import dataclasses
 import pytest
 import torch
 
-from gradleak.api import BUDGETS
+from gradleak.api import BUDGETS, _budget_options
 from gradleak.attacks import ATTACKS, Reconstruction, make_attack
 from gradleak.attacks.base import Attack
 from gradleak.data.modality import MODALITIES
 from gradleak.errors import GradleakError
 from gradleak.knowledge import KNOWLEDGE, PRESETS
-from gradleak.options import build_options
+from gradleak.options import ComponentSpec, build_options
 from gradleak.threat import make_threat_model
 
 from .probes import accepted_models, attack_threat, fitting_model, modality_data, observation, run_attack, tiny_attack
@@ -65,6 +65,12 @@ def test_options_budgets_and_presets_are_valid(name):
         assert all(getattr(options, k.replace("-", "_")) is not None for k in overrides), where
     budget = cls(build_options(cls.Options, {}, name)).budget()
     assert budget is None or budget >= 1
+    # each budget as `gradleak.audit(budget=...)` reads it: quick costs less than the attack's own
+    # defaults ("standard"), thorough no less
+    budgets = {b: make_attack(ComponentSpec(name, _budget_options(name, b))).budget() for b in BUDGETS}
+    if budget is not None:
+        assert budgets["quick"] <= budget <= budgets["thorough"] and budgets["standard"] == budget
+        assert "quick" not in cls.budgets or budgets["quick"] < budget
     assert budget is not None or not cls.iterative, "an iterative attack has an iteration budget"
     with pytest.raises(GradleakError) as refused:
         make_attack(f"{name}:no_such_option=1")

@@ -12,7 +12,7 @@ import importlib
 import pytest
 import torch
 
-from gradleak.attacks import ATTACKS
+from gradleak.attacks import ATTACKS, make_attack
 from gradleak.data.modality import MODALITIES
 from gradleak.metrics import score_batch, summarize
 from gradleak.metrics.reidentify import reid_distances
@@ -87,7 +87,11 @@ def test_clamp_and_reidentification_distance(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_some_attack_and_some_built_in_model_take_it(name):
     data = modality_data(name)
+    kind = MODALITIES[name]
     assert any(name in ATTACKS.get(a).modalities for a in ATTACKS.names()), f"no attack handles {name} data"
+    for attack in ATTACKS.names():  # the one compatibility check between an attack and the data
+        fits = name in ATTACKS.get(attack).modalities
+        assert kind.refuses(make_attack(attack)) == (None if fits else f"does not handle {name} data"), attack
     readers = []
     for model in MODELS.names():
         try:
