@@ -1,4 +1,4 @@
-"""Fuzz suite: generated malformed and hostile inputs (tests/fuzzing.py) against every
+"""Fuzz suite: generated malformed and hostile inputs (tests/support/fuzzing.py) against every
 sub-command and every file reader. Each case must give exit code 2 and exactly one
 line on stderr, with no traceback, no file written outside its output folder, no
 code run from a file and no NaN or infinity printed as a result. The in-process
@@ -13,7 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from fuzzing import MARKER, Case, generate_cases, make_files, subprocess_sample
+
+from tests.support.fuzzing import MARKER, Case, generate_cases, make_files, subprocess_sample
 
 REPO = Path(__file__).resolve().parents[1]
 CASES = generate_cases()

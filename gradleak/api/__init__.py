@@ -27,7 +27,7 @@ from ..fl.training_check import (
 from .captured import audit_update
 from .result import AuditResult
 from .selection import BUDGET_DOUBLINGS, BUDGETS, SkippedAttack, select_attacks
-from .selection import _budget_options as _budget_options  # tests/test_auto_attacks.py reads the presets
+from .selection import _budget_options as _budget_options  # tests/contracts/test_attacks.py reads the presets
 from .simulated import audit
 
 __all__ = ["audit", "audit_update", "AuditResult", "SkippedAttack", "select_attacks", "BUDGETS",

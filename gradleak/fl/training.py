@@ -45,7 +45,7 @@ class AdamOptions:
 
 
 # The client optimizers gradleak replays, with torch.optim's semantics step for step
-# (fl.local.optimizer_step; tests/test_client_training.py checks them against torch.optim).
+# (fl.local.optimizer_step; tests/fl/test_client_training.py checks them against torch.optim).
 OPTIMIZERS: dict[str, type] = {"sgd": SGDOptions, "adam": AdamOptions, "adamw": AdamOptions}
 # AdamW's default weight decay, as torch.optim.AdamW's
 ADAMW_WEIGHT_DECAY = 0.01

@@ -24,7 +24,7 @@ import torch
 
 # Pairs whose fast distance lies closer than this (relative to the larger of 1 and the
 # distance) to the original's are recomputed exactly: fifty times the fast distances' largest
-# error seen (docs/judging.md; tests/test_reidentify.py checks a tenth of it).
+# error seen (docs/judging.md; tests/metrics/test_reidentify.py checks a tenth of it).
 REFINE_MARGIN = 1e-5
 # Floats held by one block of differences (L2): 16M = 64 MB.
 BLOCK_FLOATS = 1 << 24

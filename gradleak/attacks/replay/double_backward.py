@@ -25,7 +25,7 @@ which gradient-matching attacks do not optimise. Layers also skip gradients the
 running backward pass will not use (the first layer's input gradient while the
 update is simulated, the leaf weights' gradients under `backward(inputs=...)`),
 and convolutions below `MIN_CONV_MACS` keep PyTorch's own path. Equality with
-PyTorch's second derivative is tested in `tests/test_double_backward.py`.
+PyTorch's second derivative is tested in `tests/attacks/replay/test_double_backward.py`.
 """
 from __future__ import annotations
 

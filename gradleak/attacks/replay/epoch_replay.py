@@ -36,7 +36,7 @@ from .matching import Distance, Tensors, UpdateSimulator, update_distance
 
 # Below this many local steps "auto" keeps the exact replay on per-epoch copies, whose cost
 # grows with the steps: at a few steps it is affordable and fits the update exactly (MNIST
-# LeNet-5, 4 digits, 2 epochs of 2 mini-batches: 13.5–20.9 dB, tests/test_fedavg_attack.py)
+# LeNet-5, 4 digits, 2 epochs of 2 mini-batches: 13.5–20.9 dB, tests/attacks/optimization/test_fedavg_attack.py)
 MIN_STEPS = 16
 
 

@@ -24,7 +24,7 @@ the moved pass replays them, so both passes differentiate the same smooth
 function — whose derivative is the one autograd's exact double backward gives
 almost everywhere. What remains is the one-sided difference's O(h) error and
 float32 rounding: cosine ≥ 0.9998 to the exact gradient on every registered
-model (tests/test_finite_difference.py) — immaterial to sign-Adam (IG) and to
+model (tests/attacks/replay/test_finite_difference.py) — immaterial to sign-Adam (IG) and to
 L-BFGS on DLG / CPL, measured in docs/optimization-attacks.md.
 
 Applies to FedSGD gradients of models built only from layers `supports` knows

@@ -18,7 +18,7 @@ layers (convolutions, pools, activations) are run functionally with their
 unrolled parameters, and their gradients follow from autograd through the
 linear outputs. Each linear layer's delta η Σ_s E_sᵀH_s is formed once at the
 end. The result is the same update as `fl.local.local_update` with the plain
-gradient, up to float rounding (tests/test_rog.py checks values and input
+gradient, up to float rounding (tests/attacks/optimization/test_rog.py checks values and input
 gradients).
 """
 from __future__ import annotations
