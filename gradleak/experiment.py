@@ -87,7 +87,7 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
     ladder (gradleak.ladder) up to `spec.doublings` doublings."""
     start = time.perf_counter()
     device = pick_device(spec.device)
-    attack, chain, threat = check_scenario(spec, data)
+    attack, chain, threat = check_scenario(spec, data, model)
     training = spec.training()
     n_images = spec.images or spec.batch_size
     others = chain.aggregate_clients - 1

@@ -4,6 +4,8 @@ folder of images, an `.npz`/`.safetensors`/`.pt` file of tensors) becomes a `Dat
 `load_reference` a loaded `Dataset`. Code downstream receives the objects, never the names."""
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -96,16 +98,46 @@ def prior_data(dataset: str, split: str, resize: int | None, data: Dataset, targ
     return load_reference(dataset, other, resize, seq_len)
 
 
-def resolve_data(data: Any, split: str, resize: int | None, seq_len: int | None = None):
-    """The user's data as (Dataset, label, prior-data loader or None): a dataset reference, or
-    tensors, a torch Dataset or DataLoader, or a gradleak Dataset (`data.tensors.dataset_from_user`)."""
+@dataclass(frozen=True)
+class ResolvedData:
+    """The user's data after the one resolution: the dataset, its label, and where the examples
+    an audit needs besides the attacked ones come from, decided from the reference once so
+    that nothing downstream parses the name again."""
+
+    dataset: Dataset
+    label: str
+    spec: DatasetSpec | None = None  # the parsed reference; None for the user's own objects
+    # the other split of a named dataset, to re-identify reconstructions among (None: the
+    # examples of the data that were not attacked serve, as for a file or a sample set)
+    gallery_split: DatasetSpec | None = None
+    examples_source: str = "other examples of your data"
+
+    def prior(self, targets: torch.Tensor) -> Dataset:
+        """Held-out examples for attacks granted the data distribution (`prior_data`)."""
+        if self.spec is None or self.dataset.samples_only:
+            return held_out_examples(self.dataset, targets)
+        from . import load_dataset
+
+        return load_dataset(dataclasses.replace(self.spec, split="train" if self.spec.split == "test" else "test"))
+
+
+def resolve_data(data: Any, split: str, resize: int | None, seq_len: int | None = None) -> ResolvedData:
+    """The user's data, resolved: a dataset reference, or tensors, a torch Dataset or DataLoader,
+    or a gradleak Dataset (`data.tensors.dataset_from_user`)."""
     if isinstance(data, str):
-        dataset = load_reference(data, split, resize, seq_len)
-        return dataset, data, lambda targets: prior_data(data, split, resize, dataset, targets, seq_len)
+        from . import TAKES_PATH, load_dataset
+
+        spec = dataset_spec(data, split, resize, seq_len)
+        dataset = load_dataset(spec)
+        # a file's examples: its other split may be itself
+        own_examples = dataset.samples_only or spec.name in TAKES_PATH  # a bare path's loader is one of these
+        other = dataclasses.replace(spec, split="train" if split == "test" else "test")
+        return ResolvedData(dataset, data, spec, None if own_examples else other,
+                            f"other examples of {dataset.name}")
     if seq_len is not None:
         raise GradleakError("seq_len applies to the named text datasets (news, polarity); your own token "
                             "sequences keep their length")
     from .tensors import dataset_from_user
 
     dataset = dataset_from_user(data)
-    return dataset, dataset.name, None
+    return ResolvedData(dataset, dataset.name)

@@ -1,6 +1,7 @@
 """Model references, resolved here and nowhere else: a registered name with options
 (`lenet`, `convnet:width=64`) or the user's own factory (`path/to/file.py:build:k=v`,
-`package.module:Net`) becomes a built, seeded `nn.Module`."""
+`package.module:Net`) becomes a built, seeded `nn.Module`. Code downstream receives the
+objects, never the names."""
 from __future__ import annotations
 
 import dataclasses
@@ -37,9 +38,20 @@ def build_named_model(text: str, input_shape, num_classes: int, seed: int = 0,
     return model
 
 
-def resolve_model(model: Any, data: Dataset, seed: int) -> tuple[nn.Module, str]:
-    """The user's model as (nn.Module, label): a module as it is, a reference built and seeded,
-    or a zero-argument factory called under `seed`."""
+def resolve_model(model: Any, data: Dataset, seed: int, checkpoint: str | None = None
+                  ) -> tuple[nn.Module, str, Dataset]:
+    """The user's model as (nn.Module, label, data): a module as it is, a reference built and
+    seeded, or a zero-argument factory called under `seed`; then `checkpoint`'s weights, and
+    `data` with its class list fitted to the model's outputs (`fit_classes`)."""
+    built, label = _built(model, data, seed)
+    if checkpoint:
+        from .checkpoint import load_checkpoint
+
+        load_checkpoint(built, checkpoint)
+    return built, label, fit_classes(built, data)
+
+
+def _built(model: Any, data: Dataset, seed: int) -> tuple[nn.Module, str]:
     if isinstance(model, nn.Module):
         return model, type(model).__name__
     if isinstance(model, str):

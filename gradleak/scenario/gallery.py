@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from ..data import Dataset, load_dataset
+from ..data import Dataset, DatasetSpec, load_dataset
 from ..data.references import dataset_path_form, dataset_spec
 from ..metrics.reidentify import Gallery
 from ..options import parse_spec
@@ -45,8 +45,27 @@ def gallery_for(dataset: str, split: str, resize: int | None, data: Dataset, tar
     return _split_gallery(dataset, "train" if split == "test" else "test", resize, seq_len)
 
 
-@functools.lru_cache(maxsize=4)
 def _split_gallery(dataset: str, split: str, resize: int | None, seq_len: int | None = None) -> Gallery:
-    # one per process and study: its perceptual features are computed once, then reused
-    other = load_dataset(dataset_spec(dataset, split, resize, seq_len))
-    return gallery_from(other, None, f"{split}-split examples of {other.name}")
+    return split_gallery(dataset_spec(dataset, split, resize, seq_len))
+
+
+def split_gallery(spec: DatasetSpec) -> Gallery:
+    """GALLERY_SIZE examples of the dataset split `spec` names (a resolved reference's
+    `gallery_split`), the same for every seed, attack and defense of a study."""
+    return _cached_split_gallery(spec, tuple(sorted(spec.options.items())))
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_split_gallery(spec: DatasetSpec, options: tuple) -> Gallery:
+    # one per process and study: its perceptual features are computed once, then reused;
+    # `options` (the tokenizer) is in the key because DatasetSpec's equality leaves it out
+    other = load_dataset(spec)
+    return gallery_from(other, None, f"{spec.split}-split examples of {other.name}")
+
+
+def with_extra(base: Gallery, extra: torch.Tensor | None) -> Gallery:
+    """`base` and the gallery examples the user gave (`audit(gallery=...)`)."""
+    if extra is None:
+        return base
+    return Gallery(torch.cat([base.inputs, extra.to(base.inputs.dtype)]), f"{base.source} and of the gallery you gave",
+                   None)
