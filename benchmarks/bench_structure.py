@@ -25,6 +25,9 @@ Definitions (docs/architecture.md gives the measured numbers):
   the resolving floor back up to where the pipeline starts; each further climb is a return to
   a higher floor to name, resolve or check the same value again.
 - entries: the stays in one room (or one package: `api/*` counts the stays in any `api` file).
+- two counts per walk: `flow` leaves out the steps into the utilities ranked below `data`
+  (options, registry, errors: a `parse_spec` look-up is a call every floor makes, not a floor
+  the data flows through); `all_steps` keeps them.
 
 The report holds, per walk, the steps, stays, rooms, distinct floors, climbs (with the
 (from, to) room pairs), entries of api and experiment, and the ten largest modules of
@@ -153,8 +156,8 @@ def summarize(steps: list[dict]) -> dict:
         "floors": len({s["floor"] for s in steps}), "climbs": len(climbs),
         "climb_pairs": [f"{a} -> {b}" for a, b in climbs],
         "api_entries": entries(lambda r: r == "api.py" or r.startswith("api/")),
-        "api_entries_by_file": {r: entries(lambda x, r=r: x == r) for r in
-                                sorted({s["room"] for s in stays if s["room"] == "api.py" or s["room"].startswith("api/")})},
+        "api_entries_by_file": {r: entries(lambda x, r=r: x == r)
+                                for r in sorted({s["room"] for s in stays if s["room"].startswith("api")})},
         "experiment_entries": entries(lambda r: r == "experiment.py"),
         "walk": [f"{s['room']} (floor {s['floor']}, {s['steps']} step{'s' if s['steps'] > 1 else ''})" for s in stays],
     }
@@ -170,7 +173,9 @@ def _walk(package: Path, ranks: dict[str, int], model, data, **options) -> dict:
         gradleak.audit(model, data, **options)
     finally:
         sys.setprofile(None)
-    return summarize(walk.steps)
+    lowest = ranks["data"]
+    return {"flow": summarize([s for s in walk.steps if s["floor"] is None or s["floor"] >= lowest]),
+            "all_steps": summarize(walk.steps)}
 
 
 def run_with(argv: list[str]) -> dict:
