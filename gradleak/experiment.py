@@ -19,7 +19,7 @@ from torch import nn
 
 from .attacks import Attack, AttackContext, Reconstruction
 from .data import Dataset
-from .data.references import held_out_examples, prior_data
+from .data.references import held_out_examples, resolve_data
 from .fl import aggregate_updates, compute_update
 from .ladder import climb_budget_ladder, convergence_summary, ladder_summary
 from .metrics import summarize
@@ -33,7 +33,7 @@ from .scenario.assembly import (
     scenario_model,
     validate_run_spec,
 )
-from .scenario.gallery import GALLERY_SIZE, gallery_for, gallery_from
+from .scenario.gallery import GALLERY_SIZE, gallery_for, gallery_from, split_gallery
 from .scenario.model_check import (
     BLIND_CHECK_EXAMPLES,
     BLIND_MODEL_MESSAGE,
@@ -59,16 +59,18 @@ def run_attack(spec: AttackRunSpec, progress: Callable[[int, int, float], None] 
                artifacts: Path | None = None) -> AttackRunResult:
     """Run one scenario named by registry names (or user references). Deterministic given `spec.seed`.
     `artifacts`: the study's folder for what attacks train once and reuse (`AttackContext.artifacts`)."""
-    data = scenario_data(spec)
+    resolved = resolve_data(spec.dataset, spec.split, spec.resize, spec.seq_len)  # the name, parsed once
+    data = resolved.dataset
     model = scenario_model(spec, data)
     if spec.pretrain_steps:
         model = pretrained(model, spec)
-    return run_scenario(spec, model, data, progress,
-                        held_out=lambda targets: prior_data(spec.dataset, spec.split, spec.resize, data, targets,
-                                                            spec.seq_len),
-                        gallery=lambda targets: gallery_for(spec.dataset, spec.split, spec.resize, data, targets,
-                                                            spec.seq_len),
-                        artifacts=artifacts)
+
+    def gallery(targets: torch.Tensor) -> Gallery:
+        if resolved.gallery_split is not None:
+            return split_gallery(resolved.gallery_split)
+        return gallery_from(data, targets, resolved.examples_source)
+
+    return run_scenario(spec, model, data, progress, held_out=resolved.prior, gallery=gallery, artifacts=artifacts)
 
 
 def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,

@@ -1,7 +1,8 @@
 """Dataset references, resolved here and nowhere else: a registered name with options
 (`mnist`, `cifar10:resize=64`, `news:tokenizer=minilm`) or a bare path to the user's files (a
 folder of images, an `.npz`/`.safetensors`/`.pt` file of tensors) becomes a `DatasetSpec`, and
-`load_reference` a loaded `Dataset`. Code downstream receives the objects, never the names."""
+`load_reference` a loaded `Dataset`; `resolve_data` resolves the user's data once for an audit or a
+scenario (`ResolvedData`). Code downstream receives the objects, never the names."""
 from __future__ import annotations
 
 import dataclasses
@@ -86,16 +87,6 @@ def held_out_examples(data: Dataset, targets: torch.Tensor) -> Dataset:
     mask = torch.ones(len(data), dtype=torch.bool)
     mask[targets] = False
     return data.subset(mask.nonzero().flatten())
-
-
-def prior_data(dataset: str, split: str, resize: int | None, data: Dataset, targets: torch.Tensor,
-               seq_len: int | None = None) -> Dataset:
-    """Held-out examples for attacks that may use the data distribution: the
-    other split of a named dataset, or the non-target examples of a sample set."""
-    if data.samples_only:
-        return held_out_examples(data, targets)
-    other = "train" if split == "test" else "test"
-    return load_reference(dataset, other, resize, seq_len)
 
 
 @dataclass(frozen=True)
