@@ -15,7 +15,7 @@ from torch import nn
 from ..attacks import Attack
 from ..attacks.base import AttackRefused
 from ..data.base import data_digest
-from ..data.references import resolve_data
+from ..data.references import resolve_data, run_order
 from ..defenses import make_chain
 from ..errors import GradleakError
 from ..experiment import run_scenario
@@ -23,9 +23,9 @@ from ..fl import TrainingSpec
 from ..leakage import SAMPLE_SEED_OFFSET, parse_tolerance, sample_target
 from ..metrics.reidentify import Gallery
 from ..models.base import model_digest
-from ..models.references import resolve_model
+from ..models.references import parse_model_reference, resolve_model
 from ..progress import attack_progress
-from ..scenario.gallery import gallery_from, split_gallery, with_extra
+from ..scenario.gallery import GALLERY_SIZE, resolved_gallery, with_extra
 from ..scenario.spec import AttackRunResult, AttackRunSpec, training_fields
 from ..threat import expected_view, make_threat_model
 from .inputs import artifacts_folder, audit_seeds, defense_labels, gallery_inputs
@@ -105,22 +105,23 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
     # models/references), and from here on only objects flow down
     resolved = resolve_data(data, split, resize, seq_len)
     dataset = resolved.dataset
+    reference = parse_model_reference(model) if isinstance(model, str) else model
     extra_gallery = gallery_inputs(gallery, dataset) if gallery is not None else None
     defense_texts = tuple(component_text(d, "defense") for d in defenses)
     expected = expected_view(threat_model, training, batch_size, make_chain(defense_texts).aggregate_clients)
     runs: list[AttackRunResult] = []
     skipped: list[SkippedAttack] = []
 
-    def judge(targets) -> Gallery:
-        if resolved.gallery_split is not None:
-            base = split_gallery(resolved.gallery_split)
-        else:
-            base = gallery_from(dataset, targets, resolved.examples_source)
-        return with_extra(base, extra_gallery)
+    def judge(run_seed: int, examples: int | None) -> Gallery:
+        # drawn from the resolved data with the run's own targets, before the run checks the attack
+        targets = run_order(len(resolved.dataset), run_seed)[:examples or batch_size]
+        return with_extra(resolved_gallery(resolved.gallery_split, resolved.gallery_draw(targets, GALLERY_SIZE)),
+                          extra_gallery)
 
     def attack_seed(run_seed: int, examples: int | None, only: set[str] | None = None) -> tuple[nn.Module, str]:
         nonlocal dataset
-        built, model_label, dataset = resolve_model(model, resolved.dataset, run_seed, checkpoint)
+        built, model_label, dataset = resolve_model(reference, resolved.dataset, run_seed, checkpoint)
+        gallery_of_seed = judge(run_seed, examples)
         # the architecture is checked where every run checks it (check_scenario: AttackRefused)
         selected, not_run = select_attacks(attacks, None, dataset.input_shape, dataset.num_classes,
                                            dataset.modality, expected, budget, training, batch_size)
@@ -137,7 +138,7 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
             spec = dataclasses.replace(base, attack=text)
             try:
                 with attack_progress(spec.attack) if progress else contextlib.nullcontext() as bar:
-                    runs.append(run_scenario(spec, built, dataset, bar, gallery=judge, artifacts=kept,
+                    runs.append(run_scenario(spec, built, dataset, bar, gallery=gallery_of_seed, artifacts=kept,
                                              held_out=resolved.prior if resolved.spec is not None else None))
             except AttackRefused as exc:
                 if run_seed == seeds[0]:

@@ -82,6 +82,29 @@ def declared_modality(text: str, split: str = "test", resize: int | None = None,
     return load_reference(text, split, resize, seq_len).modality
 
 
+def run_order(size: int, seed: int) -> torch.Tensor:
+    """The order a run with `seed` takes a dataset of `size` examples in: its first examples
+    are the attacked ones (targets), the rest the other clients' (run_scenario)."""
+    return torch.randperm(size, generator=torch.Generator().manual_seed(seed))
+
+
+def other_examples(data: Dataset, exclude: torch.Tensor | None, size: int) -> tuple[torch.Tensor, str | None]:
+    """The inputs of up to `size` examples of `data` other than `exclude`, the same ones for
+    every seed (a fixed draw), and, when there are fewer than `size`, why."""
+    from ..seeding import stream
+
+    keep = torch.ones(len(data), dtype=torch.bool)
+    if exclude is not None:
+        keep[exclude] = False
+    pool = keep.nonzero().flatten()
+    order = torch.randperm(len(pool), generator=stream(0, "gallery"))
+    chosen = pool[order[:size]].sort().values
+    note = None
+    if len(chosen) < size:
+        note = f"all the dataset has{' besides the attacked examples' if exclude is not None else ''}"
+    return data.inputs[chosen], note
+
+
 def held_out_examples(data: Dataset, targets: torch.Tensor) -> Dataset:
     """The examples of `data` other than `targets`."""
     mask = torch.ones(len(data), dtype=torch.bool)
@@ -102,6 +125,15 @@ class ResolvedData:
     # examples of the data that were not attacked serve, as for a file or a sample set)
     gallery_split: DatasetSpec | None = None
     examples_source: str = "other examples of your data"
+
+    def gallery_draw(self, targets: torch.Tensor, size: int) -> tuple[torch.Tensor, str, str | None] | None:
+        """The examples to re-identify reconstructions among when they come from the user's data
+        (inputs, source, note: up to `size` examples other than `targets`), drawn here before
+        the run; None when the named dataset's other split serves (`gallery_split`)."""
+        if self.gallery_split is not None:
+            return None
+        inputs, note = other_examples(self.dataset, targets, size)
+        return inputs, self.examples_source, note
 
     def prior(self, targets: torch.Tensor) -> Dataset:
         """Held-out examples for attacks granted the data distribution (`prior_data`)."""

@@ -7,10 +7,9 @@ import functools
 import torch
 
 from ..data import Dataset, DatasetSpec, load_dataset
-from ..data.references import dataset_path_form, dataset_spec
+from ..data.references import dataset_path_form, dataset_spec, other_examples
 from ..metrics.reidentify import Gallery
 from ..options import parse_spec
-from ..seeding import stream
 
 # Re-identification compares each reconstruction with this many other examples when the
 # data has them (Gallery, gradleak.metrics.reidentify).
@@ -21,15 +20,19 @@ def gallery_from(data: Dataset, exclude: torch.Tensor | None, source: str, note:
                  size: int = GALLERY_SIZE) -> Gallery:
     """Up to `size` examples of `data` other than `exclude`, the same ones for every seed (a
     fixed draw), described as `source`."""
-    keep = torch.ones(len(data), dtype=torch.bool)
-    if exclude is not None:
-        keep[exclude] = False
-    pool = keep.nonzero().flatten()
-    order = torch.randperm(len(pool), generator=stream(0, "gallery"))
-    chosen = pool[order[:size]].sort().values
-    if len(chosen) < size and note is None:
-        note = f"all the dataset has{' besides the attacked examples' if exclude is not None else ''}"
-    return Gallery(data.inputs[chosen], source, note)
+    inputs, short = other_examples(data, exclude, size)
+    return Gallery(inputs, source, short if note is None else note)
+
+
+def resolved_gallery(split: DatasetSpec | None, draw: tuple[torch.Tensor, str, str | None] | None) -> Gallery:
+    """A run's gallery from what the resolve boundary decided: the named dataset's other split
+    (`ResolvedData.gallery_split`) or the examples it drew from the user's data
+    (`ResolvedData.gallery_draw`)."""
+    if split is not None:
+        return split_gallery(split)
+    if draw is None:
+        raise ValueError("a gallery needs the other split or drawn examples")
+    return Gallery(*draw)
 
 
 def gallery_for(dataset: str, split: str, resize: int | None, data: Dataset, targets: torch.Tensor,
