@@ -68,7 +68,7 @@ def speed(batch_size: int = 100) -> dict:
         for name in ("cold", "warm"):  # cold: the gallery's moments and features are computed in this run
             spent.clear()
             start = time.perf_counter()
-            result = run_scenario(spec, model, data, gallery=lambda targets: gallery)
+            result = run_scenario(spec, model, data, gallery=gallery)
             total = time.perf_counter() - start
             judging = sum(spent)
             out[name] = {"run_seconds": round(total, 3), "judge_seconds": round(judging, 3),

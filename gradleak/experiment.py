@@ -19,7 +19,7 @@ from torch import nn
 
 from .attacks import Attack, AttackContext, Reconstruction
 from .data import Dataset
-from .data.references import held_out_examples, prior_data
+from .data.references import held_out_examples, resolve_data, run_order
 from .fl import aggregate_updates, compute_update
 from .ladder import climb_budget_ladder, convergence_summary, ladder_summary
 from .metrics import summarize
@@ -33,7 +33,7 @@ from .scenario.assembly import (
     scenario_model,
     validate_run_spec,
 )
-from .scenario.gallery import GALLERY_SIZE, gallery_for, gallery_from
+from .scenario.gallery import GALLERY_SIZE, gallery_for, gallery_from, resolved_gallery
 from .scenario.model_check import (
     BLIND_CHECK_EXAMPLES,
     BLIND_MODEL_MESSAGE,
@@ -59,35 +59,35 @@ def run_attack(spec: AttackRunSpec, progress: Callable[[int, int, float], None] 
                artifacts: Path | None = None) -> AttackRunResult:
     """Run one scenario named by registry names (or user references). Deterministic given `spec.seed`.
     `artifacts`: the study's folder for what attacks train once and reuse (`AttackContext.artifacts`)."""
-    data = scenario_data(spec)
+    resolved = resolve_data(spec.dataset, spec.split, spec.resize, spec.seq_len)  # the name, parsed once
+    data = resolved.dataset
     model = scenario_model(spec, data)
     if spec.pretrain_steps:
         model = pretrained(model, spec)
-    return run_scenario(spec, model, data, progress,
-                        held_out=lambda targets: prior_data(spec.dataset, spec.split, spec.resize, data, targets,
-                                                            spec.seq_len),
-                        gallery=lambda targets: gallery_for(spec.dataset, spec.split, spec.resize, data, targets,
-                                                            spec.seq_len),
-                        artifacts=artifacts)
+    # the gallery is drawn from what was resolved, before the run checks the attack
+    targets = run_order(len(data), spec.seed)[:spec.images or spec.batch_size]
+    gallery = resolved_gallery(resolved.gallery_split, resolved.gallery_draw(targets, GALLERY_SIZE))
+    return run_scenario(spec, model, data, progress, held_out=resolved.prior, gallery=gallery, artifacts=artifacts)
 
 
 def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
                  progress: Callable[[int, int, float], None] | None = None,
                  held_out: Callable[[torch.Tensor], Any] | None = None,
-                 gallery: Callable[[torch.Tensor], Gallery | None] | None = None,
+                 gallery: Gallery | None = None,
                  artifacts: Path | None = None) -> AttackRunResult:
     """Attack the built `model` on `data` as `spec` describes (its dataset and
     model fields only label the result). The one path behind the CLI, sweeps
     and `gradleak.audit`. `model` is not modified; `held_out(targets)` gives
     held-out examples when the threat model grants them (default: every
-    example of `data` that is not a target); `gallery(targets)` the examples the
-    auditor re-identifies reconstructions among (default: up to GALLERY_SIZE
-    non-target examples of `data`); `artifacts` the folder where attacks keep what they
+    example of `data` that is not a target); `gallery` the examples the auditor
+    re-identifies reconstructions among, drawn by the caller before the run from the same
+    targets (`data.references.run_order`; default: up to GALLERY_SIZE non-target examples
+    of `data`); `artifacts` the folder where attacks keep what they
     train once per setting (None: nothing is kept). An iterative attack climbs its budget
     ladder (gradleak.ladder) up to `spec.doublings` doublings."""
     start = time.perf_counter()
     device = pick_device(spec.device)
-    attack, chain, threat = check_scenario(spec, data)
+    attack, chain, threat = check_scenario(spec, data, model)
     training = spec.training()
     n_images = spec.images or spec.batch_size
     others = chain.aggregate_clients - 1
@@ -95,14 +95,14 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
     # the model the client trains (LoRA adapters added here), the one every attack observes
     model = training.prepare_model(chain.transform_model(copy.deepcopy(model)), spec.seed)
     warn_if_output_ignores_input(model, data.inputs)
-    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(spec.seed))
+    order = run_order(len(data), spec.seed)
     targets = order[:n_images]
     pool = order[n_images:]
     prior = None
     if "prior_data" in threat.grants:
         prior = held_out(targets) if held_out is not None else held_out_examples(data, targets)
     ctx = AttackContext(seed=spec.seed, device=device, progress=progress, prior_data=prior, artifacts=artifacts)
-    judge = gallery(targets) if gallery is not None else gallery_from(data, targets, f"examples of {data.name}")
+    judge = gallery if gallery is not None else gallery_from(data, targets, f"examples of {data.name}")
     server_secrets = None
     if attack.malicious:
         prepared = attack.prepare_model(model, data.input_shape, data.num_classes, ctx)

@@ -51,10 +51,12 @@ class ThreatModel:
         """Raise the one-line refusal of `refuses`, with what to add on the command line."""
         reason = self.refuses(needs)
         if reason:
-            missing = sorted(needs - self.grants)
-            hint = ("--threat malicious" if "malicious_model" in missing
-                    else "--knows " + ",".join(missing))
-            raise GradleakError(f"attack '{attack_name}' {reason}; add {hint}")
+            raise GradleakError(f"attack '{attack_name}' {reason}; add {self.hint(needs)}")
+
+    def hint(self, needs: frozenset[str]) -> str:
+        """What to add on the command line for an attack that needs `needs`."""
+        missing = sorted(needs - self.grants)
+        return "--threat malicious" if "malicious_model" in missing else "--knows " + ",".join(missing)
 
     def seeing(self, key: str) -> "ThreatModel":
         """This threat model, reading `key` off the update (declared knowledge stays declared)."""

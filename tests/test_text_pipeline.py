@@ -90,12 +90,12 @@ def test_a_saturated_span_is_reported_not_hidden():
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--dataset", "mnist", "--model", "lenet", "--attack", "dager"), "attack 'dager' does not support image data"),
+    (("--dataset", "mnist", "--model", "lenet", "--attack", "dager"), "attack 'dager' does not handle image data"),
     (("--dataset", "news", "--model", "lenet", "--attack", "dager"), "model 'lenet' needs image inputs"),
     (("--dataset", "news", "--model", "gpt2", "--attack", "dager", "--seq-len", "0"), "--seq-len: 0 is out of range"),
     (("--dataset", "mnist", "--model", "lenet", "--attack", "ig", "--seq-len", "8"),
      "seq_len only applies to text"),
-    (("--dataset", "news", "--model", SMALL_GPT2, "--attack", "ig"), "attack 'ig' does not support text data"),
+    (("--dataset", "news", "--model", SMALL_GPT2, "--attack", "ig"), "attack 'ig' does not handle text data"),
     (("--dataset", "news", "--model", SMALL_GPT2, "--attack", "dager", "--local-steps", "2", "--optimizer", "adam"),
      "optimizer 'adam' rescales or decays the weights"),
     (("--dataset", "news", "--model", SMALL_GPT2, "--attack", "tag", "--lora", "4"),
@@ -107,7 +107,7 @@ def test_a_saturated_span_is_reported_not_hidden():
      "attack 'tag' matches one FedSGD gradient"),
     (("--dataset", "news", "--model", SMALL_GPT2, "--attack", "lamp", "--local-steps", "2"),
      "attack 'lamp' matches one FedSGD gradient"),
-    (("--dataset", "mnist", "--model", "lenet", "--attack", "tag"), "attack 'tag' does not support image data"),
+    (("--dataset", "mnist", "--model", "lenet", "--attack", "tag"), "attack 'tag' does not handle image data"),
 ])
 def test_mismatched_inputs_are_refused_in_one_line(capsys, args, message):
     code, out, err = cli(capsys, *args, "--json")

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 from torch import nn
 
 from ..attacks import ATTACKS, Attack, make_attack
+from ..attacks.base import refusal
 from ..errors import GradleakError
 from ..fl import TrainingSpec
 from ..ladder import LADDER_DOUBLINGS
@@ -35,7 +36,7 @@ class SkippedAttack:
 
 
 
-def select_attacks(attacks: str | Sequence[str | Attack], model: nn.Module, input_shape: tuple[int, ...],
+def select_attacks(attacks: str | Sequence[str | Attack], model: nn.Module | None, input_shape: tuple[int, ...],
                    num_classes: int, modality: str, threat: ThreatModel, budget: str = "quick",
                    training: TrainingSpec | None = None, samples: int = 1
                    ) -> tuple[list[str], list[SkippedAttack]]:
@@ -45,7 +46,8 @@ def select_attacks(attacks: str | Sequence[str | Attack], model: nn.Module, inpu
     explicit list is taken as given, the preset filling only options it does
     not set. An attack is skipped when the threat model does not grant the
     knowledge it needs, when it does not handle the data's modality, or when
-    the architecture lacks what it works on (`Attack.unsupported`); `"auto"` also skips an
+    the architecture lacks what it works on (`Attack.unsupported`; with `model` None, each run
+    checks that instead: `check_scenario`); `"auto"` also skips an
     attack that would only repeat another on this client's `training` (`Attack.redundant_for`)."""
     automatic = isinstance(attacks, str) and attacks.strip().lower() == "auto"
     if isinstance(attacks, str):
@@ -58,7 +60,7 @@ def select_attacks(attacks: str | Sequence[str | Attack], model: nn.Module, inpu
         options = {**_budget_options(spec.name, budget), **spec.options}
         text = str(ComponentSpec(spec.name, options))
         attack = make_attack(text)
-        reason = _why_not(attack, model, input_shape, num_classes, modality, threat)
+        reason = refusal(attack, threat, modality, model, input_shape, num_classes)
         if not reason and automatic and training is not None:
             reason = attack.redundant_for(training, samples)
         if reason:
@@ -66,14 +68,6 @@ def select_attacks(attacks: str | Sequence[str | Attack], model: nn.Module, inpu
         else:
             selected.append(text)
     return selected, skipped
-
-
-def _why_not(attack: Attack, model, input_shape, num_classes, modality, threat: ThreatModel) -> str | None:
-    """The one attack/threat/architecture compatibility check: the threat model's refusal, else
-    the attack's own (`Attack.unsupported`: the modality, then the architecture)."""
-    if modality not in attack.modalities:  # before the architecture: an override may not check it
-        return threat.refuses(attack.needs()) or f"does not handle {modality} data"
-    return threat.refuses(attack.needs()) or attack.unsupported(model, tuple(input_shape), num_classes, modality)
 
 
 def _budget_options(name: str, budget: str) -> dict:

@@ -3,6 +3,7 @@ the defenses applied where a real client applies them, over one or more seeds, a
 examples while a verdict is still open (the sample ladder)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -12,24 +13,22 @@ from typing import Any, Callable, Iterable, Literal, Sequence
 from torch import nn
 
 from ..attacks import Attack
-from ..data.references import resolve_data
+from ..attacks.base import AttackRefused
+from ..data.base import data_digest
+from ..data.references import resolve_data, run_order
 from ..defenses import make_chain
 from ..errors import GradleakError
 from ..experiment import run_scenario
 from ..fl import TrainingSpec
 from ..leakage import SAMPLE_SEED_OFFSET, parse_tolerance, sample_target
-from ..models.references import fit_classes, resolve_model
+from ..metrics.reidentify import Gallery
+from ..models.base import model_digest
+from ..models.references import parse_model_reference, resolve_model
+from ..progress import attack_progress
+from ..scenario.gallery import GALLERY_SIZE, resolved_gallery, with_extra
 from ..scenario.spec import AttackRunResult, AttackRunSpec, training_fields
 from ..threat import expected_view, make_threat_model
-from .inputs import (
-    artifacts_folder,
-    audit_seeds,
-    data_digest,
-    defense_labels,
-    gallery_inputs,
-    gallery_maker,
-    model_digest,
-)
+from .inputs import artifacts_folder, audit_seeds, defense_labels, gallery_inputs
 from .result import AuditResult
 from .selection import BUDGET_DOUBLINGS, SkippedAttack, check_budget, component_text, select_attacks
 
@@ -102,36 +101,48 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
     if not isinstance(max_examples, int) or isinstance(max_examples, bool) or max_examples < 1:
         raise GradleakError(f"max_examples must be a positive integer, got {max_examples!r}")
     threat_model = make_threat_model(threat, tuple(knows))
-    dataset, data_label, prior_loader = resolve_data(data, split, resize, seq_len)
+    # the one resolve boundary: the references are parsed and loaded here (data/references,
+    # models/references), and from here on only objects flow down
+    resolved = resolve_data(data, split, resize, seq_len)
+    dataset = resolved.dataset
+    reference = parse_model_reference(model) if isinstance(model, str) else model
     extra_gallery = gallery_inputs(gallery, dataset) if gallery is not None else None
     defense_texts = tuple(component_text(d, "defense") for d in defenses)
+    expected = expected_view(threat_model, training, batch_size, make_chain(defense_texts).aggregate_clients)
     runs: list[AttackRunResult] = []
     skipped: list[SkippedAttack] = []
 
+    def judge(run_seed: int, examples: int | None) -> Gallery:
+        # drawn from the resolved data with the run's own targets, before the run checks the attack
+        targets = run_order(len(resolved.dataset), run_seed)[:examples or batch_size]
+        return with_extra(resolved_gallery(resolved.gallery_split, resolved.gallery_draw(targets, GALLERY_SIZE)),
+                          extra_gallery)
+
     def attack_seed(run_seed: int, examples: int | None, only: set[str] | None = None) -> tuple[nn.Module, str]:
         nonlocal dataset
-        built, model_label = resolve_model(model, dataset, run_seed)
-        if checkpoint:
-            from ..models.checkpoint import load_checkpoint
-            load_checkpoint(built, checkpoint)
-        dataset = fit_classes(built, dataset)
-        expected = expected_view(threat_model, training, batch_size, make_chain(defense_texts).aggregate_clients)
-        selected, not_run = select_attacks(attacks, built, dataset.input_shape, dataset.num_classes,
+        built, model_label, dataset = resolve_model(reference, resolved.dataset, run_seed, checkpoint)
+        gallery_of_seed = judge(run_seed, examples)
+        # the architecture is checked where every run checks it (check_scenario: AttackRefused)
+        selected, not_run = select_attacks(attacks, None, dataset.input_shape, dataset.num_classes,
                                            dataset.modality, expected, budget, training, batch_size)
         if run_seed == seeds[0]:
             skipped.extend(not_run)
-        base = AttackRunSpec(dataset=data_label, model=model_label, attack="ig", batch_size=batch_size,
+        base = AttackRunSpec(dataset=resolved.label, model=model_label, attack="ig", batch_size=batch_size,
                              defenses=defense_texts, images=examples, **training_fields(training),
                              seed=run_seed, threat=threat,
                              knows=tuple(knows), seq_len=seq_len, lpips=lpips, device=device,
                              doublings=BUDGET_DOUBLINGS[budget])
-        judge = gallery_maker(data, dataset, split, resize, extra_gallery, seq_len)
         for text in selected:
             if only is not None and text not in only:
                 continue
             spec = dataclasses.replace(base, attack=text)
             try:
-                runs.append(_run_with_progress(spec, built, dataset, prior_loader, judge, progress, kept))
+                with attack_progress(spec.attack) if progress else contextlib.nullcontext() as bar:
+                    runs.append(run_scenario(spec, built, dataset, bar, gallery=gallery_of_seed, artifacts=kept,
+                                             held_out=resolved.prior if resolved.spec is not None else None))
+            except AttackRefused as exc:
+                if run_seed == seeds[0]:
+                    skipped.append(SkippedAttack(text, exc.reason))
             except GradleakError as exc:
                 if run_seed == seeds[0]:
                     skipped.append(SkippedAttack(text, str(exc)))
@@ -153,7 +164,7 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
         per_seed = min(len(dataset), math.ceil(missing / len(seeds) / batch_size) * batch_size)
         for run_seed in seeds:
             attack_seed(run_seed + SAMPLE_SEED_OFFSET * rung, per_seed)
-    setting = {"dataset": data_label, "model": model_label, "batch_size": batch_size,
+    setting = {"dataset": resolved.label, "model": model_label, "batch_size": batch_size,
                "local_steps": training.local_steps, "local_epochs": training.local_epochs,
                "lr": training.lr, "seed": seeds[0], "seeds": seeds, "threat": threat_model.name, "budget": budget,
                "defenses": list(defense_texts), **defense_labels(defense_texts),
@@ -163,15 +174,3 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
     if out is not None:
         result.write_report(out)
     return result
-
-
-
-def _run_with_progress(spec: AttackRunSpec, model, data, prior_loader, gallery, progress: bool,
-                       artifacts: Path | None = None) -> AttackRunResult:
-    if not progress:
-        return run_scenario(spec, model, data, None, held_out=prior_loader, gallery=gallery, artifacts=artifacts)
-    from ..progress import attack_progress
-
-    with attack_progress(spec.attack) as bar:
-        return run_scenario(spec, model, data, bar, held_out=prior_loader, gallery=gallery, artifacts=artifacts)
-

@@ -10,8 +10,9 @@ from typing import Any, Callable, ClassVar
 import torch
 from torch import nn
 
+from ..errors import GradleakError
 from ..fl.training import TrainingSpec
-from ..threat import Observation
+from ..threat import Observation, ThreatModel
 
 # What the learned inverter (gradleak.attacks.learned.learned) needs to play the client on auxiliary data:
 # the batch, the client's training and its defenses.
@@ -189,3 +190,34 @@ def check_result(check: Callable[[], Any]) -> str | None:
     except GradleakError as exc:
         return str(exc)
     return None
+
+
+class AttackRefused(GradleakError):
+    """An attack that does not fit this threat model, the data's modality or the architecture
+    (`refusal`). `reason` is the one line an audit lists the skipped attack with; the message
+    names the attack and, when the threat model withholds knowledge, what to add."""
+
+    def __init__(self, name: str, reason: str, hint: str | None = None):
+        super().__init__(f"attack '{name}' {reason}" + (f"; add {hint}" if hint else ""))
+        self.reason = reason
+
+
+def refusal(attack: Attack, threat: ThreatModel, modality: str, model: nn.Module | None = None,
+            input_shape: tuple[int, ...] = (), num_classes: int = 0) -> str | None:
+    """The one attack/threat compatibility decision, for attack selection and for every run:
+    why `attack` cannot run here (one line), or None. The threat model's refusal comes first,
+    then the data's modality, then (given the model) the architecture (`Attack.unsupported`)."""
+    reason = threat.refuses(attack.needs())
+    if reason:
+        return reason
+    if modality not in attack.modalities:  # before the architecture: an override may not check it
+        return f"does not handle {modality} data"
+    return attack.unsupported(model, tuple(input_shape), num_classes, modality) if model is not None else None
+
+
+def check_fits(name: str, attack: Attack, threat: ThreatModel, modality: str, model: nn.Module | None = None,
+               input_shape: tuple[int, ...] = (), num_classes: int = 0) -> None:
+    """Raise `AttackRefused` with `refusal`'s reason when there is one."""
+    reason = refusal(attack, threat, modality, model, input_shape, num_classes)
+    if reason:
+        raise AttackRefused(name, reason, threat.hint(attack.needs()) if threat.refuses(attack.needs()) else None)

@@ -1,6 +1,7 @@
 """The dataset record every loader returns, and the spec that selects one."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -66,3 +67,11 @@ class DatasetSpec:
     channels: int | None = None  # force 1 (grayscale) or 3 (replicate) channels
     seq_len: int | None = None  # tokens per sequence of a text dataset (None: the dataset's default)
     options: dict = field(default_factory=dict, hash=False, compare=False)
+
+
+def data_digest(data: Dataset) -> str:
+    """A short digest of a dataset's inputs and labels (an audit's record of what it audited)."""
+    h = hashlib.sha256()
+    h.update(data.inputs.detach().cpu().contiguous().numpy().tobytes())
+    h.update(data.labels.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]

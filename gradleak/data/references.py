@@ -1,9 +1,12 @@
 """Dataset references, resolved here and nowhere else: a registered name with options
 (`mnist`, `cifar10:resize=64`, `news:tokenizer=minilm`) or a bare path to the user's files (a
 folder of images, an `.npz`/`.safetensors`/`.pt` file of tensors) becomes a `DatasetSpec`, and
-`load_reference` a loaded `Dataset`. Code downstream receives the objects, never the names."""
+`load_reference` a loaded `Dataset`; `resolve_data` resolves the user's data once for an audit or a
+scenario (`ResolvedData`). Code downstream receives the objects, never the names."""
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +82,29 @@ def declared_modality(text: str, split: str = "test", resize: int | None = None,
     return load_reference(text, split, resize, seq_len).modality
 
 
+def run_order(size: int, seed: int) -> torch.Tensor:
+    """The order a run with `seed` takes a dataset of `size` examples in: its first examples
+    are the attacked ones (targets), the rest the other clients' (run_scenario)."""
+    return torch.randperm(size, generator=torch.Generator().manual_seed(seed))
+
+
+def other_examples(data: Dataset, exclude: torch.Tensor | None, size: int) -> tuple[torch.Tensor, str | None]:
+    """The inputs of up to `size` examples of `data` other than `exclude`, the same ones for
+    every seed (a fixed draw), and, when there are fewer than `size`, why."""
+    from ..seeding import stream
+
+    keep = torch.ones(len(data), dtype=torch.bool)
+    if exclude is not None:
+        keep[exclude] = False
+    pool = keep.nonzero().flatten()
+    order = torch.randperm(len(pool), generator=stream(0, "gallery"))
+    chosen = pool[order[:size]].sort().values
+    note = None
+    if len(chosen) < size:
+        note = f"all the dataset has{' besides the attacked examples' if exclude is not None else ''}"
+    return data.inputs[chosen], note
+
+
 def held_out_examples(data: Dataset, targets: torch.Tensor) -> Dataset:
     """The examples of `data` other than `targets`."""
     mask = torch.ones(len(data), dtype=torch.bool)
@@ -86,26 +112,55 @@ def held_out_examples(data: Dataset, targets: torch.Tensor) -> Dataset:
     return data.subset(mask.nonzero().flatten())
 
 
-def prior_data(dataset: str, split: str, resize: int | None, data: Dataset, targets: torch.Tensor,
-               seq_len: int | None = None) -> Dataset:
-    """Held-out examples for attacks that may use the data distribution: the
-    other split of a named dataset, or the non-target examples of a sample set."""
-    if data.samples_only:
-        return held_out_examples(data, targets)
-    other = "train" if split == "test" else "test"
-    return load_reference(dataset, other, resize, seq_len)
+@dataclass(frozen=True)
+class ResolvedData:
+    """The user's data after the one resolution: the dataset, its label, and where the examples
+    an audit needs besides the attacked ones come from, decided from the reference once so
+    that nothing downstream parses the name again."""
+
+    dataset: Dataset
+    label: str
+    spec: DatasetSpec | None = None  # the parsed reference; None for the user's own objects
+    # the other split of a named dataset, to re-identify reconstructions among (None: the
+    # examples of the data that were not attacked serve, as for a file or a sample set)
+    gallery_split: DatasetSpec | None = None
+    examples_source: str = "other examples of your data"
+
+    def gallery_draw(self, targets: torch.Tensor, size: int) -> tuple[torch.Tensor, str, str | None] | None:
+        """The examples to re-identify reconstructions among when they come from the user's data
+        (inputs, source, note: up to `size` examples other than `targets`), drawn here before
+        the run; None when the named dataset's other split serves (`gallery_split`)."""
+        if self.gallery_split is not None:
+            return None
+        inputs, note = other_examples(self.dataset, targets, size)
+        return inputs, self.examples_source, note
+
+    def prior(self, targets: torch.Tensor) -> Dataset:
+        """Held-out examples for attacks granted the data distribution (`prior_data`)."""
+        if self.spec is None or self.dataset.samples_only:
+            return held_out_examples(self.dataset, targets)
+        from . import load_dataset
+
+        return load_dataset(dataclasses.replace(self.spec, split="train" if self.spec.split == "test" else "test"))
 
 
-def resolve_data(data: Any, split: str, resize: int | None, seq_len: int | None = None):
-    """The user's data as (Dataset, label, prior-data loader or None): a dataset reference, or
-    tensors, a torch Dataset or DataLoader, or a gradleak Dataset (`data.tensors.dataset_from_user`)."""
+def resolve_data(data: Any, split: str, resize: int | None, seq_len: int | None = None) -> ResolvedData:
+    """The user's data, resolved: a dataset reference, or tensors, a torch Dataset or DataLoader,
+    or a gradleak Dataset (`data.tensors.dataset_from_user`)."""
     if isinstance(data, str):
-        dataset = load_reference(data, split, resize, seq_len)
-        return dataset, data, lambda targets: prior_data(data, split, resize, dataset, targets, seq_len)
+        from . import TAKES_PATH, load_dataset
+
+        spec = dataset_spec(data, split, resize, seq_len)
+        dataset = load_dataset(spec)
+        # a file's examples: its other split may be itself
+        own_examples = dataset.samples_only or spec.name in TAKES_PATH  # a bare path's loader is one of these
+        other = dataclasses.replace(spec, split="train" if split == "test" else "test")
+        return ResolvedData(dataset, data, spec, None if own_examples else other,
+                            f"other examples of {dataset.name}")
     if seq_len is not None:
         raise GradleakError("seq_len applies to the named text datasets (news, polarity); your own token "
                             "sequences keep their length")
     from .tensors import dataset_from_user
 
     dataset = dataset_from_user(data)
-    return dataset, dataset.name, None
+    return ResolvedData(dataset, dataset.name)

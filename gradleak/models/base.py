@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from dataclasses import dataclass, field
 
@@ -107,3 +108,10 @@ def hash_weights(digest, model) -> None:
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
 
+
+
+def model_digest(model: nn.Module) -> str:
+    """A short digest of a model's class and weights (an audit's record of what it audited)."""
+    h = hashlib.sha256(type(model).__qualname__.encode())
+    hash_weights(h, model)
+    return h.hexdigest()[:16]

@@ -1,9 +1,12 @@
 """Model references, resolved here and nowhere else: a registered name with options
 (`lenet`, `convnet:width=64`) or the user's own factory (`path/to/file.py:build:k=v`,
-`package.module:Net`) becomes a built, seeded `nn.Module`."""
+`package.module:Net`) becomes a built, seeded `nn.Module`. Code downstream receives the
+objects, never the names: `parse_model_reference` parses a reference once, and building
+(`build_reference`) and fitting the data's classes (`fit_classes`) take what it parsed."""
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -16,34 +19,76 @@ from . import build_model
 from .base import ModelSpec
 
 
+@dataclass(frozen=True)
+class ModelReference:
+    """A model reference after its one parse: the user's own factory (`user`: built from
+    `text` by `models.user`) or a registered name with its options."""
+
+    text: str
+    user: bool
+    name: str = ""
+    options: dict = field(default_factory=dict)
+
+
+def parse_model_reference(text: str) -> ModelReference:
+    """`text` parsed once: the user's factory (`path/to/file.py:factory[:k=v,...]`,
+    `package.module:factory[:k=v,...]`) or a built-in model (`name[:k=v,...]`)."""
+    from .user import is_user_model_ref
+
+    if is_user_model_ref(text):
+        return ModelReference(text, True)
+    model_spec = parse_spec(text, "model")
+    return ModelReference(text, False, model_spec.name, dict(model_spec.options))
+
+
 def build_named_model(text: str, input_shape, num_classes: int, seed: int = 0,
                       activation: str | None = None, modality: str = "image") -> nn.Module:
     """A built-in model (`name[:k=v,...]`) or the user's own
     (`path/to/file.py:factory[:k=v,...]`, `package.module:factory[:k=v,...]`),
     seeded, checked to output at least one logit per class."""
-    from .user import build_user_model, check_model_fits, is_user_model_ref
+    return build_reference(parse_model_reference(text), input_shape, num_classes, seed, activation, modality)
 
-    if is_user_model_ref(text):
+
+def build_reference(reference: ModelReference, input_shape, num_classes: int, seed: int = 0,
+                    activation: str | None = None, modality: str = "image") -> nn.Module:
+    """The model a parsed reference names, built and seeded, checked to output at least one
+    logit per class."""
+    from .user import build_user_model, check_model_fits
+
+    if reference.user:
         if activation:
             raise GradleakError("--activation applies to built-in models only; set it in your own model")
-        model = build_user_model(text, tuple(input_shape), num_classes, seed)
+        model = build_user_model(reference.text, tuple(input_shape), num_classes, seed)
     else:
-        model_spec = parse_spec(text, "model")
-        options = dict(model_spec.options)
+        options = dict(reference.options)
         activation = activation or options.pop("activation", None)
-        model = build_model(ModelSpec(model_spec.name, tuple(input_shape), num_classes,
+        model = build_model(ModelSpec(reference.name, tuple(input_shape), num_classes,
                                       activation=activation, seed=seed, options=options))
-    check_model_fits(model, tuple(input_shape), num_classes, f"model '{text}'", modality)
+    check_model_fits(model, tuple(input_shape), num_classes, f"model '{reference.text}'", modality)
     return model
 
 
-def resolve_model(model: Any, data: Dataset, seed: int) -> tuple[nn.Module, str]:
-    """The user's model as (nn.Module, label): a module as it is, a reference built and seeded,
-    or a zero-argument factory called under `seed`."""
+def resolve_model(model: Any, data: Dataset, seed: int, checkpoint: str | None = None
+                  ) -> tuple[nn.Module, str, Dataset]:
+    """The user's model as (nn.Module, label, data): a module as it is, a reference (parsed
+    at the resolve boundary, `parse_model_reference`, or a string parsed here) built and seeded,
+    or a zero-argument factory called under `seed`; then `checkpoint`'s weights, and
+    `data` with its class list fitted to the model's outputs (`fit_classes`)."""
+    built, label = _built(model, data, seed)
+    if checkpoint:
+        from .checkpoint import load_checkpoint
+
+        load_checkpoint(built, checkpoint)
+    return built, label, fit_classes(built, data)
+
+
+def _built(model: Any, data: Dataset, seed: int) -> tuple[nn.Module, str]:
     if isinstance(model, nn.Module):
         return model, type(model).__name__
     if isinstance(model, str):
-        return build_named_model(model, data.input_shape, data.num_classes, seed, modality=data.modality), model
+        model = parse_model_reference(model)
+    if isinstance(model, ModelReference):
+        return build_reference(model, data.input_shape, data.num_classes, seed, modality=data.modality), model.text
     if callable(model):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(seed))

@@ -7,6 +7,7 @@ from typing import Callable
 from torch import nn
 
 from ..attacks import Attack, make_attack
+from ..attacks.base import check_fits
 from ..data import Dataset, DatasetSpec, load_dataset
 from ..data.references import dataset_spec
 from ..defenses import DefenseChain, make_chain
@@ -34,23 +35,23 @@ def scenario_model(spec: AttackRunSpec, data: Dataset) -> nn.Module:
     return model
 
 
-def check_scenario(spec: AttackRunSpec, data: Dataset) -> tuple[Attack, DefenseChain, ThreatModel]:
+def check_scenario(spec: AttackRunSpec, data: Dataset, model: nn.Module | None = None
+                   ) -> tuple[Attack, DefenseChain, ThreatModel]:
     """The checks `run_scenario` makes before anything is computed: the attack, the defense
-    chain and the threat model build, the threat model grants what the attack needs, the
-    attack handles the data, and the data holds enough examples. Returns (attack, chain,
-    threat model)."""
+    chain and the threat model build, the attack fits the threat model, the data's modality
+    and (given `model`) the architecture (`attacks.base.refusal`, the one check attack
+    selection makes too; `AttackRefused` otherwise), and the data holds enough examples.
+    Returns (attack, chain, threat model)."""
     attack_spec: ComponentSpec = parse_spec(spec.attack, "attack")
     attack = make_attack(attack_spec)
     chain = make_chain([parse_spec(d, "defense") for d in spec.defenses])
     # what the update will carry (batch-norm statistics in sent buffers) counts as seen
     threat = expected_view(make_threat_model(spec.threat, spec.knows), spec.training(), spec.batch_size,
                            chain.aggregate_clients)
-    threat.check(attack_spec.name, attack.needs())
+    check_fits(attack_spec.name, attack, threat, data.modality, model, data.input_shape, data.num_classes)
     if spec.lora is not None and not getattr(attack, "handles_lora", False):
         raise GradleakError(f"attack '{attack_spec.name}' cannot invert a LoRA client's update (--lora): it "
                             "holds only the adapters' tensors; use dager")
-    if data.modality not in attack.modalities:
-        raise GradleakError(f"attack '{attack_spec.name}' does not support {data.modality} data")
     needed = (spec.images or spec.batch_size) + (chain.aggregate_clients - 1) * spec.batch_size
     if needed > len(data):
         raise GradleakError(f"dataset '{data.name}' has {len(data)} examples, the scenario needs {needed}")

@@ -6,11 +6,10 @@ import functools
 
 import torch
 
-from ..data import Dataset, load_dataset
-from ..data.references import dataset_path_form, dataset_spec
+from ..data import Dataset, DatasetSpec, load_dataset
+from ..data.references import dataset_path_form, dataset_spec, other_examples
 from ..metrics.reidentify import Gallery
 from ..options import parse_spec
-from ..seeding import stream
 
 # Re-identification compares each reconstruction with this many other examples when the
 # data has them (Gallery, gradleak.metrics.reidentify).
@@ -21,15 +20,19 @@ def gallery_from(data: Dataset, exclude: torch.Tensor | None, source: str, note:
                  size: int = GALLERY_SIZE) -> Gallery:
     """Up to `size` examples of `data` other than `exclude`, the same ones for every seed (a
     fixed draw), described as `source`."""
-    keep = torch.ones(len(data), dtype=torch.bool)
-    if exclude is not None:
-        keep[exclude] = False
-    pool = keep.nonzero().flatten()
-    order = torch.randperm(len(pool), generator=stream(0, "gallery"))
-    chosen = pool[order[:size]].sort().values
-    if len(chosen) < size and note is None:
-        note = f"all the dataset has{' besides the attacked examples' if exclude is not None else ''}"
-    return Gallery(data.inputs[chosen], source, note)
+    inputs, short = other_examples(data, exclude, size)
+    return Gallery(inputs, source, short if note is None else note)
+
+
+def resolved_gallery(split: DatasetSpec | None, draw: tuple[torch.Tensor, str, str | None] | None) -> Gallery:
+    """A run's gallery from what the resolve boundary decided: the named dataset's other split
+    (`ResolvedData.gallery_split`) or the examples it drew from the user's data
+    (`ResolvedData.gallery_draw`)."""
+    if split is not None:
+        return split_gallery(split)
+    if draw is None:
+        raise ValueError("a gallery needs the other split or drawn examples")
+    return Gallery(*draw)
 
 
 def gallery_for(dataset: str, split: str, resize: int | None, data: Dataset, targets: torch.Tensor,
@@ -45,8 +48,27 @@ def gallery_for(dataset: str, split: str, resize: int | None, data: Dataset, tar
     return _split_gallery(dataset, "train" if split == "test" else "test", resize, seq_len)
 
 
-@functools.lru_cache(maxsize=4)
 def _split_gallery(dataset: str, split: str, resize: int | None, seq_len: int | None = None) -> Gallery:
-    # one per process and study: its perceptual features are computed once, then reused
-    other = load_dataset(dataset_spec(dataset, split, resize, seq_len))
-    return gallery_from(other, None, f"{split}-split examples of {other.name}")
+    return split_gallery(dataset_spec(dataset, split, resize, seq_len))
+
+
+def split_gallery(spec: DatasetSpec) -> Gallery:
+    """GALLERY_SIZE examples of the dataset split `spec` names (a resolved reference's
+    `gallery_split`), the same for every seed, attack and defense of a study."""
+    return _cached_split_gallery(spec, tuple(sorted(spec.options.items())))
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_split_gallery(spec: DatasetSpec, options: tuple) -> Gallery:
+    # one per process and study: its perceptual features are computed once, then reused;
+    # `options` (the tokenizer) is in the key because DatasetSpec's equality leaves it out
+    other = load_dataset(spec)
+    return gallery_from(other, None, f"{spec.split}-split examples of {other.name}")
+
+
+def with_extra(base: Gallery, extra: torch.Tensor | None) -> Gallery:
+    """`base` and the gallery examples the user gave (`audit(gallery=...)`)."""
+    if extra is None:
+        return base
+    return Gallery(torch.cat([base.inputs, extra.to(base.inputs.dtype)]), f"{base.source} and of the gallery you gave",
+                   None)

@@ -102,7 +102,7 @@ def test_wordpiece_rows_round_trip(polarity):
     (("--dataset", "polarity:tokenizer=minilm", "--model", "minilm", "--attack", "lamp"),
      "lamp needs gradleak's GPT-2"),
     (("--dataset", "polarity:tokenizer=minilm", "--model", "minilm", "--attack", "ig"),
-     "attack 'ig' does not support text data"),
+     "attack 'ig' does not handle text data"),
     (("--dataset", "polarity:tokenizer=bpe", "--model", "minilm", "--attack", "dager"),
      "tokenizer 'bpe' unknown; choose from: gpt2, minilm"),
     (("--dataset", "news:tokenizer=minilm", "--model", "gpt2", "--attack", "dager"),

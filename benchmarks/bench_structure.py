@@ -1,0 +1,215 @@
+"""A structure walk of `gradleak.audit`: where the `model` and `data` parameters travel.
+
+`python -m benchmarks structure [--root DIR] [--quick]` runs `gradleak.audit` twice on a tiny
+real case (MNIST, batch 1, DLG for 2 iterations): once with references (`model="lenet"`,
+`data="mnist"`), once with objects (the user's own `nn.Module` and `(inputs, labels)` tensors),
+under `sys.setprofile`, and follows the two parameters through the call stack.
+
+Definitions (docs/architecture.md gives the measured numbers):
+
+- tracked values: the `model` and `data` arguments as passed (a reference string, built here
+  so that no interned literal elsewhere shares its identity; a module; a tuple of tensors and
+  its elements), and every value a step returns that is a `nn.Module`, a `Dataset`, a string
+  already tracked, or a tuple / list holding one (what was resolved from them), by identity.
+- step: a call into a function defined under `<root>/gradleak` that receives a tracked value as
+  an argument (directly, or as an element of a tuple, list or dict argument). A method called
+  *on* a tracked object (`self` is the tracked value: `dataset.subset`, `model.forward`) uses the
+  object where it is; it is not a step. Copies the pipeline makes (`copy.deepcopy`) are new
+  objects and are not followed: the walk is about how far the user's references and what was
+  resolved from them travel, not about the simulated training.
+- room: the module (file) the step's function lives in; stay: a maximal run of consecutive
+  steps in one room; floor: the layer rank of the step's top-level package in
+  tests/test_layout.py's RANKS (api 17 at the top, data 3 and models 4 near the bottom).
+- climb: a step whose floor is above the floor of the step before it (in call order; a return
+  is not a step). A walk that resolves once and then only hands objects down climbs once, from
+  the resolving floor back up to where the pipeline starts; each further climb is a return to
+  a higher floor to name, resolve or check the same value again.
+- entries: the stays in one room (or one package: `api/*` counts the stays in any `api` file).
+- two counts per walk: `flow` leaves out the steps into the utilities ranked below `data`
+  (options, registry, errors: a `parse_spec` look-up is a call every floor makes, not a floor
+  the data flows through); `all_steps` keeps them.
+
+The report holds, per walk, the steps, stays, rooms, distinct floors, climbs (with the
+(from, to) room pairs), entries of api and experiment, and the ten largest modules of
+`<root>/gradleak` by lines. `--root DIR` walks another checkout (e.g. an older commit exported
+with `git archive SHA | tar -x -C DIR`); its gradleak is imported instead of this one.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[1]
+
+
+def _ranks(root: Path) -> dict[str, int]:
+    """RANKS of this checkout's tests/test_layout.py, with the walked checkout's own for names
+    this one no longer has (so that both walks are measured on one scale)."""
+    ranks: dict[str, int] = {}
+    for layout in (root / "tests" / "test_layout.py", HERE / "tests" / "test_layout.py"):
+        if not layout.exists():
+            continue
+        for node in ast.walk(ast.parse(layout.read_text())):
+            if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "RANKS":
+                ranks.update(ast.literal_eval(node.value))
+            elif isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "RANKS" for t in node.targets):
+                ranks.update(ast.literal_eval(node.value))
+    return ranks
+
+
+def largest_modules(package: Path, count: int = 10) -> list[tuple[str, int]]:
+    sizes = [(str(p.relative_to(package.parent)), len(p.read_text().splitlines())) for p in package.rglob("*.py")]
+    return sorted(sizes, key=lambda s: -s[1])[:count]
+
+
+class Walk:
+    """Follows the tracked values through the calls into `package` (see the module docstring)."""
+
+    def __init__(self, package: Path, ranks: dict[str, int], roots: dict[int, object]):
+        self.prefix = str(package) + "/"
+        self.ranks = ranks
+        self.tracked: dict[int, object] = dict(roots)  # id -> object, kept alive so ids stay unique
+        self.open: dict[int, int] = {}  # id(frame) of a step -> its index in steps
+        self.steps: list[dict] = []
+        self.stack: list[int] = []  # the open steps, innermost last
+
+    def _room(self, filename: str) -> str:
+        return filename[len(self.prefix):]
+
+    def _hits(self, value) -> bool:
+        if id(value) in self.tracked:
+            return True
+        if isinstance(value, (tuple, list)):
+            return any(id(v) in self.tracked for v in value)
+        if isinstance(value, dict):
+            return any(id(v) in self.tracked for v in value.values())
+        return False
+
+    def _follow(self, value) -> None:
+        import torch
+        from torch import nn
+
+        def resolved(v) -> bool:
+            return isinstance(v, nn.Module) or (hasattr(v, "inputs") and hasattr(v, "labels")
+                                                and isinstance(getattr(v, "inputs"), torch.Tensor))
+
+        for v in (value if isinstance(value, (tuple, list)) else (value,)):
+            if resolved(v):
+                self.tracked[id(v)] = v
+            elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+                held = [getattr(v, f.name) for f in dataclasses.fields(v)]
+                held = [h for h in held if resolved(h) or id(h) in self.tracked]
+                for h in held:
+                    self.tracked[id(h)] = h
+                if held:  # a record of what was resolved (data.references.ResolvedData)
+                    self.tracked[id(v)] = v
+
+    def profile(self, frame, event, arg):
+        if event == "call":
+            code = frame.f_code
+            if not code.co_filename.startswith(self.prefix):
+                return
+            count = code.co_argcount + code.co_kwonlyargcount
+            names = list(code.co_varnames[:count])
+            flags = code.co_flags
+            if flags & 0x04:  # *args
+                names.append(code.co_varnames[count])
+                count += 1
+            if flags & 0x08:  # **kwargs
+                names.append(code.co_varnames[count])
+            local = frame.f_locals
+            first = names[0] if names and names[0] in ("self", "cls") else None
+            hits = [n for n in names if n != first and n in local and self._hits(local[n])]
+            if not hits:
+                return
+            room = self._room(code.co_filename)
+            top = room.split("/")[0].removesuffix(".py")
+            parent = self.stack[-1] if self.stack else None
+            self.open[id(frame)] = len(self.steps)
+            self.stack.append(len(self.steps))
+            self.steps.append({"room": room, "function": code.co_name, "floor": self.ranks.get(top),
+                               "arguments": hits, "parent": parent})
+        elif event == "return" and id(frame) in self.open:
+            del self.open[id(frame)]
+            self.stack.pop()
+            self._follow(arg)
+
+
+def summarize(steps: list[dict]) -> dict:
+    stays: list[dict] = []
+    for step in steps:
+        if stays and stays[-1]["room"] == step["room"]:
+            stays[-1]["steps"] += 1
+        else:
+            stays.append({"room": step["room"], "floor": step["floor"], "steps": 1})
+    climbs = [(a["room"], b["room"]) for a, b in zip(steps, steps[1:])
+              if a["floor"] is not None and b["floor"] is not None and b["floor"] > a["floor"]]
+
+    def entries(match) -> int:
+        return sum(1 for s in stays if match(s["room"]))
+
+    return {
+        "steps": len(steps), "stays": len(stays), "rooms": len({s["room"] for s in steps}),
+        "floors": len({s["floor"] for s in steps}), "climbs": len(climbs),
+        "climb_pairs": [f"{a} -> {b}" for a, b in climbs],
+        "api_entries": entries(lambda r: r == "api.py" or r.startswith("api/")),
+        "api_entries_by_file": {r: entries(lambda x, r=r: x == r)
+                                for r in sorted({s["room"] for s in stays if s["room"].startswith("api")})},
+        "experiment_entries": entries(lambda r: r == "experiment.py"),
+        "walk": [f"{s['room']} (floor {s['floor']}, {s['steps']} step{'s' if s['steps'] > 1 else ''})" for s in stays],
+    }
+
+
+def _walk(package: Path, ranks: dict[str, int], model, data, **options) -> dict:
+    import gradleak
+
+    walk = Walk(package, ranks, {id(model): model, id(data): data,
+                                 **({id(v): v for v in data} if isinstance(data, tuple) else {})})
+    sys.setprofile(walk.profile)
+    try:
+        gradleak.audit(model, data, **options)
+    finally:
+        sys.setprofile(None)
+    lowest = ranks["data"]
+    return {"flow": summarize([s for s in walk.steps if s["floor"] is None or s["floor"] >= lowest]),
+            "all_steps": summarize(walk.steps)}
+
+
+def run_with(argv: list[str]) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks structure")
+    parser.add_argument("--root", default=str(HERE), help="the checkout whose gradleak is walked")
+    parser.add_argument("--quick", action="store_true", help="accepted; the walk is always small")
+    args = parser.parse_args(argv)
+    root = Path(args.root).resolve()
+    if "gradleak" in sys.modules and not Path(sys.modules["gradleak"].__file__).is_relative_to(root):
+        raise SystemExit("benchmarks structure: gradleak was imported before --root took effect")
+    sys.path.insert(0, str(root))
+    import torch
+    from torch import nn
+
+    import gradleak
+    from gradleak.data import DatasetSpec, load_dataset
+
+    package = Path(gradleak.__file__).resolve().parent
+    if not package.is_relative_to(root):
+        raise SystemExit(f"benchmarks structure: imported {package}, not the one under {root}")
+    torch.set_num_threads(1)
+    ranks = _ranks(root)
+    options = dict(attacks=["dlg:iterations=2"], batch_size=1, seed=0, budget="quick")
+    # references built at run time: an interned literal "mnist" elsewhere would share the identity
+    by_name = _walk(package, ranks, "".join(["le", "net"]), "".join(["mn", "ist"]), **options)
+    mnist = load_dataset(DatasetSpec("mnist", split="test"))
+    torch.manual_seed(0)
+    user_model = nn.Sequential(nn.Conv2d(1, 12, 5, padding=2, stride=2), nn.Sigmoid(),
+                               nn.Conv2d(12, 12, 5, padding=2, stride=2), nn.Sigmoid(),
+                               nn.Flatten(), nn.Linear(12 * 7 * 7, 10))
+    by_object = _walk(package, ranks, user_model, (mnist.inputs[:64].clone(), mnist.labels[:64].clone()), **options)
+    return {"root": str(root), "by_name": by_name, "by_object": by_object,
+            "largest_modules": [f"{name}: {lines}" for name, lines in largest_modules(package)]}
+
+
+def run(quick: bool) -> dict:
+    return run_with(["--quick"] if quick else [])

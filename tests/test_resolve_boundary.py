@@ -1,0 +1,49 @@
+"""The resolve boundary of `gradleak.audit` and `run_attack`: the model reference is parsed
+once, and the re-identification gallery is drawn from the resolved data with the run's own
+targets before the run (docs/architecture.md)."""
+import pytest
+import torch
+from torch import nn
+
+import gradleak
+from gradleak.data.references import resolve_data, run_order
+from gradleak.errors import GradleakError
+from gradleak.models.references import ModelReference, build_named_model, parse_model_reference, resolve_model
+from gradleak.scenario.gallery import GALLERY_SIZE, gallery_from, resolved_gallery
+
+
+def test_a_model_reference_is_parsed_once_into_what_building_takes(mnist_test):
+    assert parse_model_reference("convnet:width=8") == ModelReference("convnet:width=8", False, "convnet",
+                                                                       {"width": "8"})
+    assert parse_model_reference("my_pkg.nets:Net").user
+    assert parse_model_reference("models/net.py:build:width=3").user
+    with pytest.raises(GradleakError, match="empty model name"):
+        parse_model_reference(":width=3")
+    # built from the parsed reference, the model is the one its name builds, same seed, same weights
+    built, label, _ = resolve_model(parse_model_reference("lenet"), mnist_test, seed=3)
+    by_name = build_named_model("lenet", mnist_test.input_shape, mnist_test.num_classes, seed=3)
+    assert label == "lenet"
+    assert all(torch.equal(a, b) for a, b in zip(built.state_dict().values(), by_name.state_dict().values()))
+
+
+def test_the_gallery_of_your_own_examples_leaves_out_the_run_targets(mnist_test):
+    inputs, labels = mnist_test.inputs[:40].clone(), mnist_test.labels[:40].clone()
+    resolved = resolve_data((inputs, labels), "test", None)
+    targets = run_order(40, 5)[:3]
+    gallery = resolved_gallery(resolved.gallery_split, resolved.gallery_draw(targets, GALLERY_SIZE))
+    same = gallery_from(resolved.dataset, targets, resolved.examples_source)
+    assert torch.equal(gallery.inputs, same.inputs) and gallery.describe() == same.describe()
+    assert len(gallery) == 37 and gallery.note == "all the dataset has besides the attacked examples"
+    attacked = {tuple(x.flatten().tolist()) for x in inputs[targets]}
+    assert not attacked & {tuple(x.flatten().tolist()) for x in gallery.inputs}
+
+
+def test_the_audit_attacks_the_targets_its_gallery_left_out(mnist_test):
+    """The run takes its targets in `run_order`, the order the boundary drew the gallery with."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 10))
+    inputs, labels = mnist_test.inputs[:30].clone(), mnist_test.labels[:30].clone()
+    result = gradleak.audit(model, (inputs, labels), attacks=["dlg:iterations=1"], images=2, seed=4)
+    run = result.runs[0]
+    assert torch.equal(run.originals, inputs[run_order(30, 4)[:2]])
+    assert run.metrics["gallery"] == 28
