@@ -28,6 +28,17 @@ from .reidentify import (
 )
 
 
+def distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each distinct row of `rows` (compared whole, by value) first occurs, and for each
+    row the position of its distinct row in that list: rows[first][inverse] equals rows."""
+    if not len(rows):
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    _, inverse = torch.unique(rows.flatten(1), dim=0, return_inverse=True)
+    positions = torch.arange(len(rows))
+    first = torch.full((int(inverse.max()) + 1,), len(rows)).scatter_reduce_(0, inverse, positions, "amin")
+    return first, inverse
+
+
 def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery: Gallery,
                      distances: tuple[Distance, ...], backbone: str = "alex", pad_token: int | None = None,
                      lpips_features: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None) -> Judgement:
@@ -52,6 +63,11 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
     if not len(candidates) or not n:
         return Judgement([{d: size for d in wanted} for _ in range(n)], [size] * n, [0.5] * n,
                          [{d: 0.5 for d in linkage} for _ in range(n)])
+    first, _ = distinct_rows(candidates)
+    if len(first) < len(candidates):  # identical candidates are at the same distance from everything
+        candidates = candidates[first]
+        if lpips_features is not None:
+            lpips_features = [f[first] for f in lpips_features[0]], lpips_features[1]
     counted = ~_duplicates(originals, gallery.inputs.to(originals.dtype).cpu())
     batch = Gallery(originals, "the attacked batch")
     ranks: list[dict[str, int]] = [{} for _ in range(n)]
