@@ -52,7 +52,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils import skip_init
 
 from gradleak.data.sources import install_hint, safe_unpickle
 from gradleak.errors import GradleakError
@@ -158,8 +157,7 @@ class LPIPS(nn.Module):
                 self.pool_after[-1] = True
                 continue
             out_ch, k, stride, pad = item if backbone == "alex" else (item, 3, 1, 1)
-            # no random initialisation: every weight is read from the checkpoint below
-            conv = skip_init(nn.Conv2d, in_ch, out_ch, k, stride=stride, padding=pad)
+            conv = nn.Conv2d(in_ch, out_ch, k, stride=stride, padding=pad)
             self.convs.append(conv)
             self.pool_after.append(False)
             in_ch = out_ch
@@ -168,7 +166,7 @@ class LPIPS(nn.Module):
 
         self.lins = nn.ModuleList()
         for i in self.taps:
-            self.lins.append(skip_init(nn.Conv2d, self.convs[i].out_channels, 1, 1, bias=False))
+            self.lins.append(nn.Conv2d(self.convs[i].out_channels, 1, 1, bias=False))
 
         expected = {f"{prefix}/Conv_{i}/{p}" for i in range(len(self.convs)) for p in ("kernel", "bias")}
         expected |= {f"NetLinLayer_{i}/Conv_0/kernel" for i in range(len(self.lins))}
