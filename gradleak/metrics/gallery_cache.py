@@ -5,9 +5,10 @@ A study's gallery is the same examples in every process and run. Their LPIPS uni
 and each image's weighted norms per layer (the |b|²_w of `distance_matrix.lpips_matrix`) are
 kept in the user cache (`gradleak.data.sources.cache_dir`, folder `lpips-gallery`) as one
 safetensors file per gallery and backbone. The file's name is a digest of everything its
-contents follow from: the gallery's bytes and shape, the backbone's weights, the torch
-version that computed them and FORMAT (raised whenever the feature computation changes), so a
-changed gallery, other weights or another torch never read stale features. A damaged or
+contents follow from: the gallery's bytes and shape, the backbone's weights file (its path,
+size and modification time), the torch version that computed them and FORMAT (raised
+whenever the feature computation changes), so a changed gallery, other weights or another
+torch never read stale features. A damaged or
 foreign file is computed again and rewritten; a read-only or full cache only costs the
 computation next time.
 """
@@ -29,15 +30,13 @@ KEPT_BYTES = 512 * 2 ** 20
 
 @functools.lru_cache(maxsize=None)
 def weights_digest(backbone: str) -> str:
-    """Digest of the LPIPS module's weights and constants for `backbone` (once per process)."""
-    from .lpips import load_lpips
+    """What identifies the LPIPS weights of `backbone`: their file's path, size and modification
+    time (a stat; hashing the 10 MB of AlexNet weights would cost a tenth of a judging)."""
+    from .lpips import _weights_path
 
-    digest = hashlib.sha256()
-    for name, tensor in load_lpips(backbone).state_dict().items():  # type: ignore[arg-type]
-        t = tensor.detach().cpu().contiguous()
-        digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        digest.update(t.numpy().tobytes())
-    return digest.hexdigest()
+    path = _weights_path(backbone)
+    stat = path.stat()
+    return hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
 
 
 def kept_path(inputs: torch.Tensor, backbone: str) -> Path:
