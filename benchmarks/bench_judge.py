@@ -1,13 +1,24 @@
 """Re-identification's judge: its speed beside the attack, and the calibration of its bars.
 
-Speed (`python -m benchmarks judge`; `python -m benchmarks.bench_judge cli [ROOT]` for the
-CLI command alone in a fresh process, ROOT a checkout to time another version, e.g. one
-before the batched judge): the CLI's run of MKOR on MNIST, LeNet-5, batch 100,
-malicious server, one thread, with its 1,000-example gallery: the seconds spent judging
-(everything re-identification adds: the gallery's cached SSIM moments and LPIPS features,
-then every reconstruction against the gallery) apart from the rest of the run (the
-attack, with its own scoring). `gallery_load_seconds` (reading the gallery's split) is
-data loading, shown apart.
+Speed (`python -m benchmarks judge`; `python -m benchmarks.bench_judge cli [ROOT] [RUNS]` for
+the CLI command alone, RUNS fresh processes, ROOT a checkout to time another version;
+`python -m benchmarks.bench_judge speed` for the in-process runs alone): MKOR on MNIST,
+LeNet-5, batch 100, malicious server, one thread, with its 1,000-example gallery, as
+`gradleak attack --dataset mnist --model lenet5 --attack mkor --threat malicious
+--batch-size 100 --json` runs it. Reported as the run's JSON reports them: `seconds` (the
+run, from the scenario's start: the gallery's reading, the client's update, the attack and
+its judging), `attack_seconds` and `judge_seconds` (everything the auditor adds to score the
+attack's output: matching, per-image scores, re-identification among the gallery), and
+`judge_share` = judge_seconds / seconds, the goal's measure (under 1/4). Beside them:
+`reid_seconds` (the re-identification part of judging), `gallery_load_seconds` (reading the
+gallery's split, part of `seconds` but not of judging) and, for the CLI, the wall seconds of
+the whole command (interpreter and imports included).
+
+In process (`speed`), three runs: `nothing_kept` (the gallery's LPIPS features computed, as
+the first run of a study on a machine does; the user cache pointed at an empty folder),
+`kept_on_disk` (a new Gallery whose features a former process kept: what a fresh CLI
+process does) and `same_gallery` (the Gallery judged before: the later runs of a study in one
+process).
 
 Calibration (`python -m benchmarks.bench_judge calibrate [--quick]`, also part of the
 benchmark's run): degraded copies of 100 originals (40 with --quick) judged against
@@ -33,6 +44,10 @@ import time
 
 import torch
 
+# the judges re-identification calls, by module (older checkouts lack the candidate-set one)
+REID_JUDGES = (("gradleak.metrics.scoring", "judge"), ("gradleak.metrics.scoring", "gallery_ranks"),
+               ("gradleak.metrics.candidate_set", "judge_candidates"))
+
 
 def _timed(module, name: str, spent: list[float]):
     original = getattr(module, name)
@@ -48,38 +63,74 @@ def _timed(module, name: str, spent: list[float]):
     return original
 
 
+def _time_reid(spent: list[float]) -> list:
+    """Wrap every re-identification judge present with a timer; the (module, name, original)
+    to put back."""
+    import importlib
+
+    wrapped = []
+    for module_name, name in REID_JUDGES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        if hasattr(module, name):
+            wrapped.append((module, name, _timed(module, name, spent)))
+    return wrapped
+
+
+def _run_split(result_json: dict, reid: float) -> dict:
+    seconds, judge = result_json["seconds"], result_json.get("judge_seconds")
+    return {"seconds": round(seconds, 3), "attack_seconds": result_json.get("attack_seconds"),
+            "judge_seconds": judge, "reid_seconds": round(reid, 3),
+            "judge_share": round(judge / seconds, 3) if judge is not None else None}
+
+
 def speed(batch_size: int = 100) -> dict:
-    """Seconds of one MKOR run on MNIST (as `gradleak attack --dataset mnist --model lenet5
-    --attack mkor --threat malicious --batch-size 100`), split into judging and the rest."""
+    """One MKOR run on MNIST per way the gallery's features are found (module docstring), in
+    this process, split as the run's JSON splits it."""
+    import os
+    import tempfile
+
     from gradleak.experiment import AttackRunSpec, gallery_for, run_scenario, scenario_data, scenario_model
-    from gradleak.metrics import scoring
+    from gradleak.metrics.reidentify import Gallery
 
     torch.set_num_threads(1)
     spec = AttackRunSpec(dataset="mnist", model="lenet5", attack="mkor", threat="malicious", batch_size=batch_size)
     data = scenario_data(spec)
     model = scenario_model(spec, data)
     start = time.perf_counter()
-    gallery = gallery_for(spec.dataset, spec.split, spec.resize, data, torch.arange(0))
+    loaded = gallery_for(spec.dataset, spec.split, spec.resize, data, torch.arange(0))
     load = time.perf_counter() - start
     spent: list[float] = []
-    original = _timed(scoring, "judge", spent)
+    wrapped = _time_reid(spent)
+    out = {}
     try:
-        out = {}
-        for name in ("cold", "warm"):  # cold: the gallery's moments and features are computed in this run
-            spent.clear()
-            start = time.perf_counter()
-            result = run_scenario(spec, model, data, gallery=gallery)
-            total = time.perf_counter() - start
-            judging = sum(spent)
-            out[name] = {"run_seconds": round(total, 3), "judge_seconds": round(judging, 3),
-                         "attack_seconds": round(total - judging, 3),
-                         "judge_share": round(judging / total, 3)}
+        with tempfile.TemporaryDirectory() as empty:
+            kept = os.environ.get("GRADLEAK_CACHE")
+            for name in ("nothing_kept", "kept_on_disk", "same_gallery"):
+                if name == "nothing_kept":
+                    os.environ["GRADLEAK_CACHE"] = empty
+                elif kept is None:
+                    os.environ.pop("GRADLEAK_CACHE", None)
+                else:
+                    os.environ["GRADLEAK_CACHE"] = kept
+                gallery = loaded if name == "same_gallery" else Gallery(loaded.inputs.clone(), loaded.source)
+                if name == "kept_on_disk":  # the features a former process kept (written here if none were)
+                    run_scenario(spec, model, data, gallery=Gallery(loaded.inputs, loaded.source))
+                    gallery = Gallery(loaded.inputs.clone(), loaded.source)
+                if name == "same_gallery":
+                    run_scenario(spec, model, data, gallery=gallery)
+                spent.clear()
+                result = run_scenario(spec, model, data, gallery=gallery)
+                out[name] = _run_split(result.to_json(), sum(spent))
     finally:
-        scoring.judge = original
+        for module, name, original in wrapped:
+            setattr(module, name, original)
     metrics = result.metrics
-    return {**out, "gallery_load_seconds": round(load, 3), "gallery": len(gallery), "batch_size": batch_size,
+    return {**out, "gallery_load_seconds": round(load, 3), "gallery": len(loaded), "batch_size": batch_size,
             "reid": metrics.get("reid"), "linkage": metrics.get("linkage"),
-            "recognizable": metrics.get("recognizable"), "ssim": metrics.get("ssim"),
+            "recognizable": metrics.get("recognizable"), "ssim": metrics.get("ssim"), "lpips": metrics.get("lpips"),
             "threads": torch.get_num_threads()}
 
 
@@ -280,27 +331,32 @@ CLI_ARGS = ["attack", "--dataset", "mnist", "--model", "lenet5", "--attack", "mk
             "--batch-size", "100", "--json"]
 
 
-def cli(root: str | None = None) -> dict:
-    """The CLI command in a fresh process on one thread: its wall seconds (interpreter and
-    imports included) and, inside it, the seconds spent reading the gallery and judging.
-    `root`: the checkout whose gradleak runs (default: this one), to time another version."""
+def cli(root: str | None = None, runs: int = 3) -> dict:
+    """The CLI command in `runs` fresh processes on one thread: per run its wall seconds
+    (interpreter and imports included) and the run's JSON split (module docstring), then the
+    range of each over the runs. `root`: the checkout whose gradleak runs (default: this one)."""
     import os
     import subprocess
     from pathlib import Path
 
     root = root or str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "cli-child", *CLI_ARGS], capture_output=True, text=True,
-                          env=env, cwd=root, timeout=1800)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-2000:])
-    inside = json.loads(proc.stderr.strip().splitlines()[-1])
-    judging = inside["judge_seconds"] + inside["gallery_load_seconds"]
-    return {"root": root, "wall_seconds": round(wall, 3), **inside,
-            "judge_share_of_wall": round(judging / wall, 3),
-            "judge_share_of_run": round(judging / inside["run_seconds"], 3)}
+    each = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, __file__, "cli-child", *CLI_ARGS], capture_output=True, text=True,
+                              env=env, cwd=root, timeout=1800)
+        wall = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr[-2000:])
+        inside = json.loads(proc.stderr.strip().splitlines()[-1])
+        judge = inside["judge_seconds"]
+        each.append({"wall_seconds": round(wall, 3), **inside,
+                     "judge_share_of_wall": round(judge / wall, 3) if judge is not None else None})
+    keys = [k for k, v in each[0].items() if isinstance(v, float) and k not in ("reid", "linkage", "recognizable")]
+    ranges = {k: [min(r[k] for r in each), max(r[k] for r in each)] for k in keys
+              if all(isinstance(r.get(k), float) for r in each)}
+    return {"root": root, "runs": each, "ranges": ranges}
 
 
 def _cli_child(argv: list[str]) -> None:
@@ -309,22 +365,20 @@ def _cli_child(argv: list[str]) -> None:
 
     import gradleak.experiment as experiment
     from gradleak.cli import main
-    from gradleak.metrics import scoring
 
     torch.set_num_threads(1)
-    judged: list[float] = []
+    reid: list[float] = []
     loaded: list[float] = []
-    _timed(scoring, "judge" if hasattr(scoring, "judge") else "gallery_ranks", judged)
+    _time_reid(reid)
     _timed(experiment, "gallery_for", loaded)
     out = io.StringIO()
-    start = time.perf_counter()
     with contextlib.redirect_stdout(out):
         rc = main(argv)
-    metrics = json.loads(out.getvalue())["metrics"] if rc == 0 else {}
-    print(json.dumps({"run_seconds": round(time.perf_counter() - start, 3), "judge_seconds": round(sum(judged), 3),
-                      "gallery_load_seconds": round(sum(loaded), 3), "reid": metrics.get("reid"),
-                      "linkage": metrics.get("linkage"), "recognizable": metrics.get("recognizable")}),
-          file=sys.stderr)
+    result = json.loads(out.getvalue()) if rc == 0 else {}
+    metrics = result.get("metrics", {})
+    print(json.dumps({**_run_split(result, sum(reid)), "gallery_load_seconds": round(sum(loaded), 3),
+                      "reid": metrics.get("reid"), "linkage": metrics.get("linkage"),
+                      "recognizable": metrics.get("recognizable")}), file=sys.stderr)
 
 
 def run(quick: bool) -> dict:
@@ -336,7 +390,9 @@ if __name__ == "__main__":
     if args and args[0] == "calibrate":
         print(json.dumps(calibrate("--quick" in args), indent=2))
     elif args and args[0] == "cli":
-        print(json.dumps(cli(args[1] if len(args) > 1 else None), indent=2))
+        print(json.dumps(cli(args[1] if len(args) > 1 else None, int(args[2]) if len(args) > 2 else 3), indent=2))
+    elif args and args[0] == "speed":
+        print(json.dumps(speed(), indent=2))
     elif args and args[0] == "cli-child":
         _cli_child(args[1:])
     else:

@@ -14,18 +14,31 @@ from __future__ import annotations
 
 import torch
 
-from .distance_matrix import l2_matrix, lpips_matrix, lpips_norms
+from .distance_matrix import REFINE_MARGIN, l2_matrix, lpips_matrix, lpips_norms
 from .reidentify import (
     Distance,
     Gallery,
     Judgement,
     _batch_features,
     _duplicates,
+    _gallery_features,
     _matrix,
+    _reference_distances,
     gallery_scale,
     linkage_distances,
     rank_and_auc,
 )
+
+
+def distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each distinct row of `rows` (compared whole, by value) first occurs, and for each
+    row the position of its distinct row in that list: rows[first][inverse] equals rows."""
+    if not len(rows):
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    _, inverse = torch.unique(rows.flatten(1), dim=0, return_inverse=True)
+    positions = torch.arange(len(rows))
+    first = torch.full((int(inverse.max()) + 1,), len(rows)).scatter_reduce_(0, inverse, positions, "amin")
+    return first, inverse
 
 
 def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery: Gallery,
@@ -52,6 +65,11 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
     if not len(candidates) or not n:
         return Judgement([{d: size for d in wanted} for _ in range(n)], [size] * n, [0.5] * n,
                          [{d: 0.5 for d in linkage} for _ in range(n)])
+    first, _ = distinct_rows(candidates)
+    if len(first) < len(candidates):  # identical candidates are at the same distance from everything
+        candidates = candidates[first]
+        if lpips_features is not None:
+            lpips_features = [f[first] for f in lpips_features[0]], lpips_features[1]
     counted = ~_duplicates(originals, gallery.inputs.to(originals.dtype).cpu())
     batch = Gallery(originals, "the attacked batch")
     ranks: list[dict[str, int]] = [{} for _ in range(n)]
@@ -73,8 +91,8 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
                                        lpips_norms(model, theirs))
         else:
             to_batch, _ = _matrix(candidates, candidates, batch, distance, backbone, pad_token)
-        nearest_gallery = to_gallery.min(0).values  # (G,)
-        nearest_original = to_batch.min(0).values  # (n,)
+        nearest_gallery, nearest_original = _exact_nearest(candidates, originals, gallery, distance, backbone,
+                                                           to_gallery, to_batch, lpips_features)
         closer, auc = rank_and_auc(nearest_gallery[None].expand(n, -1), nearest_original, counted)
         for i in range(n):
             ranks[i][distance] = int(closer[i])
@@ -82,3 +100,45 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
                 aucs[i][distance] = float(auc[i])
     return Judgement(ranks, [min(r[d] for d in distances) for r in ranks],
                      [sum(a.values()) / len(a) if a else 0.5 for a in aucs], aucs)
+
+
+def _exact_nearest(candidates, originals, gallery: Gallery, distance: str, backbone: str, to_gallery: torch.Tensor,
+                   to_batch: torch.Tensor, features) -> tuple[torch.Tensor, torch.Tensor]:
+    """The nearest candidate's distance to each gallery example (G,) and to each original (n,),
+    from the fast distances, recomputed by the per-pair reference (as `reidentify._refine`
+    does) where a gallery example's lies within REFINE_MARGIN of an original's: there the
+    fast distances cannot order them, so ranks and ties would not be the definition's."""
+    nearest_gallery, nearest_original = to_gallery.min(0).values, to_batch.min(0).values
+    if distance in ("tokens", "l2z"):  # already exact: computed as the reference computes them
+        return nearest_gallery, nearest_original
+    margin = REFINE_MARGIN * nearest_original.abs().clamp_min(1)
+    close = (nearest_gallery[None] - nearest_original[:, None]).abs() <= margin[:, None]  # (n, G)
+    if not bool(close.any()):
+        return nearest_gallery, nearest_original
+    nearest_gallery, nearest_original = nearest_gallery.clone(), nearest_original.clone()
+    model = None
+    if distance == "lpips":
+        from .lpips import load_lpips
+
+        model = load_lpips(backbone)  # type: ignore[arg-type]
+        gallery_features = _gallery_features(gallery, backbone)
+
+    def exact_min(fast: torch.Tensor, other: torch.Tensor, other_features) -> torch.Tensor:
+        """The exact nearest of the candidates to one image: only those whose fast distance lies
+        within the margin of the fast nearest can be it."""
+        rows = (fast <= fast.min() + REFINE_MARGIN * float(fast.min().abs().clamp_min(1))).nonzero().flatten()
+        if model is not None:
+            with torch.no_grad():
+                exact = [model.feature_distance([f[r:r + 1] for f in features[0]], other_features)[0]
+                         for r in rows.tolist()]
+        else:
+            exact = [_reference_distances(candidates[r], other[None], distance, backbone)[0] for r in rows.tolist()]
+        return torch.stack(exact).min().to(fast.dtype)
+
+    for g in close.any(0).nonzero().flatten().tolist():
+        theirs = None if model is None else [f[g:g + 1] for f in gallery_features]
+        nearest_gallery[g] = exact_min(to_gallery[:, g], gallery.inputs[g].float(), theirs)
+    for i in close.any(1).nonzero().flatten().tolist():
+        theirs = None if model is None else [f[i:i + 1] for f in features[1]]
+        nearest_original[i] = exact_min(to_batch[:, i], originals[i], theirs)
+    return nearest_gallery, nearest_original

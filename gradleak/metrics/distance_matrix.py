@@ -20,6 +20,8 @@ by the per-pair reference, every pair whose fast distance lies within
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 # Pairs whose fast distance lies closer than this (relative to the larger of 1 and the
@@ -49,6 +51,7 @@ def _band(side: int, window: torch.Tensor) -> torch.Tensor:
     return band
 
 
+@functools.lru_cache(maxsize=16)  # read only by _filter; built from a Python loop
 def ssim_filters(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """(H, H') and (W, W') matrices of image.ssim's Gaussian window for (C, H, W) images."""
     from pytorch_msssim.ssim import _fspecial_gauss_1d

@@ -157,7 +157,8 @@ class LPIPS(nn.Module):
                 self.pool_after[-1] = True
                 continue
             out_ch, k, stride, pad = item if backbone == "alex" else (item, 3, 1, 1)
-            conv = nn.Conv2d(in_ch, out_ch, k, stride=stride, padding=pad)
+            # on the meta device: no random initialisation, every weight is read below
+            conv = nn.Conv2d(in_ch, out_ch, k, stride=stride, padding=pad, device="meta")
             self.convs.append(conv)
             self.pool_after.append(False)
             in_ch = out_ch
@@ -166,7 +167,7 @@ class LPIPS(nn.Module):
 
         self.lins = nn.ModuleList()
         for i in self.taps:
-            self.lins.append(nn.Conv2d(self.convs[i].out_channels, 1, 1, bias=False))
+            self.lins.append(nn.Conv2d(self.convs[i].out_channels, 1, 1, bias=False, device="meta"))
 
         expected = {f"{prefix}/Conv_{i}/{p}" for i in range(len(self.convs)) for p in ("kernel", "bias")}
         expected |= {f"NetLinLayer_{i}/Conv_0/kernel" for i in range(len(self.lins))}
@@ -178,13 +179,13 @@ class LPIPS(nn.Module):
                 expected = (conv.kernel_size[0], conv.kernel_size[1], conv.in_channels, conv.out_channels)
                 if tuple(kernel.shape) != expected:
                     raise GradleakError(f"LPIPS weights for {backbone!r}: Conv_{i} has shape {kernel.shape}")
-                conv.weight.copy_(_conv_weight(kernel))
-                conv.bias.copy_(torch.from_numpy(params[f"{prefix}/Conv_{i}/bias"]))
+                conv.weight = nn.Parameter(_conv_weight(kernel).to(torch.float32))
+                conv.bias = nn.Parameter(torch.tensor(params[f"{prefix}/Conv_{i}/bias"], dtype=torch.float32))
             for j, lin in enumerate(self.lins):
                 kernel = params[f"NetLinLayer_{j}/Conv_0/kernel"]
                 if tuple(kernel.shape) != (1, 1, lin.in_channels, 1):
                     raise GradleakError(f"LPIPS weights for {backbone!r}: NetLinLayer_{j} has shape {kernel.shape}")
-                lin.weight.copy_(_conv_weight(kernel))
+                lin.weight = nn.Parameter(_conv_weight(kernel).to(torch.float32))
 
         for p in self.parameters():
             p.requires_grad_(False)

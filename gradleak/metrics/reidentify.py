@@ -39,19 +39,17 @@ All reconstructions of a batch are judged against the gallery at once
 (gradleak.metrics.distance_matrix: SSIM and LPIPS as matrix products, the gallery's filtered
 moments and features computed once per Gallery); pairs whose fast distance lies within
 float32 rounding of the original's are recomputed pair by pair (`_refine`), so ranks and
-ties are those of the per-pair definition.
-
-Over 400 lines: the judge, its distance matrices and the kept gallery features are one
-computation with shared private helpers.
+ties are those of the per-pair definition. A gallery's LPIPS features are kept on disk
+between processes (gradleak.metrics.gallery_cache).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 
+from . import gallery_cache
 from .distance_matrix import (
     REFINE_MARGIN,
     SSIM_CACHE_FLOATS,
@@ -242,11 +240,9 @@ def _matrix(recons, originals, gallery: Gallery, distance: str, backbone: str, p
 
     model = load_lpips(backbone)  # type: ignore[arg-type]
     with torch.no_grad():
-        others = _gallery_features(gallery, backbone)
-        if ("lpips norms", backbone) not in gallery._features:
-            gallery._features[("lpips norms", backbone)] = lpips_norms(model, others)
+        others, norms = _gallery_lpips(gallery, backbone)
         mine, theirs = features if features is not None else _batch_features(recons, originals, backbone, None, [])
-        return lpips_matrix(model, mine, theirs, others, gallery._features[("lpips norms", backbone)])
+        return lpips_matrix(model, mine, theirs, others, norms)
 
 
 def gallery_scale(gallery: Gallery) -> torch.Tensor:
@@ -263,63 +259,25 @@ def unit_features(model, images: torch.Tensor) -> list[torch.Tensor]:
 
 
 def _gallery_features(gallery: Gallery, backbone: str) -> list[torch.Tensor]:
+    return _gallery_lpips(gallery, backbone)[0]
+
+
+def _gallery_lpips(gallery: Gallery, backbone: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The gallery's LPIPS unit features and their `lpips_norms`, per layer: computed once per
+    gallery, kept on the Gallery for the process and on disk for later ones (gallery_cache)."""
     from .lpips import load_lpips
 
     key = ("lpips", backbone)
     if key not in gallery._features:  # computed once per gallery, then reused by every attack
-        kept = _kept_features(gallery, backbone)
-        if kept is not None:
-            gallery._features[key] = kept
-        else:
+        kept = gallery_cache.read_kept(gallery.inputs, backbone)
+        if kept is None:
+            model = load_lpips(backbone)  # type: ignore[arg-type]
             with torch.no_grad():
-                gallery._features[key] = unit_features(load_lpips(backbone), gallery.inputs)  # type: ignore[arg-type]
-            _keep_features(gallery, backbone, gallery._features[key])
+                features = unit_features(model, gallery.inputs)
+                kept = features, lpips_norms(model, features)
+            gallery_cache.keep(gallery.inputs, backbone, *kept)
+        gallery._features[key] = kept
     return gallery._features[key]
-
-
-# A study's gallery is the same 1,000 examples in every process and run: their LPIPS features
-# are kept on disk (the user cache, keyed by the gallery's bytes) up to this size, so a run's
-# judging pays for its reconstructions, not for the gallery again.
-KEPT_FEATURES_BYTES = 512 * 2 ** 20
-_FEATURES_VERSION = 1
-
-
-def _features_path(gallery: Gallery, backbone: str):
-    import hashlib
-
-    from ..data.sources import cache_dir
-
-    inputs = gallery.inputs.detach().float().cpu().contiguous()
-    digest = hashlib.sha256(f"{_FEATURES_VERSION}:{backbone}:{tuple(inputs.shape)}".encode())
-    digest.update(inputs.numpy().tobytes())
-    return cache_dir() / "lpips-gallery" / f"{digest.hexdigest()[:32]}.pt"
-
-
-def _kept_features(gallery: Gallery, backbone: str) -> list[torch.Tensor] | None:
-    path = _features_path(gallery, backbone)
-    if not path.is_file():
-        return None
-    try:
-        layers = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # damaged or foreign: computed again and rewritten
-        return None
-    if not isinstance(layers, list) or not all(isinstance(t, torch.Tensor) and len(t) == len(gallery)
-                                               for t in layers):
-        return None
-    return layers
-
-
-def _keep_features(gallery: Gallery, backbone: str, layers: list[torch.Tensor]) -> None:
-    if sum(t.numel() * t.element_size() for t in layers) > KEPT_FEATURES_BYTES:
-        return
-    path = _features_path(gallery, backbone)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        torch.save([t.contiguous() for t in layers], tmp)
-        os.replace(tmp, path)
-    except OSError:  # a read-only or full cache: the features are simply computed next time
-        pass
 
 
 def _refine(recons, originals, gallery: Gallery, distance: str, backbone: str,

@@ -150,10 +150,14 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
                 model = load_lpips(lpips)
                 with torch.no_grad():
                     # each image's features once: every candidate's (the candidate-set judge
-                    # compares all of them), then the matched ones picked out
-                    candidate_features = unit_features(model, candidates)
-                    picked = torch.tensor([assignment[i] for i in matched], dtype=torch.long)
-                    features = [f[picked] for f in candidate_features], unit_features(model, x)
+                    # compares all of them; identical ones, as a malicious attack's repeated
+                    # bins are, computed once), then the matched ones picked out
+                    from .candidate_set import distinct_rows
+
+                    first, inverse = distinct_rows(candidates)
+                    distinct_features = unit_features(model, candidates[first])
+                    picked = inverse[torch.tensor([assignment[i] for i in matched], dtype=torch.long)]
+                    features = [f[picked] for f in distinct_features], unit_features(model, x)
                     per["lpips"] = model.feature_distance(*features)
     scores = []
     for i in range(originals.shape[0]):
@@ -183,10 +187,11 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
         if len(candidates) > 1:  # matched with the ground truth: the gallery gets the same choice
             from .candidate_set import judge_candidates
 
-            verdict = judge_candidates(originals[matched], candidates, gallery, distances,
-                                       backbone=lpips if lpips != "none" else "alex",
+            # with LPIPS, the distinct candidates with their features (the judge needs no others)
+            verdict = judge_candidates(originals[matched], candidates if features is None else candidates[first],
+                                       gallery, distances, backbone=lpips if lpips != "none" else "alex",
                                        lpips_features=None if features is None else
-                                       (candidate_features, features[1]))
+                                       (distinct_features, features[1]))
         else:
             verdict = judge(originals[matched], aligned[matched], gallery, distances,
                             backbone=lpips if lpips != "none" else "alex", lpips_features=features)

@@ -200,3 +200,35 @@ def test_candidates_matched_with_the_ground_truth_link_at_chance(mnist_test):
     # 64 examples in 16 batches: the batch's four share their gallery side, so the mean wanders
     # more than 64 independent ones would (another draw of 60 each: 0.45 at 4 candidates, 0.51 at 40)
     assert 0.4 < sum(links) / len(links) < 0.6
+
+
+def test_near_ties_of_the_candidate_set_judge_are_recomputed_pair_by_pair(monkeypatch):
+    """A gallery example that mirrors an original ties with it under SSIM when the nearest
+    candidate is mirror-symmetric: the candidate-set judge recomputes such nearest distances per
+    pair, so ranks and the tie's half in the AUC are the per-pair definition's."""
+    from gradleak.metrics import candidate_set
+    from gradleak.metrics.image import ssim
+
+    recomputed = []
+    per_pair = candidate_set._reference_distances
+    monkeypatch.setattr(candidate_set, "_reference_distances", lambda *a: recomputed.append(a[2]) or per_pair(*a))
+    g = torch.Generator().manual_seed(4)
+    originals, others = torch.rand(3, 1, 28, 28, generator=g), torch.rand(30, 1, 28, 28, generator=g)
+    noise = torch.rand(4, 1, 28, 28, generator=g)
+    candidates = (noise + noise.flip(-1)) / 2  # mirror-symmetric
+    candidates[0] = (originals[0] + originals[0].flip(-1)) / 2  # the nearest to originals[0] and its mirror
+    others[0] = originals[0].flip(-1)
+    gallery = Gallery(others, "random")
+    verdict = candidate_set.judge_candidates(originals, candidates, gallery, ("ssim",))
+    assert "ssim" in recomputed
+
+    def nearest(image):
+        return min(float(1 - ssim(c[None].clamp(0, 1), image[None])) for c in candidates)
+
+    to_gallery = [nearest(o) for o in others]
+    for k, original in enumerate(originals):
+        mine = nearest(original)
+        assert verdict.ranks[k]["ssim"] == sum(d <= mine for d in to_gallery)
+        farther, tied = sum(d > mine for d in to_gallery), sum(d == mine for d in to_gallery)
+        assert verdict.aucs[k]["ssim"] == pytest.approx((farther + tied / 2) / len(others), abs=1e-12)
+    assert verdict.ranks[0]["ssim"] >= 1  # the mirror ties with the original
