@@ -1,13 +1,16 @@
 """What the optimisation engine (`engine`) optimises, and the inputs it stands for:
 the pixels themselves, a low-dimensional latent code with its decoder (ROG), or
-the weights of an untrained generator (a deep image prior); and the labels, fixed
-or optimised with the inputs (DLG's soft labels)."""
+the weights of an untrained generator (a deep image prior), or the input embeddings
+of a token sequence (TAG, LAMP); and the labels, fixed, optimised with the inputs
+(DLG's soft labels) or guessed from the candidate as it goes (a language model's next
+tokens)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -86,6 +89,33 @@ class Network(Candidate):
         return self.generator(self.noise)
 
 
+class Embeddings(Candidate):
+    """Input embeddings of token sequences (B × T × width), fed to a text model past its token
+    lookup (TAG, LAMP): the tokens are unknown, so their continuous embeddings are optimised,
+    and `tokens()` maps each position to the token whose embedding is nearest by cosine among
+    `ids` (default: every row of `table`, the token-embedding rows they may map to)."""
+
+    def __init__(self, start: torch.Tensor, table: torch.Tensor, ids: torch.Tensor | None = None):
+        self.x = start.detach().clone().requires_grad_(True)
+        self.ids = torch.arange(len(table), device=table.device) if ids is None else ids
+        self.unit = F.normalize(table.detach(), dim=-1)
+
+    def variables(self) -> list[torch.Tensor]:
+        return [self.x]
+
+    def inputs(self) -> torch.Tensor:
+        return self.x
+
+    def tokens(self) -> torch.Tensor:
+        return nearest_tokens(self.x, self.unit, self.ids)
+
+
+def nearest_tokens(embeddings: torch.Tensor, unit_table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """At every position, the id of the row of `unit_table` (unit-norm token embeddings, one
+    per id) nearest by cosine."""
+    return ids[(F.normalize(embeddings.detach(), dim=-1) @ unit_table.T).argmax(dim=-1)]
+
+
 class FixedLabels:
     """Labels known or recovered before the optimisation."""
 
@@ -100,6 +130,19 @@ class FixedLabels:
 
     def hard(self) -> torch.Tensor:
         return self.labels
+
+
+class GuessedLabels(FixedLabels):
+    """Labels the server does not know, guessed from the candidate: `guess(candidate)` on the
+    starting candidate, then again at each `update` (an engine `Hook`, every few steps). A
+    causal language model's labels are the next tokens of its inputs (TAG, LAMP)."""
+
+    def __init__(self, guess: Callable[[Candidate], torch.Tensor], start: Candidate):
+        self.guess = guess
+        self.labels = guess(start)
+
+    def update(self, candidate: Candidate, iteration: int = 0) -> None:
+        self.labels = self.guess(candidate)
 
 
 class SoftLabels(FixedLabels):

@@ -6,15 +6,19 @@ An attack is a configuration of it (the design of breaching, Geiping et al.):
   inputs themselves, optionally kept in [0, 1]), `Latent` (a low-dimensional code
   and a decoder, ROG), `Network` (the weights of an untrained generator, a deep
   image prior); labels are fixed (`FixedLabels`) or optimised with the inputs
-  (`SoftLabels`, DLG);
+  (`SoftLabels`, DLG); `Embeddings` (input embeddings of a token sequence, TAG and LAMP)
+  with labels guessed from the candidate as it goes (`GuessedLabels`);
 - an **objective**: `Matching` — the distance between the update the client would
   send for the candidate and the observed one (L2, cosine, weighted or per-layer
   cosine, or an attack's own, e.g. ROG's sign matching);
 - **priors** added to it with their weights: `TotalVariation`, `BNStatistics`,
-  `L2Norm`, `GroupConsistency`, `LabelConfidence`, or an attack's own `Prior`
-  (feature matching);
+  `L2Norm`, `GroupConsistency`, `LabelConfidence`, `EmbeddingNorm` (LAMP), or an
+  attack's own `Prior` (feature matching);
 - an **optimizer and schedule** (`Optimizer`): signed Adam, Adam, SGD or L-BFGS;
-  step decay, cosine annealing or constant;
+  step decay, cosine annealing, exponential decay or constant;
+- **hooks** (`Hook`): every N iterations, a call on the candidate between steps — labels
+  guessed from it (TAG's next tokens), discrete moves of its variables (LAMP's
+  rearrangements);
 - **restarts** (one after another, or optimised jointly as a group) and how the
   result is chosen: the restart whose update matches best, or the registered
   mean of those that match almost as well;
@@ -45,7 +49,7 @@ from .objectives import GroupConsistency, Matching, Prior, Seen
 
 Tensors = Mapping[str, torch.Tensor]
 OptimizerKind = Literal["signed-adam", "adam", "sgd", "lbfgs"]
-ScheduleKind = Literal["step", "cosine", "constant"]
+ScheduleKind = Literal["step", "cosine", "exponential", "constant"]
 
 
 @dataclass
@@ -58,7 +62,7 @@ class Optimizer:
     kind: OptimizerKind = "signed-adam"
     lr: float = 0.1
     schedule: ScheduleKind = "constant"
-    final_lr: float = 0.1  # cosine: anneal to lr × final_lr
+    final_lr: float = 0.1  # cosine: anneal to lr × final_lr; exponential: decay to it at the last step
     inner: int = 20
     history: int = 100
     line_search: bool = False
@@ -77,9 +81,12 @@ class Optimizer:
                      ) -> torch.optim.lr_scheduler.LRScheduler | None:
         """This schedule over `iterations` steps of `optimizer`, from its initial lr; with
         `done` > 0, the rest of the schedule of a run of `done + iterations` steps from step
-        `done` on (a resumed run continues as if its longer budget had been planned)."""
+        `done` on (a resumed run continues as if its longer budget had been planned; an
+        exponential decay stays at the rate it reached, lr × final_lr, as LAMP's does)."""
         if done:
             total = done + iterations
+            if self.schedule == "exponential":
+                return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: self.final_lr)
             if self.schedule == "step":
                 factor = step_decay_lr(total)
             elif self.schedule == "cosine":
@@ -92,6 +99,9 @@ class Optimizer:
         if self.schedule == "cosine":
             return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, iterations,
                                                               eta_min=self.lr * self.final_lr)
+        if self.schedule == "exponential":
+            last = max(1, iterations - 1)
+            return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: self.final_lr ** (min(it, last) / last))
         return None
 
 
@@ -99,6 +109,21 @@ def step_decay_lr(iterations: int) -> Callable[[int], float]:
     """×0.1 at 3/8, 5/8 and 7/8 of the run (Geiping et al.)."""
     milestones = [int(iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
     return lambda it: 0.1 ** sum(it >= m for m in milestones)
+
+
+@dataclass
+class Hook:
+    """`call(candidate, iteration)` before the step of every `every`-th iteration from `start`
+    on (iterations counted over the whole run, resumed segments included), without gradient
+    tracking: it may replace what the candidate stands for in place (LAMP's rearrangements)
+    or read it (labels guessed from it, TAG's next tokens). Hooks run in their order."""
+
+    every: int
+    call: Callable[[Candidate, int], None]
+    start: int = 0
+
+    def due(self, iteration: int) -> bool:
+        return iteration >= self.start and (iteration - self.start) % self.every == 0
 
 
 @dataclass
@@ -148,6 +173,7 @@ class Engine:
     candidates: Callable[[int], Candidate]
     optimizer: Optimizer = field(default_factory=Optimizer)
     priors: Sequence[Prior] = ()
+    hooks: Sequence[Hook] = ()
     iterations: int = 1000
     restarts: int = 1
     joint: bool = False
@@ -249,6 +275,12 @@ class Engine:
             return total_loss
 
         for it in range(iterations):
+            due = [hook for hook in self.hooks if hook.due(offset + it)]
+            if due:
+                with torch.no_grad():
+                    for hook in due:
+                        for candidate in active:
+                            hook.call(candidate, offset + it)
             if lbfgs:
                 optimizer.step(closure)
                 steps = it + 1

@@ -1,8 +1,9 @@
 """The objective of the optimisation engine (`engine`): the matching distance
 between the simulated and the observed update, and the priors added to it with
 their weights — total variation, the batch-norm statistics prior, an l2 norm,
-group consistency of restarts, CPL's label confidence — or an attack's own
-`Prior` (e.g. feature-prior's feature matching)."""
+group consistency of restarts, CPL's label confidence, LAMP's embedding norm — or an
+attack's own `Prior` (e.g. feature-prior's feature matching, LAMP's bigram language
+prior)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -158,3 +159,15 @@ class LabelConfidence(Prior):
         logits = seen.forward(seen.x)
         onehot = torch.nn.functional.one_hot(seen.labels.long(), self.num_classes).to(logits)
         return (logits.softmax(-1) - onehot).pow(2).sum()
+
+
+@dataclass
+class EmbeddingNorm(Prior):
+    """(mean norm of the candidate's input embeddings / `reference` − 1)², `reference` the mean
+    norm of the model's token embeddings: keeps embeddings at the scale of real tokens' (LAMP)."""
+
+    weight: float = 0.0
+    reference: float | torch.Tensor = 1.0
+
+    def __call__(self, seen: Seen) -> torch.Tensor:
+        return (seen.x.norm(dim=-1).mean() / self.reference - 1).pow(2)

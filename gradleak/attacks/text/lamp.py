@@ -7,7 +7,9 @@ Adam on input embeddings (as TAG, gradleak.attacks.text.tag) against the gradien
 (`loss=cos`, LAMP_cos), plus `norm_weight` × (mean embedding norm / mean token-embedding norm −
 1)², which keeps the embeddings at the scale of real tokens; the learning rate decays
 exponentially to `lr_decay` × `lr` at the last step. The answer: the final embeddings'
-nearest tokens.
+nearest tokens. As TAG, a configuration of the optimisation engine (gradleak.attacks.engine):
+the norm term is its `EmbeddingNorm` prior, the decay its exponential schedule, and the
+discrete steps below a `Hook` every `discrete_every` steps.
 
 Discrete steps, every `discrete_every` steps (0, the default: none): for each sequence,
 `candidates` rearrangements of its positions (swap two, move one, move a span to another
@@ -31,8 +33,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, Literal
+from typing import Literal
 
 import torch
 
@@ -41,7 +44,10 @@ from ...data.text import VOCAB_SIZE
 from ...options import check
 from ...threat import Observation
 from ..base import AttackContext, Reconstruction
-from .tag import EmbeddingGradients, EmbeddingMatchingAttack, MatchingTrace, l2_l1_distance
+from ..engine.candidates import Embeddings
+from ..engine.engine import Hook, Optimizer, Tensors
+from ..engine.objectives import EmbeddingNorm, Prior, Seen
+from .tag import EmbeddingGradients, EmbeddingMatchingAttack, l2_l1_distance, text_reconstruction
 
 DISCOUNT = 0.75  # Kneser-Ney's usual absolute discount
 
@@ -83,12 +89,29 @@ def news_bigram_prior() -> BigramPrior:
     return BigramPrior(train.inputs.flatten(), train.labels.flatten(), VOCAB_SIZE)
 
 
-def cosine_distance(grads: list[torch.Tensor], target: list[torch.Tensor]) -> torch.Tensor:
+class BigramLanguage(Prior):
+    """`weight` × the sum of the sequences' log-perplexities under a bigram model, a prior on
+    token ids (B × T). It scores LAMP's discrete steps; it is no term of the continuous steps'
+    loss, which has no gradient through the nearest tokens."""
+
+    def __init__(self, weight: float, model: BigramPrior):
+        self.weight, self.model = weight, model
+
+    def per_sequence(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The weighted term of each sequence (B,)."""
+        return self.weight * self.model.negative_log_likelihood(tokens)
+
+    def __call__(self, seen: Seen) -> torch.Tensor:
+        return self.model.negative_log_likelihood(seen.x).sum()
+
+
+def cosine_distance(simulated: Tensors, target: Tensors) -> torch.Tensor:
     """1 − the mean over parameters of the cosine between simulated and observed gradients."""
-    total = grads[0].new_zeros(())
-    for g, t in zip(grads, target):
+    total = next(iter(target.values())).new_zeros(())
+    for name, t in target.items():
+        g = simulated[name]
         total = total + (g * t).sum() / (g.norm() * t.norm()).clamp_min(1e-12)
-    return 1 - total / len(grads)
+    return 1 - total / len(target)
 
 
 def rearrangement(length: int, generator: torch.Generator) -> torch.Tensor:
@@ -139,13 +162,13 @@ class LampOptions:
 
 class TokenScorer:
     """Scores discrete guesses (token ids, B × T): log of the gradient distance their own
-    token embeddings (or given continuous embeddings) produce + λ × the sum of the sequences'
-    log-perplexities under the prior (the log keeps λ meaningful for both distances, whose
-    scales differ by orders). The batch gradient is the mean of per-sequence gradients (the
-    loss is a mean over sequences of equal length), so changing one sequence costs one single-sequence gradient."""
+    token embeddings (or given continuous embeddings) produce + the `language` prior (the log
+    keeps its weight meaningful for both distances, whose scales differ by orders). The batch
+    gradient is the mean of per-sequence gradients (the loss is a mean over sequences of equal
+    length), so changing one sequence costs one single-sequence gradient."""
 
-    def __init__(self, sim: EmbeddingGradients, prior: BigramPrior, distance, lm_weight: float):
-        self.sim, self.prior, self.distance, self.lm_weight = sim, prior, distance, lm_weight
+    def __init__(self, sim: EmbeddingGradients, language: BigramLanguage, distance):
+        self.sim, self.prior, self.distance = sim, language, distance
 
     def row_gradient(self, tokens: torch.Tensor, embeds: torch.Tensor | None = None) -> list[torch.Tensor]:
         """One sequence's gradient, from its tokens' embeddings or from `embeds` (T × width)."""
@@ -153,13 +176,14 @@ class TokenScorer:
         inputs = self.sim.vocabulary[row] if embeds is None else embeds[None]
         with torch.enable_grad():
             grads = self.sim(inputs, self.sim.next_token_labels(row), create_graph=False)
-        return [g.detach() for g in grads]
+        return [g.detach() for g in grads.values()]
 
     def matching(self, total: list[torch.Tensor], batch: int) -> float:
-        return math.log(max(float(self.distance([g / batch for g in total], self.sim.target)), 1e-30))
+        mean = {n: g / batch for n, g in zip(self.sim.names, total)}
+        return math.log(max(float(self.distance(mean, self.sim.target)), 1e-30))
 
     def language(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.lm_weight * self.prior.negative_log_likelihood(tokens)
+        return self.prior.per_sequence(tokens)
 
 
 class LAMP(EmbeddingMatchingAttack):
@@ -171,55 +195,47 @@ class LAMP(EmbeddingMatchingAttack):
     name = "lamp"
     Options = LampOptions
 
-    def distance(self, grads: list[torch.Tensor], target: list[torch.Tensor]) -> torch.Tensor:
+    def distance(self, simulated: Tensors, target: Tensors) -> torch.Tensor:
         if self.options.loss == "cos":
-            return cosine_distance(grads, target)
-        return l2_l1_distance(grads, target, self.options.alpha)
+            return cosine_distance(simulated, target)
+        return l2_l1_distance(simulated, target, self.options.alpha)
 
     def rungs(self, obs: Observation, ctx: AttackContext) -> Iterator[Reconstruction]:
         opt = self.options
-        progress = MatchingTrace(opt.iterations, ctx)
         sim = self.simulator(obs, ctx)
-        scorer = TokenScorer(sim, news_bigram_prior(), self.distance, opt.lm_weight) if opt.discrete_every else None
-        vocab_norm = sim.vocabulary.norm(dim=1).mean()
+        scorer = TokenScorer(sim, BigramLanguage(opt.lm_weight, news_bigram_prior()), self.distance) \
+            if opt.discrete_every else None
         batch, length = obs.batch_size, int(obs.input_shape[0])
-        embeds = self._initial_embeddings(sim, (batch, length), ctx.generator(29)).requires_grad_(True)
-        optimizer = torch.optim.Adam([embeds], lr=opt.lr)
-        schedule = torch.optim.lr_scheduler.ExponentialLR(optimizer, opt.lr_decay ** (1 / max(1, opt.iterations - 1)))
+        candidate = sim.candidate(self._initial_embeddings(sim, (batch, length), ctx.generator(29)))
         generator = ctx.generator(31)
-        labels = sim.next_token_labels(sim.nearest_tokens(embeds))
-        best_tokens, best_score = None, math.inf
-        for steps in progress.rungs():
-            for step in steps:
-                if scorer is not None and step and step % opt.discrete_every == 0 and length > 1:
-                    with torch.no_grad():
-                        tokens, score, source = self._discrete_step(
-                            scorer, sim.nearest_tokens(embeds), generator,
-                            embeds.detach() if opt.score == "embeddings" else None)
-                        embeds.copy_(embeds.flatten(0, 1)[source.flatten()].view_as(embeds))
-                    if opt.score == "tokens" and score < best_score:
-                        best_tokens, best_score = tokens, score
-                    labels = sim.next_token_labels(sim.nearest_tokens(embeds))
-                elif step and step % opt.label_every == 0:
-                    labels = sim.next_token_labels(sim.nearest_tokens(embeds))
-                optimizer.zero_grad(set_to_none=True)
-                matching = self.distance(sim(embeds, labels, create_graph=True), sim.target)
-                scale = embeds.norm(dim=-1).mean() / vocab_norm - 1
-                loss = matching + opt.norm_weight * scale.pow(2)
-                loss.backward(inputs=[embeds])
-                optimizer.step()
-                if step < opt.iterations:  # later rungs continue at the decayed learning rate
-                    schedule.step()
-                progress.step(step, float(matching.detach()))
-            final = sim.nearest_tokens(embeds)
+        best: list = [None, math.inf]  # score=tokens: the best-scoring guess of a discrete step, its score
+
+        def discrete_step(candidate: Embeddings, iteration: int) -> None:
+            """Rearrange the nearest tokens; the embeddings follow their tokens, the labels are re-guessed."""
+            embeds = candidate.x
+            tokens, score, source = self._discrete_step(scorer, candidate.tokens(), generator,
+                                                        embeds.detach() if opt.score == "embeddings" else None)
+            embeds.copy_(embeds.flatten(0, 1)[source.flatten()].view_as(embeds))
+            if opt.score == "tokens" and score < best[1]:
+                best[:] = [tokens, score]
+            labels.update(candidate)
+
+        hooks = [Hook(opt.discrete_every, discrete_step, start=opt.discrete_every)] \
+            if scorer is not None and length > 1 else []
+        # the learning rate decays exponentially to lr × lr_decay at the last step; later rungs go on at that rate
+        engine, labels = self.engine(sim, candidate, ctx, hooks=hooks,
+                                     optimizer=Optimizer("adam", opt.lr, "exponential", final_lr=opt.lr_decay),
+                                     priors=[EmbeddingNorm(opt.norm_weight, sim.vocabulary.norm(dim=1).mean())])
+        for out in engine.start().doublings(opt.iterations):
+            final = sim.nearest_tokens(out.inputs)
             # score=tokens with discrete steps: the best-scoring guess, the final one included
-            if scorer is not None and best_tokens is not None:
+            if scorer is not None and best[0] is not None:
                 with torch.no_grad():
                     total = [sum(g) for g in zip(*(scorer.row_gradient(row) for row in final))]
                     score = scorer.matching(total, batch) + float(scorer.language(final).sum())
-                if score > best_score:
-                    final = best_tokens
-            yield progress.reconstruction(final)
+                if score > best[1]:
+                    final = best[0]
+            yield text_reconstruction(out, final)
 
     def _initial_embeddings(self, sim: EmbeddingGradients, shape: tuple[int, int],
                             generator: torch.Generator) -> torch.Tensor:

@@ -6,7 +6,9 @@ vector per position (B × T × width), fed to the model in place of the token-em
 (`GPT2.forward_embeddings`). Adam minimises the distance between the gradient they produce
 and the observed one, ‖Δ‖₂² + α‖Δ‖₁ summed over parameters (α = 0.01, the paper's); at the
 end each position's vector is mapped to the vocabulary token whose embedding is nearest by
-cosine.
+cosine. It is a configuration of the optimisation engine (gradleak.attacks.engine): an
+`Embeddings` candidate, a `Matching` with this distance, constant-rate Adam, and a `Hook`
+that re-guesses the labels.
 
 What is matched. Every parameter's gradient except the token embedding's: its observed
 gradient holds the lookup's contribution at the client's (unknown) tokens, which embeddings fed
@@ -27,9 +29,9 @@ paper's setting, where guessed labels rarely settle on the right tokens (docs/te
 from __future__ import annotations
 
 import copy
-import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +41,9 @@ from ...models.gpt2 import GPT2
 from ...options import check
 from ...threat import Observation
 from ..base import Attack, AttackContext, Reconstruction, check_result
+from ..engine.candidates import Embeddings, GuessedLabels, nearest_tokens
+from ..engine.engine import Engine, Hook, Optimizer, Outcome, Tensors
+from ..engine.objectives import Matching, Prior
 
 TRACE_POINTS = 20  # matching distances kept in the trace
 
@@ -69,14 +74,15 @@ def matched_gradients(model: GPT2, observed: dict[str, torch.Tensor]) -> list[st
 
 
 class EmbeddingGradients:
-    """The FedSGD gradient (mean next-token cross-entropy) that input embeddings produce."""
+    """The FedSGD gradient (mean next-token cross-entropy) that input embeddings produce, by
+    matched parameter name: the `simulate` of the engine's `Matching` for TAG and LAMP."""
 
     def __init__(self, model: GPT2, observed: dict[str, torch.Tensor], device: torch.device):
         self.model = model
         self.names = matched_gradients(model, observed)
         params = dict(model.named_parameters())
         self.params = [params[n] for n in self.names]
-        self.target = [observed[n].detach().to(device, torch.float32) for n in self.names]
+        self.target = {n: observed[n].detach().to(device, torch.float32) for n in self.names}
         self.vocabulary = model.token_embedding.weight.detach()
         self.candidates = torch.arange(self.vocabulary.shape[0], device=self.vocabulary.device)
         self.unit_vocabulary = F.normalize(self.vocabulary, dim=-1)
@@ -99,14 +105,19 @@ class EmbeddingGradients:
         self.candidates = torch.nonzero(rows > threshold * rows.max()).flatten()
         self.unit_vocabulary = F.normalize(self.vocabulary[self.candidates], dim=-1)
 
-    def __call__(self, embeds: torch.Tensor, labels: torch.Tensor, create_graph: bool) -> list[torch.Tensor]:
+    def __call__(self, embeds: torch.Tensor, labels: torch.Tensor, create_graph: bool = True
+                 ) -> dict[str, torch.Tensor]:
         logits = self.model.forward_embeddings(embeds)
         loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
-        return list(torch.autograd.grad(loss, self.params, create_graph=create_graph))
+        return dict(zip(self.names, torch.autograd.grad(loss, self.params, create_graph=create_graph)))
 
     def nearest_tokens(self, embeds: torch.Tensor) -> torch.Tensor:
-        """The vocabulary token whose embedding is nearest by cosine, at every position."""
-        return self.candidates[(F.normalize(embeds.detach(), dim=-1) @ self.unit_vocabulary.T).argmax(dim=-1)]
+        """The candidate token whose embedding is nearest by cosine, at every position."""
+        return nearest_tokens(embeds, self.unit_vocabulary, self.candidates)
+
+    def candidate(self, start: torch.Tensor) -> Embeddings:
+        """The engine's candidate: embeddings from `start`, mapped to these candidate tokens."""
+        return Embeddings(start, self.vocabulary[self.candidates], self.candidates)
 
     def next_token_labels(self, tokens: torch.Tensor) -> torch.Tensor:
         """Labels a client with these tokens would train on: each position's next token, and at
@@ -121,49 +132,13 @@ class EmbeddingGradients:
         return (torch.randn(*shape, self.vocabulary.shape[1], generator=generator) * sigma).to(self.vocabulary)
 
 
-def l2_l1_distance(grads: list[torch.Tensor], target: list[torch.Tensor], alpha: float) -> torch.Tensor:
+def l2_l1_distance(simulated: Tensors, target: Tensors, alpha: float) -> torch.Tensor:
     """TAG's distance Σ ‖g − g*‖₂² + α‖g − g*‖₁ over the matched parameters."""
-    total = grads[0].new_zeros(())
-    for g, t in zip(grads, target):
-        diff = g - t
+    total = next(iter(target.values())).new_zeros(())
+    for name, t in target.items():
+        diff = simulated[name] - t
         total = total + diff.pow(2).sum() + alpha * diff.abs().sum()
     return total
-
-
-class MatchingTrace:
-    """The matching distance every few steps (with the step and the seconds since the start),
-    reported to the progress bar at every step, and the reconstruction it ends in."""
-
-    def __init__(self, iterations: int, ctx: AttackContext):
-        self.iterations, self.ctx = iterations, ctx  # the current rung's budget (`rungs` doubles it)
-        self.every = max(1, iterations // TRACE_POINTS)
-        self.started = time.perf_counter()
-        self.distance = float("nan")
-        self.trace: list[float] = []
-        self.trace_iterations: list[int] = []
-        self.trace_seconds: list[float] = []
-
-    def step(self, step: int, distance: float) -> None:
-        self.distance = distance
-        if self.ctx.progress is not None:
-            self.ctx.progress(step + 1, self.iterations, distance)
-        if step % self.every == 0 or step == self.iterations - 1:
-            self.trace.append(distance)
-            self.trace_iterations.append(step + 1)
-            self.trace_seconds.append(round(time.perf_counter() - self.started, 3))
-
-    def rungs(self) -> Iterator[range]:
-        """The new steps of each rung of the budget ladder: the first budget's, then, after each
-        `reconstruction`, those of the same run continued to twice the steps."""
-        done = 0
-        while True:
-            yield range(done, self.iterations)
-            done, self.iterations = self.iterations, 2 * self.iterations
-
-    def reconstruction(self, tokens: torch.Tensor) -> Reconstruction:
-        return Reconstruction(inputs=tokens.cpu(), labels=None, iterations=self.iterations,
-                              final_distance=self.distance, trace=list(self.trace),
-                              trace_iterations=list(self.trace_iterations), trace_seconds=list(self.trace_seconds))
 
 
 @dataclass(frozen=True)
@@ -183,9 +158,11 @@ class TagOptions:
 
 
 class EmbeddingMatchingAttack(Attack):
-    """What TAG and LAMP share: a GPT-2 text model, one FedSGD gradient, and candidates that are
-    input embeddings. Their budget ladder (`rungs`) continues one run: each rung doubles the
-    steps of the last and answers with the nearest tokens there; `reconstruct` is its first."""
+    """What TAG and LAMP share: a GPT-2 text model, one FedSGD gradient, and the engine
+    (gradleak.attacks.engine) configured with an `Embeddings` candidate, labels guessed from its
+    nearest tokens every `label_every` steps (a `Hook`) and the attack's `distance` as the
+    matching. The budget ladder (`rungs`) continues one engine run: each rung doubles the steps
+    of the last and answers with the nearest tokens there; `reconstruct` is its first."""
 
     requires = frozenset({"batch_size"})
     modalities = ("text",)
@@ -200,12 +177,36 @@ class EmbeddingMatchingAttack(Attack):
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
         return next(iter(self.rungs(obs, ctx)))
 
+    def distance(self, simulated: Tensors, target: Tensors) -> torch.Tensor:
+        """The matching distance: TAG's L2 + α·L1."""
+        return l2_l1_distance(simulated, target, self.options.alpha)
+
     def simulator(self, obs: Observation, ctx: AttackContext) -> EmbeddingGradients:
         """The gradient of candidate embeddings on a copy of the sent model, after the checks."""
         check_text_model(obs.model, self.name)
         check_fedsgd(obs, self.name)
         model = copy.deepcopy(obs.model).to(ctx.device)
         return EmbeddingGradients.for_options(model, obs.update.as_gradient(), ctx.device, self.options)
+
+    def engine(self, sim: EmbeddingGradients, candidate: Embeddings, ctx: AttackContext, *,
+               optimizer: Optimizer, priors: Sequence[Prior] = (), hooks: Sequence[Hook] = ()
+               ) -> tuple[Engine, GuessedLabels]:
+        """The engine run on `candidate`, its labels the next tokens of the candidate's nearest
+        tokens, guessed at the start and every `label_every` steps (after the attack's own
+        `hooks` at the same step)."""
+        labels = GuessedLabels(lambda c: sim.next_token_labels(c.tokens()), candidate)
+        engine = Engine(matching=Matching(sim, sim.target, self.distance), labels=labels,
+                        candidates=lambda restart: candidate, optimizer=optimizer, priors=priors,
+                        hooks=[*hooks, Hook(self.options.label_every, labels.update)],
+                        iterations=self.options.iterations,
+                        trace_every=max(1, self.options.iterations // TRACE_POINTS), progress=ctx.progress)
+        return engine, labels
+
+
+def text_reconstruction(out: Outcome, tokens: torch.Tensor) -> Reconstruction:
+    """The engine's outcome as the reconstruction of `tokens`."""
+    return Reconstruction(inputs=tokens.cpu(), labels=None, iterations=out.iterations,
+                          final_distance=out.distance, **out.trace_fields())
 
 
 class TAG(EmbeddingMatchingAttack):
@@ -215,20 +216,9 @@ class TAG(EmbeddingMatchingAttack):
     Options = TagOptions
 
     def rungs(self, obs: Observation, ctx: AttackContext) -> Iterator[Reconstruction]:
-        opt = self.options
-        progress = MatchingTrace(opt.iterations, ctx)
         sim = self.simulator(obs, ctx)
         shape = (obs.batch_size, int(obs.input_shape[0]))
-        embeds = sim.random_embeddings(shape, ctx.generator(23)).requires_grad_(True)
-        optimizer = torch.optim.Adam([embeds], lr=opt.lr)
-        labels = sim.next_token_labels(sim.nearest_tokens(embeds))
-        for steps in progress.rungs():
-            for step in steps:
-                if step and step % opt.label_every == 0:
-                    labels = sim.next_token_labels(sim.nearest_tokens(embeds))
-                optimizer.zero_grad(set_to_none=True)
-                loss = l2_l1_distance(sim(embeds, labels, create_graph=True), sim.target, opt.alpha)
-                loss.backward(inputs=[embeds])
-                optimizer.step()
-                progress.step(step, float(loss.detach()))
-            yield progress.reconstruction(sim.nearest_tokens(embeds))
+        candidate = sim.candidate(sim.random_embeddings(shape, ctx.generator(23)))
+        engine, _ = self.engine(sim, candidate, ctx, optimizer=Optimizer("adam", self.options.lr, "constant"))
+        for out in engine.start().doublings(self.options.iterations):
+            yield text_reconstruction(out, sim.nearest_tokens(out.inputs))

@@ -1,6 +1,7 @@
 """The optimisation engine every gradient-matching attack is a configuration of:
 restarts one after another equal restarts optimised as a group, successive halving
-stops the worse half, the stop rule and the trace, and attack presets."""
+stops the worse half, the stop rule and the trace, hooks and the exponential schedule,
+and attack presets."""
 import math
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 
 from gradleak.attacks import AttackContext, make_attack
 from gradleak.attacks.engine.candidates import FixedLabels, Pixels
-from gradleak.attacks.engine.engine import Engine, Optimizer
+from gradleak.attacks.engine.engine import Engine, Hook, Optimizer
 from gradleak.attacks.engine.objectives import Matching, TotalVariation
 from gradleak.errors import GradleakError
 from gradleak.fl import TrainingSpec, compute_update
@@ -99,3 +100,53 @@ def test_presets_set_defaults_that_explicit_options_override():
         make_attack("ig:preset=slow")
     with pytest.raises(GradleakError, match="attack 'dlg' has no presets"):
         make_attack("dlg:preset=fast")
+
+
+def test_hooks_run_every_n_iterations_across_resumed_segments_and_may_move_the_candidate(mnist_test):
+    """A hook is called on the candidate before the step of every `every`-th iteration from
+    `start` on, counted over the whole run (a resumed segment goes on counting), without
+    gradient tracking, in the order given; what it writes into the variables is what the next
+    step starts from (LAMP's rearrangements)."""
+    obs, _, y = _observation(mnist_test)
+    calls = []
+
+    def flip(candidate, iteration):
+        calls.append(("flip", iteration, torch.is_grad_enabled()))
+        candidate.x.copy_(candidate.x.flip(-1))  # a move no optimiser step makes
+
+    run = _engine(obs, y, restarts=1, hooks=[Hook(5, flip, start=2),
+                                             Hook(5, lambda c, it: calls.append(("after", it, None)), start=2)]).start()
+    run.advance(12)
+    run.advance(12)
+    assert calls[::2] == [("flip", it, False) for it in (2, 7, 12, 17, 22)]
+    assert calls[1::2] == [("after", it, None) for it in (2, 7, 12, 17, 22)]
+
+    # flipping the start at iteration 0 is optimising from the flipped start
+    shape = (obs.batch_size, *obs.input_shape)
+    start = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    hooked = _engine(obs, y, restarts=1, hooks=[Hook(100, flip)]).run()
+    flipped = _engine(obs, y, restarts=1, candidates=lambda r: Pixels(start.flip(-1), box=True)).run()
+    unhooked = _engine(obs, y, restarts=1).run()
+    assert torch.equal(hooked.inputs, flipped.inputs) and not torch.equal(hooked.inputs, unhooked.inputs)
+
+
+def test_exponential_schedule_decays_to_its_final_rate_and_stays_there_when_resumed():
+    """lr × final_lr^(k / (n − 1)) at step k of n, so the last step runs at lr × final_lr; a
+    resumed run stays at that rate (LAMP's decay: its budget ladder goes on at the decayed rate)."""
+    variable = torch.zeros(1, requires_grad=True)
+    optimizer = Optimizer("adam", 0.1, "exponential", final_lr=0.01)
+    adam = optimizer.build([variable])
+    schedule = optimizer.schedule_for(adam, 5)
+    rates = []
+    for _ in range(5):
+        rates.append(adam.param_groups[0]["lr"])
+        adam.step()
+        schedule.step()
+    assert rates == pytest.approx([0.1 * 0.01 ** (k / 4) for k in range(5)])
+    resumed = optimizer.schedule_for(adam, 3, done=5)
+    later = []
+    for _ in range(3):
+        later.append(adam.param_groups[0]["lr"])
+        adam.step()
+        resumed.step()
+    assert later == pytest.approx([0.001] * 3)

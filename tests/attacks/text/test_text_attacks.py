@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gradleak.attacks import ATTACKS, make_attack
-from gradleak.attacks.text.lamp import BigramPrior, TokenScorer, rearrangement
+from gradleak.attacks.text.lamp import BigramLanguage, BigramPrior, TokenScorer, rearrangement
 from gradleak.attacks.text.tag import EmbeddingGradients
 from gradleak.errors import GradleakError
 from gradleak.experiment import AttackRunSpec, run_attack
@@ -52,8 +52,29 @@ def test_bigram_prior_prefers_seen_pairs_and_stays_normalised():
     for previous in (0, 4):  # a seen context and an unseen one
         total = prior.log_prob(torch.full((vocab,), previous), every).exp().sum()
         assert float(total) == pytest.approx(1.0)
-    seen, unseen = prior.negative_log_likelihood(torch.tensor([[0, 1, 2, 3], [3, 2, 1, 0]]))
+    guesses = torch.tensor([[0, 1, 2, 3], [3, 2, 1, 0]])
+    seen, unseen = prior.negative_log_likelihood(guesses)
     assert seen < unseen
+    # as LAMP's prior: λ × each sequence's log-perplexity, and unweighted their sum
+    from gradleak.attacks.engine.objectives import Seen
+
+    language = BigramLanguage(0.2, prior)
+    assert torch.allclose(language.per_sequence(guesses), 0.2 * torch.stack([seen, unseen]))
+    assert float(language(Seen(guesses, guesses, {}, 0, 1))) == pytest.approx(float(seen + unseen))
+
+
+def test_embeddings_candidate_maps_embeddings_to_the_nearest_allowed_token():
+    """The engine's text candidate: each position's token is the allowed one whose embedding is
+    nearest by cosine (so a token's own embedding, scaled, maps back to it)."""
+    from gradleak.attacks.engine.candidates import Embeddings
+
+    torch.manual_seed(0)
+    table = torch.randn(10, 16)
+    allowed = torch.tensor([1, 4, 7])
+    tokens = allowed[torch.randint(3, (2, 5))]
+    candidate = Embeddings(3 * table[tokens], table[allowed], allowed)
+    assert torch.equal(candidate.tokens(), tokens) and candidate.variables() == [candidate.x]
+    assert torch.equal(Embeddings(table[[2, 9]], table).tokens(), torch.tensor([2, 9]))
 
 
 def test_rearrangements_are_permutations():
@@ -105,7 +126,7 @@ def test_lamp_discrete_step_keeps_a_permutation_of_the_positions(loss, score):
     attack = make_attack(f"lamp:loss={loss},score={score},candidates=5,exchanges=10")
     sim = EmbeddingGradients(model, observed, torch.device("cpu"))
     prior = BigramPrior(tokens[:, :-1].flatten(), tokens[:, 1:].flatten(), 64)
-    scorer = TokenScorer(sim, prior, attack.distance, attack.options.lm_weight)
+    scorer = TokenScorer(sim, BigramLanguage(attack.options.lm_weight, prior), attack.distance)
     guess = tokens[torch.randperm(3)][:, torch.randperm(8)]
     embeds = None
     if score == "embeddings":
@@ -179,7 +200,7 @@ def test_tag_ladder_continues_one_run():
 
 def test_lamp_ladder_continues_at_its_decayed_learning_rate(monkeypatch):
     """LAMP's later rungs go on from where the last stopped, at the learning rate the decay
-    reached, rather than starting over."""
+    reached (lr × lr_decay), rather than starting over."""
     from gradleak.attacks.base import AttackContext
 
     rates = []
@@ -195,4 +216,4 @@ def test_lamp_ladder_continues_at_its_decayed_learning_rate(monkeypatch):
     first, second = next(ladder), next(ladder)
     assert (first.iterations, second.iterations) == (6, 12) and len(rates) == 12
     assert rates[0] == pytest.approx(0.01) and rates[5] == pytest.approx(0.001)
-    assert rates[6:] == pytest.approx([0.01 * 0.1 ** (6 / 5)] * 6)
+    assert rates[6:] == pytest.approx([0.001] * 6)
