@@ -3,7 +3,7 @@ the classifier head, trained with a KL(N(μ,σ²) ‖ N(0,1)) regulariser.
 
 The model both sides see gains encoder (features → 2k), reparameterised
 sampling z = μ + σ·ε and decoder (k → features); the client's local loss adds
-beta·KL. The client's sampling noise ε is private (own generator).
+beta·KL. The client's sampling noise ε is private: drawn from the client's stream each step.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from .dropout import insert_before_classifier
 class PrecodeOptions:
     bottleneck: int = 256  # k, latent size of the variational bottleneck
     beta: float = 1e-3  # weight of the KL term in the local loss
-    seed: int = 0  # seed of the bottleneck's initialisation and sampling noise
+    seed: int = 0  # seed of the bottleneck's initialisation (ε comes from the client's stream)
 
     def __post_init__(self):
         check(self.bottleneck >= 1, f"defense 'precode': bottleneck must be >= 1, got {self.bottleneck}")
@@ -86,6 +86,9 @@ class Precode(Defense):
             bottlenecks = [m for m in model.modules() if isinstance(m, VariationalBottleneck)]
             if not bottlenecks:
                 return inner(model, params, buffers, x, y, create_graph)
+            for bottleneck in bottlenecks:  # ε from the client's stream: one update per stream
+                bottleneck.generator = torch.Generator().manual_seed(
+                    int(torch.randint(0, 2**62, (), generator=ctx.generator)))
             logits = functional_call(model, (params, buffers), (x,))
             loss = batch_loss(logits, y, ctx.label_smoothing) + beta * sum(b.kl for b in bottlenecks)
             names = [n for n, p in params.items() if p.requires_grad]

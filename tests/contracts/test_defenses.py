@@ -28,9 +28,6 @@ PLACES = {"model", "data", "gradient", "update"}
 # defenses (MixUp, InstaHide) mix inputs, which token ids are not.
 CLIENTS = [("lenet", "image"), ("mlp:hidden=16", "tabular")]
 TRAININGS = {"fedsgd": TrainingSpec(), "fedavg": TrainingSpec(lr=0.05, local_steps=2, local_batch_size=2)}
-# PRECODE's sampling noise comes from a generator inside the bottleneck it adds to the model, not
-# from the client's stream: a second update of the same model object draws other noise.
-STATEFUL_MODEL = {"precode"}
 
 
 def _one_line(exc: pytest.ExceptionInfo) -> str:
@@ -105,9 +102,7 @@ def test_update_keeps_its_structure_is_finite_and_repeats_for_the_same_stream(na
     assert all(torch.equal(again.tensors[k], update.tensors[k]) for k in update.tensors)
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
-    strict=True, reason="noise drawn from a generator the model carries")) if n in STATEFUL_MODEL else n
-    for n in NAMES])
+@pytest.mark.parametrize("name", NAMES)
 def test_an_update_depends_on_the_client_stream_not_on_earlier_updates(name):
     """compute_update is a function of the model, the batch, the training, the defenses and
     the client's stream: the same model object trained twice on one stream sends one update."""
