@@ -47,7 +47,7 @@ class Dataset:
     def subset(self, indices: torch.Tensor | list[int]) -> "Dataset":
         idx = torch.as_tensor(indices, dtype=torch.long)
         return Dataset(self.name, self.inputs[idx], self.labels[idx], self.class_names,
-                       self.modality, self.samples_only)
+                       self.modality, self.samples_only, self.tokenizer)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ gradleak.metrics.text instead: ROUGE, token and exact-sequence accuracy, ASR = e
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import asdict, dataclass
 from statistics import mean, median
 from typing import Literal
@@ -108,6 +109,9 @@ def match_reconstruction(originals: torch.Tensor, candidates: torch.Tensor) -> l
     return assignment
 
 
+SCORE_BATCH = "gradleak.metrics.scoring:score_batch"  # this module's scorer, the default of `Modality.scorer`
+
+
 def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: torch.Tensor,
                 recovered_labels: torch.Tensor | None, modality: str = "image",
                 lpips: Literal["alex", "vgg", "none"] = "alex",
@@ -118,10 +122,10 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
     `gallery`, whether each reconstruction re-identifies its original among it. Token
     sequences get `SequenceScore`s (gradleak.metrics.text)."""
     kind = modality_of(modality)
-    if kind.tokens:
-        from .text import score_sequences
-
-        return score_sequences(originals, labels, reconstruction, recovered_labels, tokenizer, gallery=gallery)
+    if kind.scorer != SCORE_BATCH:  # the modality scores its batches its own way (text: score_sequences)
+        module, _, function = kind.scorer.partition(":")
+        scorer = getattr(importlib.import_module(module), function)
+        return scorer(originals, labels, reconstruction, recovered_labels, tokenizer=tokenizer, gallery=gallery)
     originals = originals.detach().float().cpu()
     candidates = reconstruction.detach().float().cpu()
     if candidates.shape[1:] != originals.shape[1:]:

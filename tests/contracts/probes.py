@@ -55,8 +55,7 @@ TINY_BUDGET: dict[str, Any] = {
 @functools.lru_cache(maxsize=None)
 def modality_data(modality: str, index: int = 0) -> Dataset:
     data = load_dataset(MODALITY_DATA[modality][index])
-    few = data.subset(list(range(min(EXAMPLES, len(data)))))
-    return dataclasses.replace(few, tokenizer=data.tokenizer)
+    return data.subset(list(range(min(EXAMPLES, len(data)))))
 
 
 def tiny_options(cls: type[Attack]) -> dict[str, Any]:
@@ -123,8 +122,6 @@ def observation(attack: Attack, model_text: str, modality: str, threat: ThreatMo
     targets = torch.arange(BATCH)
     x, y = data.inputs[targets], data.labels[targets]
     prior = held_out_examples(data, targets) if "prior_data" in threat.grants else None
-    if prior is not None:
-        prior = dataclasses.replace(prior, tokenizer=data.tokenizer)
     ctx = AttackContext(seed=seed, prior_data=prior)
     secrets = None
     if attack.malicious:

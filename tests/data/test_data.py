@@ -367,3 +367,12 @@ def test_bad_split() -> None:
 def test_transforms_are_a_noop_without_options() -> None:
     ds = Dataset("x", torch.rand(3, 5), torch.zeros(3, dtype=torch.long), ["a"], "tabular")
     assert apply_spec_transforms(ds, DatasetSpec("x")) is ds
+
+
+def test_a_subset_keeps_its_tokenizer():
+    """Held-out text examples (a subset) must still say which vocabulary their ids are in."""
+    from gradleak.data import DatasetSpec, load_dataset
+
+    data = load_dataset(DatasetSpec("polarity", split="test", seq_len=8, options={"tokenizer": "minilm"}))
+    assert data.tokenizer == "minilm"
+    assert data.subset([0, 1]).tokenizer == "minilm"
