@@ -77,7 +77,8 @@ def _client(args, seed: int, test, gallery) -> dict:
                   training=client.server_view(), batch_size=args.images, labels=y, defenses=[])
     attack = make_attack(f"fedavg:iterations={args.iterations},distance={args.distance},replay={args.replay},"
                          f"lr={args.attack_lr},tv={args.tv},optimizer={args.attack_optimizer},"
-                         f"restarts={args.restarts},label_trials={args.label_trials}")
+                         f"restarts={args.restarts},label_trials={args.label_trials},"
+                         f"label_final_iterations={args.label_final_iterations}")
     if device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -137,6 +138,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tv", type=float, default=1e-4)
     parser.add_argument("--label-trials", choices=["off", "swaps"], default=None,
                         help="the attack's label search (default: swaps for sigmoid, off for lenet5)")
+    parser.add_argument("--label-final-iterations", type=int, default=0,
+                        help="the label finalists' matching iterations (default 0: the attack's iterations)")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)

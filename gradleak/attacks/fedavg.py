@@ -82,12 +82,13 @@ class FedAvgOptions:
     arrange_labels: Literal["auto", "on", "off"] = "auto"
     # labels recovered as counts can be one label off; "swaps": the count estimate and every
     # multiset one label away (`labels.label_candidates`) are matched label_trial_iterations
-    # each, the label_finalists closest label_final_iterations more, and the closest kept
-    # (successive halving; on the DLG LeNet at batch 4, 19-37 candidates, docs/client-training.md)
+    # each, the label_finalists closest for label_final_iterations (0: as many as the run) from
+    # the start again, and the closest kept (on the DLG LeNet at batch 4, 10 or 19 candidates,
+    # docs/client-training.md)
     label_trials: Literal["off", "swaps"] = "off"
     label_trial_iterations: int = 40
     label_finalists: int = 3
-    label_final_iterations: int = 200
+    label_final_iterations: int = 0  # 0: the run's own iterations
 
     def __post_init__(self):
         check(self.iterations >= 1, "attack 'fedavg': iterations must be >= 1")
@@ -95,8 +96,8 @@ class FedAvgOptions:
         check(self.tv >= 0, "attack 'fedavg': tv must be >= 0")
         check(self.order_prior >= 0, "attack 'fedavg': order_prior must be >= 0")
         check(self.restarts >= 1, "attack 'fedavg': restarts must be >= 1")
-        check(min(self.label_trial_iterations, self.label_final_iterations, self.label_finalists) >= 1,
-              "attack 'fedavg': label_trial_iterations, label_final_iterations and label_finalists must be >= 1")
+        check(min(self.label_trial_iterations, self.label_finalists) >= 1 and self.label_final_iterations >= 0,
+              "attack 'fedavg': label_trial_iterations and label_finalists must be >= 1, label_final_iterations >= 0")
         # the inverter draws one image per example, not the per-epoch copies this attack optimises
         check(self.init != "learned", "attack 'fedavg': init=learned is not available (use it with ig, cpl, rog or "
                                       "gradinversion)")
@@ -248,7 +249,8 @@ class FedAvgAttack(ResumableAttack):
             return recover_labels(obs, opt.label_method, ctx.generator(17)), None
         candidates = label_candidates(obs, ctx.generator(17))
         finalists: list[dict] | None = None
-        for iterations, keep in ((opt.label_trial_iterations, opt.label_finalists), (opt.label_final_iterations, 1)):
+        final = opt.label_final_iterations or opt.iterations
+        for iterations, keep in ((opt.label_trial_iterations, opt.label_finalists), (final, 1)):
             if len(candidates) == 1:
                 break
             trials = [(self._engine(obs, c, ctx, iterations, trial=True)[0].run().distance, i)
