@@ -10,7 +10,8 @@ its matching distance next to the true batch's; on this model the update barely 
 apart (docs/client-training.md).
 
 `--case sigmoid`: the DLG LeNet (`lenet`, sigmoid, the literature's) at batch 4 trained as 2
-epochs of mini-batches of 2 (order known), plain SGD and SGD momentum 0.9.
+epochs of mini-batches of 2 (order known), plain SGD and SGD momentum 0.9, the attack choosing
+its labels among the count estimate and its one-label swaps by matching (`label_trials=swaps`).
 
     python -m benchmarks fedavg_scale                      # a tiny CPU run (2 epochs, 10 images)
     python -m benchmarks fedavg_scale --device cuda --images 50 --epochs 10 --local-batch 5
@@ -76,7 +77,8 @@ def _client(args, seed: int, test, gallery) -> dict:
                   training=client.server_view(), batch_size=args.images, labels=y, defenses=[])
     attack = make_attack(f"fedavg:iterations={args.iterations},distance={args.distance},replay={args.replay},"
                          f"lr={args.attack_lr},tv={args.tv},optimizer={args.attack_optimizer},"
-                         f"restarts={args.restarts}")
+                         f"restarts={args.restarts},label_trials={args.label_trials},"
+                         f"label_final_iterations={args.label_final_iterations}")
     if device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -86,9 +88,11 @@ def _client(args, seed: int, test, gallery) -> dict:
     seconds = time.perf_counter() - start
     counts = lambda labels: torch.bincount(labels.cpu(), minlength=10)  # noqa: E731
     row = {"seed": seed, "seconds": round(seconds, 1), "replay": result.extras.get("replay"),
-           "label_errors": int((counts(recover_labels(obs, "auto", AttackContext(seed=seed).generator(17)))
-                                - counts(y)).abs().sum()) // 2,
-           "final_distance": round(result.final_distance, 6), **_judge(x, y, result.inputs, result.labels, gallery)}
+           "label_errors": int((counts(result.labels) - counts(y)).abs().sum()) // 2,
+           "count_estimate_errors": int((counts(recover_labels(obs, "auto", AttackContext(seed=seed).generator(17)))
+                                         - counts(y)).abs().sum()) // 2,
+           "final_distance": round(result.final_distance, 6),
+           "label_trials": result.extras.get("label_trials"), **_judge(x, y, result.inputs, result.labels, gallery)}
     if args.case == "lenet5":
         # ground-truth reference: each example replaced by its class's mean image
         # and the matching distances of the true batch and of that one, under the client's true
@@ -132,6 +136,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--attack-optimizer", choices=["signed-adam", "adam", "lbfgs"], default="signed-adam")
     parser.add_argument("--restarts", type=int, default=1)
     parser.add_argument("--tv", type=float, default=1e-4)
+    parser.add_argument("--label-trials", choices=["off", "swaps"], default=None,
+                        help="the attack's label search (default: swaps for sigmoid, off for lenet5)")
+    parser.add_argument("--label-final-iterations", type=int, default=0,
+                        help="the label finalists' matching iterations (default 0: the attack's iterations)")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
@@ -139,7 +147,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     defaults = {"images": 4 if sigmoid else 10, "epochs": 2, "local_batch": 2 if sigmoid else 5,
                 "lr": 0.01 if sigmoid else 0.004, "optimizer": "sgd", "order": "known" if sigmoid else "unknown",
                 "iterations": 2000 if sigmoid else 200, "replay": "auto" if sigmoid else "epochs",
-                "distance": "cosine" if sigmoid else "layer-cosine"}
+                "distance": "cosine" if sigmoid else "layer-cosine", "label_trials": "swaps" if sigmoid else "off"}
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)

@@ -43,7 +43,7 @@ from ..engine.engine import Engine, Optimizer, ScheduleKind
 from ..engine.initialization import InitKind, observed_start
 from ..engine.objectives import Matching, Prior, Seen, TotalVariation
 from ..replay.epoch_replay import MAX_ORDER_SHARE, EpochReplay, applies, order_share, plain_training
-from ..replay.labels import recover_labels
+from ..replay.labels import label_candidates, recover_labels
 from ..replay.matching import UpdateSimulator
 
 
@@ -80,6 +80,15 @@ class FedAvgOptions:
     # the client's steps see different parts of the batch and the server cannot place the
     # labels itself (they are recovered as counts, or the order is unknown)
     arrange_labels: Literal["auto", "on", "off"] = "auto"
+    # labels recovered as counts can be one label off; "swaps": the count estimate and every
+    # multiset one label away (`labels.label_candidates`) are matched label_trial_iterations
+    # each, the label_finalists closest for label_final_iterations (0: as many as the run) from
+    # the start again, and the closest kept (on the DLG LeNet at batch 4, 10 or 19 candidates,
+    # docs/client-training.md)
+    label_trials: Literal["off", "swaps"] = "off"
+    label_trial_iterations: int = 40
+    label_finalists: int = 3
+    label_final_iterations: int = 0  # 0: the run's own iterations
 
     def __post_init__(self):
         check(self.iterations >= 1, "attack 'fedavg': iterations must be >= 1")
@@ -87,6 +96,8 @@ class FedAvgOptions:
         check(self.tv >= 0, "attack 'fedavg': tv must be >= 0")
         check(self.order_prior >= 0, "attack 'fedavg': order_prior must be >= 0")
         check(self.restarts >= 1, "attack 'fedavg': restarts must be >= 1")
+        check(min(self.label_trial_iterations, self.label_finalists) >= 1 and self.label_final_iterations >= 0,
+              "attack 'fedavg': label_trial_iterations and label_finalists must be >= 1, label_final_iterations >= 0")
         # the inverter draws one image per example, not the per-epoch copies this attack optimises
         check(self.init != "learned", "attack 'fedavg': init=learned is not available (use it with ig, cpl, rog or "
                                       "gradinversion)")
@@ -218,7 +229,41 @@ class FedAvgAttack(ResumableAttack):
 
     def rungs(self, obs: Observation, ctx: AttackContext) -> Iterator[Reconstruction]:
         opt = self.options
-        labels = recover_labels(obs, opt.label_method, ctx.generator(17))
+        labels, trials = self._labels(obs, ctx)
+        engine, layout, label_candidate, extras = self._engine(obs, labels, ctx, opt.iterations)
+        flips = "flip" in obs.training.augment and modality_of(obs.modality).pixels  # only pictures flip
+        for out in engine.start().doublings(opt.iterations):
+            inputs, slot_labels = combine_copies(out.inputs.cpu(), layout, label_candidate.hard().cpu(), flips)
+            yield Reconstruction(inputs=inputs, labels=slot_labels, iterations=out.iterations,
+                                 final_distance=out.distance, **out.trace_fields(),
+                                 extras={"copies": layout.copies, "order": obs.training.order, **extras,
+                                         "label_trials": trials})
+
+    def _labels(self, obs: Observation, ctx: AttackContext) -> tuple[torch.Tensor, list[dict] | None]:
+        """The recovered labels; with label_trials "swaps", the count estimate and its one-label
+        swaps (`labels.label_candidates`) each matched for `label_trial_iterations`, the
+        `label_finalists` closest matched again for `label_final_iterations`, and the closest
+        kept (the last round's labels and distances returned beside it)."""
+        opt = self.options
+        if opt.label_trials == "off" or obs.knows("labels"):
+            return recover_labels(obs, opt.label_method, ctx.generator(17)), None
+        candidates = label_candidates(obs, ctx.generator(17))
+        finalists: list[dict] | None = None
+        final = opt.label_final_iterations or opt.iterations
+        for iterations, keep in ((opt.label_trial_iterations, opt.label_finalists), (final, 1)):
+            if len(candidates) == 1:
+                break
+            trials = [(self._engine(obs, c, ctx, iterations, trial=True)[0].run().distance, i)
+                      for i, c in enumerate(candidates)]
+            finalists = [{"labels": candidates[i].tolist(), "distance": round(d, 7)} for d, i in sorted(trials)]
+            candidates = [candidates[i] for _, i in sorted(trials)[:keep]]
+        return candidates[0], finalists
+
+    def _engine(self, obs: Observation, labels: torch.Tensor, ctx: AttackContext, iterations: int,
+                trial: bool = False) -> tuple[Engine, Layout, FixedLabels | ArrangedLabels, dict]:
+        """The matching run on `labels`; a label trial's (`_labels`) with one restart and no
+        progress reports."""
+        opt = self.options
         by_epoch, share = self._epoch_replay(obs, labels, ctx)
         if by_epoch:  # one reconstruction per example; every step sees them all
             layout = Layout([tuple(range(obs.batch_size))], list(range(obs.batch_size)), [0] * obs.batch_size)
@@ -248,15 +293,10 @@ class FedAvgAttack(ResumableAttack):
             optimizer=Optimizer(opt.optimizer, opt.lr, schedule=opt.schedule),
             priors=[TotalVariation(opt.tv if image else 0.0),
                     EpochOrderInvariance(opt.order_prior, torch.tensor(layout.epoch, device=ctx.device))],
-            iterations=opt.iterations, restarts=opt.restarts, box=image, model=sim.model, progress=ctx.progress)
-        flips = "flip" in obs.training.augment and modality_of(obs.modality).pixels  # only pictures flip
-        for out in engine.start().doublings(opt.iterations):
-            inputs, slot_labels = combine_copies(out.inputs.cpu(), layout, label_candidate.hard().cpu(), flips)
-            yield Reconstruction(inputs=inputs, labels=slot_labels, iterations=out.iterations,
-                                 final_distance=out.distance, **out.trace_fields(),
-                                 extras={"copies": layout.copies, "order": obs.training.order,
-                                         "labels_arranged": arrange,
-                                         "replay": "epochs" if by_epoch else "steps", "order_share": share})
+            iterations=iterations, restarts=1 if trial else opt.restarts, box=image, model=sim.model,
+            progress=None if trial else ctx.progress)
+        extras = {"labels_arranged": arrange, "replay": "epochs" if by_epoch else "steps", "order_share": share}
+        return engine, layout, label_candidate, extras
 
     def _epoch_replay(self, obs: Observation, labels: torch.Tensor, ctx: AttackContext) -> tuple[bool, float | None]:
         """Whether to replay by epoch, and the order's share of the update where "auto" measured it."""

@@ -11,6 +11,13 @@ feature sum. p̄ and h̄ are estimated by running the server's own model on
 dummy inputs (or on prior data when the threat model grants it). Counts are
 rounded by largest remainder so they sum to B, and every class whose gradient
 is negative is counted at least once.
+
+Where the model's softmax is confident and input-dependent (the DLG LeNet's uniform init), the
+dummy inputs' mean softmax is a poor stand-in for the batch's own and the counts can be one
+label off: a class the batch holds can have a positive head-bias entry. `label_candidates`
+lists the estimate and every multiset one label away from it that keeps one example of each
+negative-gradient class, for an attack to choose among by its own matching (`fedavg`'s label
+trials).
 """
 from __future__ import annotations
 
@@ -59,6 +66,34 @@ def recover_labels(obs: Observation, method: Method = "auto", generator: torch.G
         raw = batch * (mean_probs - row_sums / max(mean_feature_sum, 1e-8))
     counts = _round_counts(raw.clamp(min=0), batch, negative)
     return torch.repeat_interleave(torch.arange(len(counts)), counts)
+
+
+def label_candidates(obs: Observation, generator: torch.Generator | None = None) -> list[torch.Tensor]:
+    """The count estimate (`recover_labels` "auto") first, then every multiset that swaps one
+    of its labels for another class, except the one example that each class with a negative
+    head-gradient entry certainly has (sorted label tensors). Only the labels themselves where
+    the threat model grants them or the batch is one example (whose label is exact)."""
+    estimate = recover_labels(obs, "auto", generator)
+    if obs.knows("labels") or obs.batch_size == 1:
+        return [estimate]
+    head_name, _ = last_linear(obs.model)
+    grads = obs.update.as_gradient()
+    g_bias = grads.get(f"{head_name}.bias")
+    entries = g_bias if g_bias is not None else grads[f"{head_name}.weight"].sum(1)
+    # a FedAvg delta's head entries have the sign of Σ_s c_s g_s, c_s > 0 for SGD
+    loose = estimate.tolist()
+    for c in (entries < 0).nonzero().flatten().tolist():
+        if c in loose:
+            loose.remove(c)
+    out = [tuple(estimate.tolist())]
+    for dropped in sorted(set(loose)):
+        rest = list(estimate.tolist())
+        rest.remove(dropped)
+        for added in range(obs.num_classes):
+            swapped = tuple(sorted(rest + [added]))
+            if swapped not in out:
+                out.append(swapped)
+    return [torch.tensor(m, dtype=torch.long) for m in out]
 
 
 def _odd_row_out(g_weight: torch.Tensor) -> torch.Tensor:
