@@ -146,7 +146,8 @@ def test_gradinversion_needs_bn_statistics():
         make_threat_model("honest").check("gradinversion", make_attack("gradinversion").needs())
     make_threat_model("honest", ("bn_statistics",)).check("gradinversion", make_attack("gradinversion").needs())
     make_threat_model("honest").check("gradinversion", make_attack("gradinversion:bn=0").needs())
-    with pytest.raises(GradleakError, match="no batch-norm layer"):
+    # refused by the run's compatibility check (attacks.base.refusal), before anything is computed
+    with pytest.raises(GradleakError, match="needs batch-norm layers .*use bn=0"):
         run_attack(AttackRunSpec(dataset="mnist", model="lenet", attack="gradinversion:iterations=2",
                                  threat="informed", lpips="none"))
 

@@ -72,9 +72,12 @@ def test_lora_options_are_checked_in_one_line():
         apply_lora(small_gpt2(), rank=17)
 
 
-@pytest.mark.parametrize("attack", ["tag", "ig"])
-def test_other_attacks_refuse_a_lora_update(attack):
-    with pytest.raises(GradleakError, match="cannot invert a LoRA client's update"):
+# A text attack other than DAGER is refused for the LoRA update; an image attack first for the
+# data it does not handle (attacks.base.refusal: the modality before the architecture).
+@pytest.mark.parametrize("attack, reason", [("tag", "cannot invert a LoRA client's update"),
+                                            ("ig", "does not handle text data")])
+def test_other_attacks_refuse_a_lora_update(attack, reason):
+    with pytest.raises(GradleakError, match=reason):
         run_attack(AttackRunSpec(dataset="news", model="gpt2:width=32,heads=2", attack=attack, batch_size=1,
                                  seq_len=4, lora=4))
 
