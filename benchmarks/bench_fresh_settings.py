@@ -16,6 +16,8 @@ for the same settings are in docs/verdicts.md; compare there.
 python -m benchmarks fresh_settings [--quick] [--workers N]
   --quick: batch 4 only, budgets of the demo, samples up to 36 (a smoke run)
 Resumes: GRADLEAK_BENCH_DIR keeps the store; a rerun skips finished cells.
+GRADLEAK_FRESH_MAX_EXAMPLES and GRADLEAK_FRESH_RUNGS raise the sample ladder's cap and rungs
+(64 and 3 by default): a rerun on the kept store goes on only where a verdict is still open.
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ SEEDS = (41, 42)
 def sweep_text(quick: bool = False) -> str:
     ig, cpl, rog = (200, 20, 100) if quick else (800, 80, 400)
     with_batch_one = not quick and os.environ.get("GRADLEAK_FRESH_BATCH1") == "1"
+    max_examples = 36 if quick else int(os.environ.get("GRADLEAK_FRESH_MAX_EXAMPLES") or 64)
+    rungs = 3 if quick else int(os.environ.get("GRADLEAK_FRESH_RUNGS") or 3)
     batch_one = "" if not with_batch_one else f"""
   - datasets: [mnist]
     models: [lenet]
@@ -45,7 +49,7 @@ defaults:
   lr: 0.1
   device: cpu
 tolerance: {{linkage: 0.6, recognizable: 0.1}}
-samples: {{rungs: 3, max_examples: {36 if quick else 64}}}
+samples: {{rungs: {rungs}, max_examples: {max_examples}}}
 grids:
   - datasets: [mnist]
     models: [lenet]
