@@ -2,7 +2,8 @@
 
 - `cells`: reading a store's cells (scenario, ladder, intervals over seeds);
 - `rows`: attack cells pooled per attack, with their leakage evidence (gradleak.leakage);
-- `verdict`: the grade and verdict per defense setting and the answer per scenario;
+- `verdict`: the grade per defense setting, from its attacks' evidence;
+- `wording`: the verdict sentence per setting and the answer line per scenario;
 - `costs`: utility loss, the untrained-baseline rule and the frontier;
 - `studies`: Wei et al.-style studies, leakage per round and the report's matrices.
 """
@@ -12,18 +13,8 @@ from .cells import SCENARIO_KEYS, cell_ladder, cell_saturated, dataset_modalitie
 from .costs import NEAR_CHANCE, NEAR_UNIFORM_NATS, did_not_train, utility_metric, utility_table
 from .rows import attack_rows, cell_evidence, with_weaker_threats
 from .studies import MATRIX_KEYS, MATRIX_ROW_KEYS, best_reconstructions, leakage_by_round, study_tables
-from .verdict import (
-    ATTACK_METRICS,
-    GRADES,
-    HOLDS_MIN_SEEDS,
-    answer,
-    budget_range,
-    percent,
-    setting_name,
-    strongest_attacks,
-    study_tolerance,
-    verdict,
-)
+from .verdict import ATTACK_METRICS, GRADES, strongest_attacks, study_tolerance
+from .wording import HOLDS_MIN_SEEDS, answer, budget_range, percent, setting_name, verdict
 
 __all__ = ["ATTACK_METRICS", "GRADES", "HOLDS_MIN_SEEDS", "MATRIX_KEYS", "MATRIX_ROW_KEYS", "NEAR_CHANCE",
            "NEAR_UNIFORM_NATS", "SCENARIO_KEYS", "answer", "attack_rows", "best_reconstructions", "budget_range",

@@ -1,0 +1,188 @@
+"""The words of a verdict: the sentence per defense setting and the answer line per scenario,
+from the entries `analysis.verdict` grades (the terminal, the report and `summary()` print these)."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ..leakage import Evidence, Tolerance
+from .cells import SCENARIO_KEYS
+
+HOLDS_MIN_SEEDS = 2  # "holds" needs at least this many seeds
+
+
+def attack_name(row: dict) -> str:
+    return row["attack_spec"] + (f" (as the {row['from_threat']} server)" if row.get("from_threat") else "")
+
+
+def unconfirmed_text(member: dict) -> str:
+    evidence: Evidence = member["evidence"]
+    return (f"{count_text(evidence.recognizable, evidence.examples)} recognizable by {attack_name(member)} "
+            "(borderline, not confirmed on fresh examples: not called a leak)")
+
+
+def entry_tolerance(entry: dict) -> Tolerance:
+    stored = entry.get("tolerance")
+    return Tolerance(**stored) if isinstance(stored, dict) else Tolerance()
+
+
+def percent(rate: float | None) -> str:
+    """A rate as the verdicts print it (0.001998 → "0.2%", 0.376 → "38%", 1.0 → "100%")."""
+    if rate is None:
+        return "–"
+    value = 100 * rate
+    return f"{value:.0f}%" if value >= 10 else f"{value:.2g}%"
+
+
+def count_text(k: int, n: int) -> str:
+    return f"{k} of {n} example{'s' if n != 1 else ''}"
+
+
+def budget_range(entry: dict) -> str | None:
+    """The iterations a setting's ladders ended at, "400" or "40–800"; None when every attack
+    was analytic."""
+    low, high = entry.get("budget_min"), entry.get("budget_max")
+    if not high:
+        return None
+    return f"{low:,}" if low == high else f"{low:,}–{high:,}"
+
+
+def _budget_text(entry: dict) -> str:
+    spent = budget_range(entry)
+    return f"{spent} iterations" if spent else "analytic"
+
+
+def _interval(low: float, high: float, as_percent: bool = False) -> str:
+    return (f"{percent(low)[:-1]}–{percent(high)}" if as_percent else f"{low:.2f}–{high:.2f}")
+
+
+def _evidence_text(entry: dict) -> str:
+    """The grading attack's numbers: linkage AUC and recognizable rate with their intervals."""
+    n = entry.get("ev_examples") or 0
+    if not n:
+        return "no example judged against a gallery"
+    level = f"{100 * entry_tolerance(entry).level:g}%"
+    linkage = _interval(entry["ev_linkage_low"], entry["ev_linkage_high"])
+    top1 = ""
+    if entry.get("ev_identified_low") is not None:
+        top1 = (f"{entry.get('ev_identified') or 0} of {n} re-identified top-1 "
+                f"({_interval(entry['ev_identified_low'], entry['ev_identified_high'], True)}), ")
+    return (f"linkage AUC {entry['ev_linkage']:.2f} ({level} {linkage}), {top1}"
+            f"{count_text(entry['ev_recognizable'], n)} recognizable "
+            f"({_interval(entry['ev_recognizable_low'], entry['ev_recognizable_high'], True)}; "
+            f"chance {percent(entry['ev_chance'])})")
+
+
+def verdict(entry: dict) -> tuple[str, str]:
+    """('leaks' | 'linkable' | 'holds' | 'not shown (why)', the verdict in one sentence); a
+    borderline recognizable count that was not confirmed is said beside it."""
+    word, text = _verdict(entry)
+    note = entry.get("unconfirmed_recognizable")
+    return word, (f"{text}; {note}" if note and word != "leaks" else text)
+
+
+def _verdict(entry: dict) -> tuple[str, str]:
+    grade, attack = entry.get("grade"), entry.get("grade_attack")
+    tolerance = entry_tolerance(entry)
+    borderline = " (borderline: not yet confirmed on fresh examples)" if entry.get("borderline") else ""
+    if grade == "copies":
+        return "leaks", (f"leaks: {count_text(entry['ev_copies'], entry['ev_copies_of'])} copied exactly "
+                         f"({entry.get('copy_criterion') or 'MSE ≤ 1e-3'}) by {attack}")
+    if grade == "recognizable":
+        return "leaks", (f"leaks: recognizable reconstructions by {attack}{borderline} — {_evidence_text(entry)}")
+    if grade == "linkable":
+        beyond = ("beyond the tolerance" if entry.get("exceeds_tolerance")
+                  else f"the tolerance not met (it asks {tolerance.describe()})")
+        return "linkable", (f"linkable, not recognizable: reconstructions by {attack} are nearer their originals "
+                            f"than chance{borderline}, {beyond} — {_evidence_text(entry)}")
+    against = ", ".join(entry.get("attack_specs") or [])
+    if entry.get("failed"):
+        return "not shown (attack failed)", f"not shown: {entry['failed']} attack cell(s) failed"
+    if entry.get("training_unconfirmed"):
+        return ("not shown (training not confirmed)",
+                f"not shown: the declared training did not reproduce {entry['training_unconfirmed']} captured "
+                "update(s), so the attacks replayed another training than the client's")
+    if entry.get("blind_only"):
+        return ("not shown (training not modelled)",
+                f"not shown: every attack was blind to the client's training ({entry['blind_note']})")
+    if entry.get("unsaturated"):
+        return ("not shown (attack not saturated)",
+                f"not shown: {entry['unsaturated']} still improving at its cap ({_budget_text(entry)}); "
+                "more budget could change the verdict")
+    if not entry.get("reid_judged"):
+        return "not shown (no re-identification)", "not shown: no gallery to re-identify the reconstructions among"
+    if entry.get("seeds", 1) < HOLDS_MIN_SEEDS:
+        return "not shown (one seed)", f"not shown: one seed (holds needs {HOLDS_MIN_SEEDS})"
+    if not entry.get("meets_tolerance"):
+        needed = entry.get("needed_examples") or 0
+        more = (f"; about {needed} per attack would bound them if the rates stay as measured" if 0 < needed <= 1000
+                else "; the rates as measured sit too near the tolerance for any affordable number of examples to "
+                "bound them" if needed > 1000 else "")
+        return ("not shown (rates not bounded)",
+                f"not shown: {entry['min_examples']} examples per attack bound the linkage AUC only to "
+                f"{entry['worst_linkage_high']:.2f} and the recognizable rate to "
+                f"{percent(entry['worst_recognizable_high'])} (the tolerance asks {tolerance.describe()}){more}")
+    linkable = (" — measurably linkable, within the tolerance" if entry.get("linkable_within") else "")
+    return "holds", (f"holds at the tolerance ({tolerance.describe()}) against {against} (saturated at "
+                     f"{_budget_text(entry)}; over {entry['min_examples']} or more examples per attack the linkage "
+                     f"AUC is at most {entry['worst_linkage_high']:.2f} and the recognizable rate at most "
+                     f"{percent(entry['worst_recognizable_high'])}){linkable}")
+
+
+# How leaky a verdict is, least first: the answer's order when nothing holds.
+SEVERITY = {"holds": 0, "not shown": 1, "linkable": 2, "recognizable": 3, "copies": 4}
+
+
+def severity(entry: dict) -> int:
+    if entry.get("grade") in SEVERITY:
+        return SEVERITY[entry["grade"]]
+    return 0 if entry.get("verdict") == "holds" else 1
+
+
+def setting_name(entry: dict) -> str:
+    return entry["defense"] if not entry.get("strength") else f"{entry['defense']} {entry['strength']}"
+
+
+def loss_text(entry: dict) -> str:
+    loss = entry.get("utility_loss")
+    if loss is None and entry.get("utility_metric") is None:
+        return ""  # no utility runs in this store
+    if loss is None:
+        return ", utility cost unknown" + (f" ({entry['utility_note']})" if entry.get("utility_note") else "")
+    ci = entry.get("utility_loss_ci")
+    spread = f" ± {ci:.2g}" if ci is not None else ""
+    if entry.get("utility_resolved") is False:
+        return f", utility cost not resolved (loss {loss:.3g}{spread}: its interval is as wide as the loss)"
+    return f", utility loss {loss:.3g}{spread}"
+
+
+def answer(entries: list[dict]) -> list[dict]:
+    """The answer a practitioner came for, per scenario (threat model, dataset, model, batch
+    size, local steps): the cheapest defense setting that holds at the tolerance (least utility
+    loss), or the least leaky one when none holds (by grade, then by its worst attack's linkage
+    AUC)."""
+    by_scenario: dict[tuple, list[dict]] = defaultdict(list)
+    for e in entries:
+        by_scenario[tuple(e[k] for k in SCENARIO_KEYS)].append(e)
+    out = []
+    for key, members in by_scenario.items():
+        holds = [e for e in members if e["verdict"] == "holds"]
+        scenario = dict(zip(SCENARIO_KEYS, key))
+        if holds:
+            cheapest = min(holds, key=lambda e: (e.get("utility_loss") is None, e.get("utility_loss") or 0.0))
+            out.append({**scenario, "holds": True, "setting": cheapest, "text": (
+                f"cheapest defense that holds: {setting_name(cheapest)}{loss_text(cheapest)} — "
+                f"{cheapest['verdict_text']}")})
+        else:
+            least = min(members, key=_leakiness)
+            out.append({**scenario, "holds": False, "setting": least, "text": (
+                f"none of the {len(members)} tested settings is shown to hold; the least leaky is "
+                f"{setting_name(least)} ({least['verdict_text']}){loss_text(least)}")})
+    return out
+
+
+def _leakiness(entry: dict):
+    """Sort key, least leaky first: the grade, then the copy rate, then the worst attack's
+    linkage AUC (its estimate: the interval's upper end moves more with the examples' spread)."""
+    copy_rate = (entry.get("ev_copies") or 0) / (entry.get("ev_copies_of") or 1)
+    worst = entry.get("worst_linkage")
+    return (severity(entry), copy_rate, worst if worst is not None else 1.0, entry.get("worst_linkage_high") or 1.0)
