@@ -6,7 +6,7 @@ the verdict's rules at the default tolerance, with the sample ladder adding fres
 (up to 64 per attack) wherever a verdict is still open. Settings: pruning 0.9 and 0.99, top-k
 0.95 and signSGD at batch 4 (the demo's); with GRADLEAK_FRESH_BATCH1=1 also pruning 0.99 at
 batch 1, which the demo does not run (64 single-example attacks per attack: about 1,500 CPU
-seconds more).
+seconds more); GRADLEAK_FRESH_BATCH1=only runs that setting alone.
 
 Printed per setting: grade, the grading attack, linkage AUC and recognizable rate with 95%
 intervals, examples per attack, sample rungs added, and each attack's best SSIM (the
@@ -31,7 +31,8 @@ SEEDS = (41, 42)
 
 def sweep_text(quick: bool = False) -> str:
     ig, cpl, rog = (200, 20, 100) if quick else (800, 80, 400)
-    with_batch_one = not quick and os.environ.get("GRADLEAK_FRESH_BATCH1") == "1"
+    with_batch_one = not quick and os.environ.get("GRADLEAK_FRESH_BATCH1") in ("1", "only")
+    only_batch_one = with_batch_one and os.environ.get("GRADLEAK_FRESH_BATCH1") == "only"
     max_examples = 36 if quick else int(os.environ.get("GRADLEAK_FRESH_MAX_EXAMPLES") or 64)
     rungs = 3 if quick else int(os.environ.get("GRADLEAK_FRESH_RUNGS") or 3)
     batch_one = "" if not with_batch_one else f"""
@@ -43,14 +44,17 @@ def sweep_text(quick: bool = False) -> str:
     defenses: [prune:ratio=0.99]
     attacks: [ig:iterations={ig}, cpl:iterations={cpl}, rog:iterations={rog}]
 """
-    return f"""name: fresh-settings
+    head = f"""name: fresh-settings
 defaults:
   lpips: alex
   lr: 0.1
   device: cpu
 tolerance: {{linkage: 0.6, recognizable: 0.1}}
 samples: {{rungs: {rungs}, max_examples: {max_examples}}}
-grids:
+grids:"""
+    if only_batch_one:
+        return head + batch_one
+    return head + f"""
   - datasets: [mnist]
     models: [lenet]
     batch_sizes: [4]
