@@ -152,3 +152,10 @@ MODEL_OPTIONS = {"convnet": "width=8", "vgg16": "width_divisor=8", "twolayer": "
 
 def model_text(name: str) -> str:
     return f"{name}:{MODEL_OPTIONS[name]}" if name in MODEL_OPTIONS else name
+
+
+def one_line(exc: BaseException | Any) -> str:
+    """The message of a refusal (an exception, or pytest's ExceptionInfo of one), asserted to be one line."""
+    message = str(getattr(exc, "value", exc))
+    assert message and "\n" not in message.strip(), f"not one line: {message!r}"
+    return message

@@ -20,7 +20,16 @@ from gradleak.knowledge import KNOWLEDGE, PRESETS
 from gradleak.options import ComponentSpec, build_options
 from gradleak.threat import make_threat_model
 
-from .probes import accepted_models, attack_threat, fitting_model, modality_data, observation, run_attack, tiny_attack
+from .probes import (
+    accepted_models,
+    attack_threat,
+    fitting_model,
+    modality_data,
+    observation,
+    one_line,
+    run_attack,
+    tiny_attack,
+)
 
 NAMES = ATTACKS.names()
 PAIRS = [(name, modality) for name in NAMES for modality in ATTACKS.get(name).modalities]
@@ -30,11 +39,6 @@ SLOW = {("learned", "image")}
 # class fishing says so when the batch holds no example of its target class, as these two do not
 pytestmark = pytest.mark.filterwarnings("ignore:.*nothing reconstructed. no example of target_class:UserWarning")
 
-
-def _one_line(exc: pytest.ExceptionInfo | BaseException) -> str:
-    message = str(exc.value if isinstance(exc, pytest.ExceptionInfo) else exc)
-    assert message and "\n" not in message.strip(), f"not one line: {message!r}"
-    return message
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -74,7 +78,7 @@ def test_options_budgets_and_presets_are_valid(name):
     assert budget is not None or not cls.iterative, "an iterative attack has an iteration budget"
     with pytest.raises(GradleakError) as refused:
         make_attack(f"{name}:no_such_option=1")
-    assert "no_such_option" in _one_line(refused)
+    assert "no_such_option" in one_line(refused)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -116,7 +120,7 @@ def test_reconstructs_the_datas_shape_and_type_the_same_for_the_same_seed(name, 
         try:
             run = run_attack(name, model, modality, seed=3)
         except GradleakError as exc:
-            refusals[model] = _one_line(exc)
+            refusals[model] = one_line(exc)
             continue
         _check_reconstruction(run.reconstruction, modality)
         # the model the server sent is left as it was (attacks work on copies)
@@ -137,7 +141,7 @@ def test_reconstructs_the_datas_shape_and_type_the_same_for_the_same_seed(name, 
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_an_observation_lacking_what_it_declared_is_refused_in_one_line(name):
+def test_an_observation_lacking_what_it_declared_is_refused_inone_line(name):
     attack = tiny_attack(name)
     modality = attack.modalities[0]
     model = fitting_model(attack, modality)
@@ -145,7 +149,7 @@ def test_an_observation_lacking_what_it_declared_is_refused_in_one_line(name):
         threat = attack_threat(attack, without=key)
         with pytest.raises(GradleakError) as refused_before:
             threat.check(name, attack.needs())
-        assert key in _one_line(refused_before)
+        assert key in one_line(refused_before)
         if key == "malicious_model":
             # what a malicious server knows is the model it crafted, which the observation carries
             # whatever the grant: the threat model's refusal above, before prepare_model, is the gate
@@ -153,7 +157,7 @@ def test_an_observation_lacking_what_it_declared_is_refused_in_one_line(name):
         obs, ctx = observation(attack, model, modality, threat)
         with pytest.raises(GradleakError) as refused:
             attack.reconstruct(obs, ctx)
-        _one_line(refused)
+        one_line(refused)
 
 
 def test_every_attack_is_checked():

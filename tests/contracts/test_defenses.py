@@ -20,7 +20,7 @@ from gradleak.fl import TrainingSpec, compute_update
 from gradleak.models.references import build_named_model
 from gradleak.options import field_range
 
-from .probes import modality_data
+from .probes import modality_data, one_line
 
 NAMES = DEFENSES.names()
 PLACES = {"model", "data", "gradient", "update"}
@@ -29,11 +29,6 @@ PLACES = {"model", "data", "gradient", "update"}
 CLIENTS = [("lenet", "image"), ("mlp:hidden=16", "tabular")]
 TRAININGS = {"fedsgd": TrainingSpec(), "fedavg": TrainingSpec(lr=0.05, local_steps=2, local_batch_size=2)}
 
-
-def _one_line(exc: pytest.ExceptionInfo) -> str:
-    message = str(exc.value)
-    assert message and "\n" not in message.strip(), f"not one line: {message!r}"
-    return message
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -47,7 +42,7 @@ def test_declarations_and_option_checks(name):
     assert set(defense.places) or defense.aggregate_clients > 1, "acts nowhere"
     with pytest.raises(GradleakError) as refused:
         make_defense(f"{name}:no_such_option=1")
-    assert "no_such_option" in _one_line(refused)
+    assert "no_such_option" in one_line(refused)
     if cls.Options is None:
         return
     assert dataclasses.is_dataclass(cls.Options)
@@ -58,7 +53,7 @@ def test_declarations_and_option_checks(name):
         for bad in ("abc", "nan"):
             with pytest.raises(GradleakError) as refused:
                 make_defense(f"{name}:{field.name}={bad}")
-            assert field.name in _one_line(refused) or bad in str(refused.value)
+            assert field.name in one_line(refused) or bad in str(refused.value)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -15,7 +15,7 @@ from gradleak.fl import TrainingSpec, compute_update
 from gradleak.models import MODELS
 from gradleak.models.references import build_named_model
 
-from .probes import MODALITY_DATA, modality_data, model_text
+from .probes import MODALITY_DATA, modality_data, model_text, one_line
 
 NAMES = MODELS.names()
 
@@ -24,10 +24,6 @@ def _build(name: str, data, seed: int = 0):
     return build_named_model(model_text(name), data.input_shape, data.num_classes, seed=seed,
                              modality=data.modality)
 
-
-def _one_line(exc: GradleakError) -> str:
-    assert str(exc) and "\n" not in str(exc).strip(), f"not one line: {exc}"
-    return str(exc)
 
 
 def _data_it_reads(name: str, modality: str):
@@ -39,14 +35,14 @@ def _data_it_reads(name: str, modality: str):
             with torch.no_grad():
                 _build(name, data)(data.inputs[:2])
         except GradleakError as exc:
-            _one_line(exc)
+            one_line(exc)
             continue
         return data
     return None
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_reads_a_modality_seeded_finite_and_trainable_and_refuses_the_others_in_one_line(name):
+def test_reads_a_modality_seeded_finite_and_trainable_and_refuses_the_others_inone_line(name):
     assert MODELS.summary(name), "no one-line summary for `gradleak list models`"
     reads = {modality: data for modality in MODALITIES if (data := _data_it_reads(name, modality)) is not None}
     assert reads, f"model '{name}' reads none of {', '.join(MODALITIES)}"
