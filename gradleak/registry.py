@@ -22,6 +22,12 @@ from .errors import GradleakError
 T = TypeVar("T")
 
 
+def import_reference(reference: str):
+    """The object a "module:attribute" reference names (registry entries, `Modality.scorer`)."""
+    module_name, _, attr = reference.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
 class Registry(Generic[T]):
     def __init__(self, kind: str, entries: dict[str, str], group: str | None = None):
         self.kind = kind
@@ -90,9 +96,8 @@ class Registry(Generic[T]):
         if name not in self._loaded:
             entry = self._paths[name]
             if isinstance(entry, str):
-                module_name, _, attr = entry.partition(":")
                 try:
-                    component = getattr(importlib.import_module(module_name), attr)
+                    component = import_reference(entry)
                 except Exception as exc:  # a plugin's own import error, reported in one line
                     raise GradleakError(f"{self.kind} '{name}' could not be loaded from '{entry}': "
                                         f"{type(exc).__name__}: {exc}") from None

@@ -31,7 +31,6 @@ gradleak.metrics.text instead: ROUGE, token and exact-sequence accuracy, ASR = e
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import asdict, dataclass
 from statistics import mean, median
 from typing import Literal
@@ -40,6 +39,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from ..data.modality import modality as modality_of
+from ..registry import import_reference
 from .image import mse, psnr, psnr_from_mse, ssim
 from .reidentify import (
     Gallery,
@@ -123,8 +123,7 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
     sequences get `SequenceScore`s (gradleak.metrics.text)."""
     kind = modality_of(modality)
     if kind.scorer != SCORE_BATCH:  # the modality scores its batches its own way (text: score_sequences)
-        module, _, function = kind.scorer.partition(":")
-        scorer = getattr(importlib.import_module(module), function)
+        scorer = import_reference(kind.scorer)
         return scorer(originals, labels, reconstruction, recovered_labels, tokenizer=tokenizer, gallery=gallery)
     originals = originals.detach().float().cpu()
     candidates = reconstruction.detach().float().cpu()
