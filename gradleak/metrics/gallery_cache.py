@@ -83,10 +83,10 @@ def keep(inputs: torch.Tensor, backbone: str, features: list[torch.Tensor], norm
     path = kept_path(inputs, backbone)
     tensors = {**{f"features.{k}": t.contiguous() for k, t in enumerate(features)},
                **{f"norms.{k}": t.contiguous() for k, t in enumerate(norms)}}
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         save_file(tensors, str(tmp), metadata={"format": str(FORMAT), "backbone": backbone})
         os.replace(tmp, path)
     except OSError:  # a read-only or full cache: the features are simply computed next time
-        pass
+        tmp.unlink(missing_ok=True)  # a half-written file left by a full disk
