@@ -76,12 +76,6 @@ def load_reference(text: str, split: str = "test", resize: int | None = None, se
     return load_dataset(dataset_spec(text, split, resize, seq_len))
 
 
-def declared_modality(text: str, split: str = "test", resize: int | None = None, seq_len: int | None = None
-                      ) -> str:
-    """The modality the loader of a dataset reference declares (it loads the dataset)."""
-    return load_reference(text, split, resize, seq_len).modality
-
-
 def run_order(size: int, seed: int) -> torch.Tensor:
     """The order a run with `seed` takes a dataset of `size` examples in: its first examples
     are the attacked ones (targets), the rest the other clients' (run_scenario)."""
