@@ -1,5 +1,5 @@
 """What an audit makes of the user's other inputs: seeds, the gallery, the artifacts folder,
-and the digests and labels that identify its setting in the results store."""
+and the defense labels that identify its setting in the results store (the digests: `data.base`, `models.base`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,9 +8,7 @@ from typing import Any, Sequence
 import torch
 
 from ..data import Dataset
-from ..data.base import data_digest as data_digest  # captured audits and the Flower hook read them here
 from ..errors import GradleakError
-from ..models.base import model_digest as model_digest
 
 
 def audit_seeds(seed: int | Sequence[int]) -> list[int]:

@@ -241,7 +241,9 @@ def _labels(item: PlannedAttack) -> dict:
 
 
 def _setting(audit: FlowerAudit, captured: CapturedUpdate, data, threat: str) -> dict:
-    from ..api.inputs import data_digest, defense_labels, model_digest
+    from ..api.inputs import defense_labels
+    from ..data.base import data_digest
+    from ..models.base import model_digest
 
     training = captured.training
     check = captured.training_check.to_dict() if captured.training_check is not None else None
