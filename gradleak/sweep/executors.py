@@ -8,8 +8,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,7 +102,11 @@ class ProcessExecutor:
                                    initializer=_init_worker, initargs=(queue,))
         completed = False
         try:
-            pending = {pool.submit(_worker_cell, c.key, c.kind, c.spec, self.artifacts): c for c in cells}
+            # submit() starts the workers. A signal that lands while the forkserver is still
+            # forking one would leave a child the pool does not know yet: the driver cannot stop
+            # it, and it fails loudly reading semaphores the exiting driver removed.
+            with _signals_held(signal.SIGINT, signal.SIGTERM):
+                pending = {pool.submit(_worker_cell, c.key, c.kind, c.spec, self.artifacts): c for c in cells}
             while pending:
                 finished, _ = wait(pending, timeout=_THROTTLE_SECONDS, return_when=FIRST_COMPLETED)
                 self._drain(queue, by_key, bars)
@@ -129,6 +135,25 @@ class ProcessExecutor:
                 return
             if key in by_key:
                 bars.attack(by_key[key], iteration, total, distance)
+
+
+@contextmanager
+def _signals_held(*signums: int):
+    """Hold these signals while the block runs; the first that arrived is delivered when it
+    ends (to the handlers in place before, so Ctrl-C still interrupts, a moment later)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread receives signals in Python
+        return
+    arrived: list[int] = []
+    previous = {signum: signal.signal(signum, lambda received, _frame: arrived.append(received))
+                for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if arrived:
+            signal.raise_signal(arrived[0])
 
 
 def _terminate_workers(pool: ProcessPoolExecutor) -> None:

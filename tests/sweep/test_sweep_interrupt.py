@@ -94,3 +94,35 @@ def test_interrupt_does_not_wait_for_running_cells(tmp_path):
     assert proc.returncode == 130 and len(err.strip().splitlines()) == 1, err
     assert stopped_after < 20, f"the driver took {stopped_after:.0f} s to stop"
     assert group_ends(proc.pid), "worker or forkserver processes outlived the sweep"
+
+
+# The driver is interrupted while the pool is still starting its workers (the forkserver
+# preloads torch for a second or more): the signal is held until every worker the pool
+# started is known, so the driver stops them all and none is left to fail on its own.
+EARLY_INTERRUPT = """
+import os, signal, sys, threading
+from types import SimpleNamespace
+from gradleak.sweep.executors import ProcessExecutor
+from gradleak.sweep.progress import SweepBars
+
+cells = [SimpleNamespace(key=str(i), kind="attack", spec={}, labels={}) for i in range(4)]
+threading.Timer(float(sys.argv[1]), os.kill, (os.getpid(), signal.SIGINT)).start()
+try:
+    for _ in ProcessExecutor(2).run(cells, SweepBars(None, len(cells), 0)):
+        pass
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.3])
+def test_interrupt_while_workers_start_leaves_no_stray_worker(delay):
+    proc = subprocess.Popen([sys.executable, "-c", EARLY_INTERRUPT, str(delay)], env=ENV, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=as_in_a_terminal)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        kill_group(proc)
+    assert out.strip() == "interrupted" and err.strip() == "", err
+    assert group_ends(proc.pid), "a worker or the forkserver outlived the driver"
