@@ -232,7 +232,14 @@ def image_degradations(x: torch.Tensor, spare: torch.Tensor, seed: int = 1) -> d
         out[f"shift {px} px"] = _shift(x, px)
     out["faint copy in speckle (0.2 x + 0.8 u)"] = 0.2 * x + 0.8 * uniform
     out["binarised noisy copy (x + N(0, 0.5) > 0.5)"] = ((x + 0.5 * noise) > 0.5).float()
+    # partial reconstructions as gradient attacks leave them: a faint, smooth trace of the
+    # original under smooth clutter, or a ghost of it over another example
+    smooth = _blur(uniform, _gauss(2.0))
+    out["faint blurred copy in smooth clutter (0.3 blur x + 0.7 blur u)"] = 0.3 * _blur(x, _gauss(2.0)) + 0.7 * smooth
+    out["ghost over another example (0.3 x + 0.7 other)"] = \
+        0.3 * x + 0.7 * spare[torch.randint(len(spare), (len(x),), generator=torch.Generator().manual_seed(seed + 1))]
     out["uniform speckle"] = uniform
+    out["smooth clutter (blur u)"] = smooth
     out["sign-like binary noise"] = (noise > 0).float()
     out["grey + noise 0.25"] = (0.5 + 0.25 * noise).clamp(0, 1)
     out["another example"] = spare[torch.randint(len(spare), (len(x),), generator=g)]
@@ -264,7 +271,7 @@ def calibrate_images(n: int) -> dict:
         for degradation, recon in image_degradations(originals, spare).items():
             recon = recon.clamp(0, 1)
             s, lp = ssim(originals, recon), lpips_distance(originals, recon).detach()
-            verdict = judge(originals, recon, gallery, ("ssim", "lpips"))
+            verdict = judge(originals, recon, gallery, ("ssim", "lpips"), ("ssim", "lpips", "pearson"))
             bar = [(a >= RECOGNIZABLE_SSIM or b <= RECOGNIZABLE_LPIPS) for a, b in zip(s.tolist(), lp.tolist())]
             rows[degradation] = {**_row(verdict, bar), "ssim": float(s.mean()), "ssim_p10": float(s.quantile(0.1)),
                                  "lpips": float(lp.mean()), "lpips_p90": float(lp.quantile(0.9))}

@@ -17,9 +17,12 @@ that carries nothing would give:
   original than a random gallery example (0.5 for nothing, 1 for a copy). Every example
   contributes its own AUC (one minus its normalised gallery rank), so a reconstruction that
   ranks its original 12th of 1,000 counts as evidence, not as a miss. The interval is the
-  Student-t interval of the mean over examples; the test against 0.5 uses the null's known
-  variance (a rank uniform over the gallery has AUC variance 1/12), which does not depend on
-  the data.
+  Student-t interval of the mean over examples; the test against 0.5 uses each example's
+  variance under its own permutation null (gradleak.metrics.reidentify.null_linkage_variance:
+  the original is exchangeable with the gallery when the reconstruction carries nothing), at
+  most 1/12 — a rank uniform over the gallery — and less where the linkage distances disagree,
+  so averaging them adds power without a chance mean other than 0.5. Examples judged before
+  it was kept count 1/12.
 
 A setting runs several attacks, each tested twice (recognizable, linkage): `holm` corrects
 those p-values together (Holm, Scand. J. Statist. 1979), so a chance hit somewhere among
@@ -121,22 +124,32 @@ class Evidence:
     # top-1 re-identifications (rank 0 under some distance, with or without the perceptual
     # bar): reported beside the grades, never graded on (one chance rank 0 must not decide)
     identified: int = 0
+    # the sum over examples of their linkage's null variance (None: 1/12 each, the most it can be)
+    linkage_null: float | None = None
 
     @staticmethod
     def of(examples: int, copies: int, copies_of: int, recognizable: int, linkage_mean: float | None,
-           linkage_sd: float | None, chance: float, identified: int = 0) -> Evidence:
-        """From a cell's summary (means and the sample standard deviation over its examples)."""
+           linkage_sd: float | None, chance: float, identified: int = 0,
+           linkage_null_var: float | None = None) -> Evidence:
+        """From a cell's summary (means and the sample standard deviation over its examples;
+        `linkage_null_var` the mean null variance, absent from cells stored before it was kept)."""
         n = examples if linkage_mean is not None else 0
         mean, sd = (linkage_mean or 0.0), (linkage_sd or 0.0)
         squares = (n - 1) * sd * sd + n * mean * mean if n else 0.0
+        null = n * linkage_null_var if n and linkage_null_var is not None else None
         return Evidence(n, copies, copies_of, recognizable if n else 0, n * mean, squares, chance,
-                        identified if n else 0)
+                        identified if n else 0, null)
+
+    def null_variance_sum(self) -> float:
+        return self.linkage_null if self.linkage_null is not None else self.examples * NULL_LINKAGE_VARIANCE
 
     def __add__(self, other: Evidence) -> Evidence:
+        null = None if self.linkage_null is None and other.linkage_null is None else \
+            self.null_variance_sum() + other.null_variance_sum()
         return Evidence(self.examples + other.examples, self.copies + other.copies, self.copies_of + other.copies_of,
                         self.recognizable + other.recognizable, self.linkage_sum + other.linkage_sum,
                         self.linkage_sq + other.linkage_sq, max(self.chance, other.chance),
-                        self.identified + other.identified)
+                        self.identified + other.identified, null)
 
     @property
     def linkage(self) -> float | None:
@@ -156,7 +169,10 @@ class Evidence:
             return 1.0
         from scipy.stats import norm
 
-        z = (self.linkage_sum / self.examples - 0.5) / math.sqrt(NULL_LINKAGE_VARIANCE / self.examples)
+        # the null variance floored a little above zero: a gallery whose every member ties
+        # (constant data) gives a statistic that cannot move, and no evidence
+        spread = math.sqrt(max(self.null_variance_sum(), 1e-12 * self.examples))
+        z = (self.linkage_sum - 0.5 * self.examples) / spread
         return float(norm.sf(z))
 
     @property

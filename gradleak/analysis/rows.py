@@ -25,7 +25,7 @@ def _number(value) -> float | None:
 
 def cell_evidence(cell: CellRecord) -> Evidence:
     """The leakage evidence of one attack cell, from its summary metrics (`examples`, `asr`,
-    `recognizable`, `linkage`, `linkage_sd`, `reid_chance`). Cells stored before linkage was
+    `recognizable`, `linkage`, `linkage_sd`, `linkage_null_var`, `reid_chance`). Cells stored before linkage was
     measured carry only their copies."""
     m = cell.metrics
     examples = _number(m.get("examples"))
@@ -36,7 +36,8 @@ def cell_evidence(cell: CellRecord) -> Evidence:
     if linkage is None or recognizable is None:
         return Evidence(copies=copies, copies_of=n, chance=_number(m.get("reid_chance")) or 0.0)
     return Evidence.of(n, copies, n, int(round(recognizable * n)), linkage, _number(m.get("linkage_sd")),
-                       _number(m.get("reid_chance")) or 0.0, int(round((_number(m.get("reid")) or 0.0) * n)))
+                       _number(m.get("reid_chance")) or 0.0, int(round((_number(m.get("reid")) or 0.0) * n)),
+                       _number(m.get("linkage_null_var")))
 
 
 def attack_rows(cells: list[CellRecord]) -> list[dict]:

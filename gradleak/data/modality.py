@@ -41,6 +41,9 @@ class Modality:
     # the distance a reconstruction is re-identified by among a gallery (gradleak.metrics.reidentify;
     # pictures add LPIPS where the backbone can read them)
     reid_distance: Literal["ssim", "l2", "tokens"] = "l2"
+    # distances that enter the linkage AUC beside re-identification's (docs/judging.md: pictures
+    # add pixel correlation, which reads the partial, noise-like reconstructions SSIM and LPIPS miss)
+    linkage_extra: tuple[Literal["pearson"], ...] = ()
     # the range a reconstruction is brought into before it is scored (None: as it is)
     value_range: tuple[float, float] | None = None
     # which of two reconstructions is better: these metrics in turn (name, higher is better)
@@ -97,7 +100,7 @@ class Modality:
 MODALITIES: dict[str, Modality] = {
     "image": Modality("image", torch.float32, pixels=True, tokens=False,
                       scores=(Score("psnr", "PSNR", " dB", 3, ".1f"), Score("ssim", "SSIM", "", 2, ".2f")),
-                      reid_distance="ssim", value_range=(0.0, 1.0), best_by=(("mse", False), ("psnr", True))),
+                      reid_distance="ssim", linkage_extra=("pearson",), value_range=(0.0, 1.0), best_by=(("mse", False), ("psnr", True))),
     "tabular": Modality("tabular", torch.float32, pixels=False, tokens=False,
                         scores=(Score("mse", "MSE", "", 3, ".3g"),)),
     "text": Modality("text", torch.int64, pixels=False, tokens=True,

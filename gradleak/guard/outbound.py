@@ -48,10 +48,12 @@ def update_evidence(scores: Sequence[dict]) -> Evidence:
     AUCs, with the re-identification chance."""
     judged = [s for s in scores if s.get("gallery_rank") is not None and s.get("linkage") is not None]
     links = [float(s["linkage"]) for s in judged]
+    null = sum(float(s["linkage_null_var"]) if s.get("linkage_null_var") is not None else 1.0 / 12 for s in judged)
     return Evidence(examples=len(judged), copies=sum(bool(s.get("success")) for s in scores),
                     copies_of=len(scores), recognizable=sum(bool(s.get("recognizable")) for s in judged),
                     linkage_sum=sum(links), linkage_sq=sum(v * v for v in links),
-                    chance=max((float(s.get("reid_chance") or 0.0) for s in judged), default=0.0))
+                    chance=max((float(s.get("reid_chance") or 0.0) for s in judged), default=0.0),
+                    linkage_null=null if judged else None)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from .reidentify import (
     _reference_distances,
     gallery_scale,
     linkage_distances,
+    null_linkage_variance,
     rank_and_auc,
 )
 
@@ -43,12 +44,14 @@ def distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery: Gallery,
                      distances: tuple[Distance, ...], backbone: str = "alex", pad_token: int | None = None,
-                     lpips_features: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None) -> Judgement:
+                     lpips_features: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
+                     linkage: tuple[Distance, ...] | None = None) -> Judgement:
     """Rank every original among `gallery` by its nearest candidate (module docstring); the
     Judgement of `reidentify.judge`. Token sequences (`distances` ("tokens",)) keep their ids.
     `lpips_features`: the finite candidates' and the originals' `unit_features` when the
-    caller has them already, so each image's features are computed once."""
-    linkage = linkage_distances(distances)
+    caller has them already, so each image's features are computed once. `linkage`: as in
+    `reidentify.judge`."""
+    linkage = linkage_distances(distances) if linkage is None else linkage
     wanted = tuple(dict.fromkeys(distances + linkage))
     if "tokens" in wanted:
         originals, candidates = originals.long().cpu(), candidates.long().cpu()
@@ -74,6 +77,7 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
     batch = Gallery(originals, "the attacked batch")
     ranks: list[dict[str, int]] = [{} for _ in range(n)]
     aucs: list[dict[str, float]] = [{} for _ in range(n)]
+    linked = []
     if "lpips" in wanted and lpips_features is None:
         lpips_features = _batch_features(candidates, originals, backbone, None, [])
     for distance in wanted:
@@ -94,12 +98,15 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
         nearest_gallery, nearest_original = _exact_nearest(candidates, originals, gallery, distance, backbone,
                                                            to_gallery, to_batch, lpips_features)
         closer, auc = rank_and_auc(nearest_gallery[None].expand(n, -1), nearest_original, counted)
+        if distance in linkage:
+            linked.append((nearest_gallery[None].expand(n, -1), nearest_original))
         for i in range(n):
             ranks[i][distance] = int(closer[i])
             if distance in linkage:
                 aucs[i][distance] = float(auc[i])
+    null = null_linkage_variance(linked, counted).tolist() if linked else [None] * n
     return Judgement(ranks, [min(r[d] for d in distances) for r in ranks],
-                     [sum(a.values()) / len(a) if a else 0.5 for a in aucs], aucs)
+                     [sum(a.values()) / len(a) if a else 0.5 for a in aucs], aucs, null)
 
 
 def _exact_nearest(candidates, originals, gallery: Gallery, distance: str, backbone: str, to_gallery: torch.Tensor,

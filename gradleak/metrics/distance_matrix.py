@@ -12,6 +12,8 @@ float32:
   |a|²_w + |b|²_w − 2⟨w·a, b⟩: a matrix product between the reconstructions' and the
   gallery's unit-normalised features (the gallery's computed once per Gallery).
 * L2: broadcast differences.
+* Pearson: 1 − the correlation of two images' pixels, a matrix product between rows centred and
+  scaled to unit norm (the gallery's computed once per Gallery).
 
 These are fast, not bit-identical to the per-pair computation (float32 instead of SSIM's
 float64, a dot-product expansion instead of differences): `reidentify` recomputes exactly,
@@ -143,6 +145,23 @@ def lpips_matrix(model, recon_features: list[torch.Tensor], original_features: l
         theirs_sq = ((theirs * lin.weight.reshape(1, -1, 1, 1)).flatten(1) * theirs.flatten(1)).sum(1)
         to_original += (mine_sq + theirs_sq - 2 * (weighted * theirs.flatten(1)).sum(1)).clamp_min(0) / positions
     return to_others, to_original
+
+
+def standardized_rows(images: torch.Tensor) -> torch.Tensor:
+    """Each image's pixels as one row, centred and scaled to unit norm (a constant image: zeros,
+    correlated with nothing)."""
+    rows = images.flatten(1).float()
+    rows = rows - rows.mean(1, keepdim=True)
+    norms = rows.norm(dim=1, keepdim=True)
+    return torch.where(norms > 0, rows / norms.clamp_min(1e-12), torch.zeros_like(rows))
+
+
+def pearson_matrix(recons: torch.Tensor, originals: torch.Tensor, others: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """1 − Pearson correlation of each reconstruction's pixels with each of `others` (R, G) and
+    with its original's (R,); `others` is `standardized_rows`."""
+    mine = standardized_rows(recons)
+    return 1 - mine @ others.T, 1 - (mine * standardized_rows(originals)).sum(1)
 
 
 def l2_matrix(recons: torch.Tensor, originals: torch.Tensor, others: torch.Tensor,

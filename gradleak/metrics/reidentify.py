@@ -28,7 +28,8 @@ A yes/no rank-0 test has little power, and one chance event flips it. Each examp
 its *linkage* (`judge`): the fraction of gallery examples strictly farther from the
 reconstruction than its original (ties count one half) — the AUC of telling the original
 from the gallery by that distance — averaged over the modality's linkage distances
-(`linkage_distances`). A reconstruction that carries nothing ranks its original uniformly
+(`linkage_distances`; pictures add Pearson, 1 − pixel correlation, which reads partial,
+noise-like reconstructions SSIM and LPIPS miss). A reconstruction that carries nothing ranks its original uniformly
 among the gallery, so each distance's AUC, and their mean, is 0.5 on average; a
 recognisable one is near 1. Which distances enter, and the perceptual bars of
 `recognizable` (re-identified *and* looking like the original: scoring.RECOGNIZABLE_*,
@@ -56,13 +57,15 @@ from .distance_matrix import (
     l2_matrix,
     lpips_matrix,
     lpips_norms,
+    pearson_matrix,
     rows_first,
     ssim_filters,
     ssim_matrix,
     ssim_statistics,
+    standardized_rows,
 )
 
-Distance = Literal["lpips", "ssim", "l2", "l2z", "tokens"]
+Distance = Literal["lpips", "ssim", "l2", "l2z", "pearson", "tokens"]
 # LPIPS judges images of at least this side, not much longer than wide (it upsamples the
 # short side to 64 px: an 8 px digit or a 1 × 2000 strip would be judged on interpolation).
 LPIPS_MIN_SIDE = 16
@@ -107,11 +110,12 @@ def chance_rate(gallery_size: int, distances: int) -> float:
     return min(1.0, distances / (gallery_size + 1))
 
 
-def linkage_distances(distances: tuple[Distance, ...]) -> tuple[Distance, ...]:
-    """The distances whose linkage AUCs are averaged into an example's `linkage`
-    (docs/judging.md: each has power on the calibration data; tabular records are compared
-    on features standardised by the gallery's spread, so no one feature's units dominate)."""
-    return tuple("l2z" if d == "l2" else d for d in distances)
+def linkage_distances(distances: tuple[Distance, ...], extra: tuple[Distance, ...] = ()) -> tuple[Distance, ...]:
+    """The distances whose linkage AUCs are averaged into an example's `linkage`: the
+    identifying `distances` and the modality's `extra` ones (`Modality.linkage_extra`; pictures
+    add Pearson). docs/judging.md: each has power on the calibration data; tabular records are
+    compared on features standardised by the gallery's spread, so no one feature's units dominate."""
+    return tuple(dict.fromkeys(tuple("l2z" if d == "l2" else d for d in distances) + tuple(extra)))
 
 
 @dataclass
@@ -126,6 +130,8 @@ class Judgement:
     rank: list[int]
     linkage: list[float | None]
     aucs: list[dict[str, float]] = field(default_factory=list)  # each linkage distance's AUC
+    # each example's linkage under its own permutation null (`null_linkage_variance`)
+    null_variance: list[float | None] = field(default_factory=list)
 
 
 def judge(originals: torch.Tensor, reconstructions: torch.Tensor, gallery: Gallery,
@@ -150,6 +156,7 @@ def judge(originals: torch.Tensor, reconstructions: torch.Tensor, gallery: Galle
         finite = torch.isfinite(reconstructions.flatten(1)).all(1) if n else torch.ones(0, dtype=torch.bool)
     ranks: list[dict[str, int]] = [{d: size for d in wanted} for _ in range(n)]
     aucs: list[dict[str, float]] = [{d: 0.5 for d in linkage} for _ in range(n)]
+    null: list[float | None] = [None] * n
     keep = finite.nonzero().flatten().tolist()
     if size == 0:
         return Judgement([{d: 0 for d in wanted} for _ in range(n)], [0] * n, [None] * n, [{} for _ in range(n)])
@@ -160,16 +167,62 @@ def judge(originals: torch.Tensor, reconstructions: torch.Tensor, gallery: Galle
         features = None
         if "lpips" in wanted:
             features = _batch_features(r, x, backbone, lpips_features, keep)
+        linked = []
         for distance in wanted:
             to_gallery, to_original = _matrix(r, x, gallery, distance, backbone, pad_token, features)
             to_gallery, to_original = _refine(r, x, gallery, distance, backbone, to_gallery, to_original, features)
             at_least_as_close, auc = rank_and_auc(to_gallery, to_original, ~duplicate)
+            if distance in linkage:
+                linked.append((to_gallery, to_original))
             for k, i in enumerate(keep):
                 ranks[i][distance] = int(at_least_as_close[k])
                 if distance in linkage:
                     aucs[i][distance] = float(auc[k])
+        if linked:
+            for k, v in zip(keep, null_linkage_variance(linked, ~duplicate).tolist()):
+                null[k] = v
     return Judgement(ranks, [min(r[d] for d in distances) for r in ranks],
-                     [sum(a.values()) / len(a) if a else 0.5 for a in aucs], aucs)
+                     [sum(a.values()) / len(a) if a else 0.5 for a in aucs], aucs, null)
+
+
+def null_linkage_variance(linked: list[tuple[torch.Tensor, torch.Tensor]], counted: torch.Tensor) -> torch.Tensor:
+    """Per original, the variance of its linkage (the mean AUC over the linkage distances) under
+    its own permutation null: when the reconstruction carries nothing, the original is one more
+    example of the distribution, exchangeable with the counted gallery, so its linkage is that of
+    a member of {original} ∪ gallery drawn at random, each member's AUC taken among the others.
+    `linked`: per linkage distance, (to_gallery (n, G), to_original (n,)). A single distance
+    gives 1/12 (less a little for ties); several that rank alike give nearly that, several
+    that disagree less, which is the power averaging them buys (gradleak.leakage)."""
+    n = linked[0][1].shape[0]
+    out = torch.full((n,), 1.0 / 12, dtype=torch.float64)
+
+    def member_aucs(pool: torch.Tensor) -> torch.Tensor:  # (rows, M): each member's AUC among the rest
+        # with r its average rank (1-based, ties share), a member has M − r others above it, ties half
+        m = pool.shape[1]
+        ordered, order = pool.sort(dim=1)
+        ranks = torch.empty_like(pool).scatter_(1, order, torch.arange(1, m + 1, dtype=pool.dtype).expand_as(pool))
+        tied = (ordered[:, 1:] == ordered[:, :-1]).any(1).nonzero().flatten()
+        if len(tied):  # distances are rarely equal: only those rows pay for the average ranks
+            below = torch.searchsorted(ordered[tied], pool[tied], right=False)
+            at_most = torch.searchsorted(ordered[tied], pool[tied], right=True)
+            ranks[tied] = (below + at_most + 1).to(pool.dtype) / 2
+        return (m - ranks) / max(m - 1, 1)
+
+    # rows with the whole gallery counted at once; rows that leave a duplicate out one by one
+    whole = counted.all(1)
+    groups = [(whole.nonzero().flatten(), None)] + [(torch.tensor([k]), counted[k]) for k in (~whole).nonzero().flatten().tolist()]
+    for rows, mask in groups:
+        if not len(rows):
+            continue
+        members = None
+        for to_gallery, to_original in linked:
+            gallery_side = to_gallery[rows] if mask is None else to_gallery[rows][:, mask]
+            aucs = member_aucs(torch.cat([to_original[rows, None], gallery_side], 1).double())
+            members = aucs if members is None else members + aucs
+        members = members / len(linked)
+        if members.shape[1] > 1:
+            out[rows] = members.var(dim=1, unbiased=False)
+    return out
 
 
 def rank_and_auc(to_gallery: torch.Tensor, to_original: torch.Tensor, counted: torch.Tensor
@@ -228,6 +281,10 @@ def _matrix(recons, originals, gallery: Gallery, distance: str, backbone: str, p
         return l2_matrix(recons, originals, gallery.inputs)
     if distance == "l2z":
         return l2_matrix(recons, originals, gallery.inputs, gallery_scale(gallery))
+    if distance == "pearson":
+        if "pearson" not in gallery._features:  # the gallery's standardised rows, computed once
+            gallery._features["pearson"] = standardized_rows(gallery.inputs)
+        return pearson_matrix(recons, originals, gallery._features["pearson"])
     if distance == "ssim":
         if "ssim" not in gallery._features:  # the gallery's filtered moments, computed once
             images = rows_first(gallery.inputs)
@@ -327,6 +384,10 @@ def reid_summary(scores: list) -> dict:
             # the spread over examples, so that evidence pools over cells (gradleak.leakage.Evidence)
             "linkage_sd": (sum((v - sum(linked) / len(linked)) ** 2 for v in linked) / (len(linked) - 1)) ** 0.5
             if len(linked) > 1 else (0.0 if linked else None),
+            # the mean over those examples of each one's null variance (1/12 where none was kept)
+            "linkage_null_var": sum(v if v is not None else 1.0 / 12 for v in
+                                    (getattr(s, "linkage_null_var", None) for s in judged
+                                     if getattr(s, "linkage", None) is not None)) / len(linked) if linked else None,
             "recognizable": sum(bool(getattr(s, "recognizable", False)) for s in judged) / len(judged)}
 
 
@@ -353,6 +414,11 @@ def _reference_distances(recon: torch.Tensor, others: torch.Tensor, distance: Di
     """Distance from one reconstruction to each of `others`."""
     if distance == "l2":
         return (others - recon).flatten(1).pow(2).sum(1)
+    if distance == "pearson":  # in float64, as the reference the fast float32 product is checked by
+        mine, theirs = recon.flatten().double(), others.flatten(1).double()
+        mine, theirs = mine - mine.mean(), theirs - theirs.mean(1, keepdim=True)
+        norms = mine.norm() * theirs.norm(dim=1)
+        return torch.where(norms > 0, 1 - theirs @ mine / norms.clamp_min(1e-300), torch.ones_like(norms)).float()
     if distance == "ssim":
         from .image import ssim
 

@@ -85,6 +85,8 @@ class ImageScore:
     # linkage AUC in [0, 1]: the fraction of the gallery strictly farther from the reconstruction
     # than its original (ties half), averaged over the linkage distances; 0.5 carries nothing
     linkage: float | None = None
+    # the variance of `linkage` under this example's permutation null (reidentify.null_linkage_variance)
+    linkage_null_var: float | None = None
     # re-identified and past the modality's perceptual bar (RECOGNIZABLE_*); None without a gallery
     recognizable: bool | None = None
     # tabular records: the RMSE in units of each feature's spread over the gallery
@@ -187,6 +189,7 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
         aligned[i] = candidates[assignment[i]]
     if gallery is not None:
         distances = reid_distances(modality, tuple(originals.shape[1:]), lpips)
+        linkage = linkage_distances(distances, kind.linkage_extra)
         if len(candidates) > 1:  # matched with the ground truth: the gallery gets the same choice
             from .candidate_set import judge_candidates
 
@@ -194,9 +197,9 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
             verdict = judge_candidates(originals[matched], candidates if features is None else candidates[first],
                                        gallery, distances, backbone=lpips if lpips != "none" else "alex",
                                        lpips_features=None if features is None else
-                                       (distinct_features, features[1]))
+                                       (distinct_features, features[1]), linkage=linkage)
         else:
-            verdict = judge(originals[matched], aligned[matched], gallery, distances,
+            verdict = judge(originals[matched], aligned[matched], gallery, distances, linkage,
                             backbone=lpips if lpips != "none" else "alex", lpips_features=features)
         scale = None if image or not len(gallery) else gallery_scale(gallery)
         for s in scores:
@@ -204,9 +207,10 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
             if s.matched:
                 k = matched.index(s.index)
                 s.gallery_rank, s.gallery_ranks, s.linkage = verdict.rank[k], verdict.ranks[k], verdict.linkage[k]
+                s.linkage_null_var = verdict.null_variance[k] if verdict.null_variance else None
             else:  # nothing returned: identifies nothing, links as chance does
                 s.gallery_rank = len(gallery)
-                s.gallery_ranks = dict.fromkeys(distances + linkage_distances(distances), len(gallery))
+                s.gallery_ranks = dict.fromkeys(distances + linkage, len(gallery))
                 s.linkage = 0.5 if len(gallery) else None
             if scale is not None:
                 s.rmse_z = float(((aligned[s.index] - originals[s.index]).flatten() / scale).pow(2).mean().sqrt())

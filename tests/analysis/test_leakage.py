@@ -53,6 +53,22 @@ def test_pooling_cells_equals_pooling_their_examples():
     assert pooled.examples == 19
 
 
+def test_the_linkage_test_uses_the_examples_null_variance_and_pools_it():
+    """A cell that kept its examples' null variance (narrower than 1/12 when the averaged distances
+    disagree) is tested against it; cells stored before it was kept count 1/12, as the test did."""
+    from gradleak.analysis import cell_evidence
+
+    values = [0.58] * 40
+    old = cell_evidence(_cell("old", _cell_metrics(values, 0)))
+    new = cell_evidence(_cell("new", {**_cell_metrics(values, 0), "linkage_null_var": 0.045}))
+    assert old.linkage_null is None and new.linkage_null == pytest.approx(40 * 0.045)
+    # z = 0.08·40 / sqrt(40/12) = 1.75 against sqrt(40 · 0.045) = 2.39
+    assert old.linkage_p() == pytest.approx(0.0401, abs=1e-3) and new.linkage_p() == pytest.approx(0.0085, abs=1e-3)
+    both = old + new
+    assert both.linkage_null == pytest.approx(40 / 12 + 40 * 0.045)
+    assert (Evidence() + old).linkage_null is None
+
+
 def _cell(key: str, metrics: dict, seed: int = 0, defense: str = "noise", attack: str = "ig",
           rung: int | None = None) -> CellRecord:
     labels = {"threat": "honest", "dataset": "mnist", "model": "lenet", "batch_size": 4, "local_steps": 1,
