@@ -100,7 +100,8 @@ class Modality:
 MODALITIES: dict[str, Modality] = {
     "image": Modality("image", torch.float32, pixels=True, tokens=False,
                       scores=(Score("psnr", "PSNR", " dB", 3, ".1f"), Score("ssim", "SSIM", "", 2, ".2f")),
-                      reid_distance="ssim", linkage_extra=("pearson",), value_range=(0.0, 1.0), best_by=(("mse", False), ("psnr", True))),
+                      reid_distance="ssim", linkage_extra=("pearson",), value_range=(0.0, 1.0),
+                      best_by=(("mse", False), ("psnr", True))),
     "tabular": Modality("tabular", torch.float32, pixels=False, tokens=False,
                         scores=(Score("mse", "MSE", "", 3, ".3g"),)),
     "text": Modality("text", torch.int64, pixels=False, tokens=True,

@@ -210,7 +210,8 @@ def null_linkage_variance(linked: list[tuple[torch.Tensor, torch.Tensor]], count
 
     # rows with the whole gallery counted at once; rows that leave a duplicate out one by one
     whole = counted.all(1)
-    groups = [(whole.nonzero().flatten(), None)] + [(torch.tensor([k]), counted[k]) for k in (~whole).nonzero().flatten().tolist()]
+    groups = [(whole.nonzero().flatten(), None)] + [(torch.tensor([k]), counted[k])
+                                                    for k in (~whole).nonzero().flatten().tolist()]
     for rows, mask in groups:
         if not len(rows):
             continue
