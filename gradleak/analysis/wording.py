@@ -90,8 +90,9 @@ def _verdict(entry: dict) -> tuple[str, str]:
     if grade == "recognizable":
         return "leaks", (f"leaks: recognizable reconstructions by {attack}{borderline} — {_evidence_text(entry)}")
     if grade == "linkable":
+        # linkable and still possibly within the tolerance: say how far the examples bound it
         beyond = ("beyond the tolerance" if entry.get("exceeds_tolerance")
-                  else f"the tolerance not met (it asks {tolerance.describe()})")
+                  else f"the tolerance not yet met ({_unbounded(entry, tolerance)})")
         return "linkable", (f"linkable, not recognizable: reconstructions by {attack} are nearer their originals "
                             f"than chance{borderline}, {beyond} — {_evidence_text(entry)}")
     against = ", ".join(entry.get("attack_specs") or [])
@@ -113,19 +114,23 @@ def _verdict(entry: dict) -> tuple[str, str]:
     if entry.get("seeds", 1) < HOLDS_MIN_SEEDS:
         return "not shown (one seed)", f"not shown: one seed (holds needs {HOLDS_MIN_SEEDS})"
     if not entry.get("meets_tolerance"):
-        needed = entry.get("needed_examples") or 0
-        more = (f"; about {needed} per attack would bound them if the rates stay as measured" if 0 < needed <= 1000
-                else "; the rates as measured sit too near the tolerance for any affordable number of examples to "
-                "bound them" if needed > 1000 else "")
-        return ("not shown (rates not bounded)",
-                f"not shown: {entry['min_examples']} examples per attack bound the linkage AUC only to "
-                f"{entry['worst_linkage_high']:.2f} and the recognizable rate to "
-                f"{percent(entry['worst_recognizable_high'])} (the tolerance asks {tolerance.describe()}){more}")
+        return "not shown (rates not bounded)", f"not shown: {_unbounded(entry, tolerance)}"
     linkable = (" — measurably linkable, within the tolerance" if entry.get("linkable_within") else "")
     return "holds", (f"holds at the tolerance ({tolerance.describe()}) against {against} (saturated at "
                      f"{_budget_text(entry)}; over {entry['min_examples']} or more examples per attack the linkage "
                      f"AUC is at most {entry['worst_linkage_high']:.2f} and the recognizable rate at most "
                      f"{percent(entry['worst_recognizable_high'])}){linkable}")
+
+
+def _unbounded(entry: dict, tolerance) -> str:
+    """How far the examples so far bound the rates, and how many would bound them."""
+    needed = entry.get("needed_examples") or 0
+    more = (f"; about {needed} per attack would bound them if the rates stay as measured" if 0 < needed <= 1000
+            else "; the rates as measured sit too near the tolerance for any affordable number of examples to "
+            "bound them" if needed > 1000 else "")
+    return (f"{entry['min_examples']} examples per attack bound the linkage AUC only to "
+            f"{entry['worst_linkage_high']:.2f} and the recognizable rate to "
+            f"{percent(entry['worst_recognizable_high'])} (the tolerance asks {tolerance.describe()}){more}")
 
 
 # How leaky a verdict is, least first: the answer's order when nothing holds.
