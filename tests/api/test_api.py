@@ -111,7 +111,14 @@ def test_audit_of_objects_equals_the_named_scenario(mnist_test):
                             budget="standard")
     assert [r.spec.attack for r in result.runs] == ["cpl:iterations=40"]
     ours = result.runs[0]
-    assert ours.metrics == named.metrics
+    # The galleries differ by design (the user's tensors; the named dataset's split): the gallery
+    # judgements agree because the reconstruction is a copy (rank 0, linkage 1), but the linkage's
+    # null variance is a property of the whole gallery
+    gallery_wide = {"linkage_null_var"}
+    assert {k: v for k, v in ours.metrics.items() if k not in gallery_wide} == \
+        {k: v for k, v in named.metrics.items() if k not in gallery_wide}
+    assert ours.metrics["linkage"] == named.metrics["linkage"] == 1.0
+    assert 0 < ours.metrics["linkage_null_var"] <= 1 / 12 + 1e-3
     assert torch.equal(ours.reconstructions, named.reconstructions)
     # the user's model object is left as it was
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
