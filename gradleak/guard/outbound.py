@@ -35,7 +35,7 @@ from torch import nn
 from ..errors import GradleakError
 from ..fl import TrainingSpec
 from ..fl.update import Update
-from ..leakage import Evidence, Tolerance, holm, parse_tolerance
+from ..leakage import NULL_LINKAGE_VARIANCE, Evidence, Tolerance, holm, parse_tolerance
 
 # The exact-copy attacks, in the order they run (each is closed-form and takes well under
 # a second where it applies).
@@ -48,7 +48,8 @@ def update_evidence(scores: Sequence[dict]) -> Evidence:
     AUCs, with the re-identification chance."""
     judged = [s for s in scores if s.get("gallery_rank") is not None and s.get("linkage") is not None]
     links = [float(s["linkage"]) for s in judged]
-    null = sum(float(s["linkage_null_var"]) if s.get("linkage_null_var") is not None else 1.0 / 12 for s in judged)
+    null = sum(float(s["linkage_null_var"]) if s.get("linkage_null_var") is not None else NULL_LINKAGE_VARIANCE
+               for s in judged)
     return Evidence(examples=len(judged), copies=sum(bool(s.get("success")) for s in scores),
                     copies_of=len(scores), recognizable=sum(bool(s.get("recognizable")) for s in judged),
                     linkage_sum=sum(links), linkage_sq=sum(v * v for v in links),

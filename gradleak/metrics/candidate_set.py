@@ -97,9 +97,10 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
             to_batch, _ = _matrix(candidates, candidates, batch, distance, backbone, pad_token)
         nearest_gallery, nearest_original = _exact_nearest(candidates, originals, gallery, distance, backbone,
                                                            to_gallery, to_batch, lpips_features)
-        closer, auc = rank_and_auc(nearest_gallery[None].expand(n, -1), nearest_original, counted)
+        per_original = nearest_gallery[None].expand(n, -1)  # every original meets the same gallery side
+        closer, auc = rank_and_auc(per_original, nearest_original, counted)
         if distance in linkage:
-            linked.append((nearest_gallery[None].expand(n, -1), nearest_original))
+            linked.append((per_original, nearest_original))
         for i in range(n):
             ranks[i][distance] = int(closer[i])
             if distance in linkage:

@@ -50,6 +50,7 @@ from typing import Literal
 
 import torch
 
+from ..leakage import NULL_LINKAGE_VARIANCE
 from . import gallery_cache
 from .distance_matrix import (
     REFINE_MARGIN,
@@ -194,7 +195,7 @@ def null_linkage_variance(linked: list[tuple[torch.Tensor, torch.Tensor]], count
     gives 1/12 (less a little for ties); several that rank alike give nearly that, several
     that disagree less, which is the power averaging them buys (gradleak.leakage)."""
     n = linked[0][1].shape[0]
-    out = torch.full((n,), 1.0 / 12, dtype=torch.float64)
+    out = torch.full((n,), NULL_LINKAGE_VARIANCE, dtype=torch.float64)
 
     def member_aucs(pool: torch.Tensor) -> torch.Tensor:  # (rows, M): each member's AUC among the rest
         # with r its average rank (1-based, ties share), a member has M − r others above it, ties half
@@ -386,7 +387,7 @@ def reid_summary(scores: list) -> dict:
             "linkage_sd": (sum((v - sum(linked) / len(linked)) ** 2 for v in linked) / (len(linked) - 1)) ** 0.5
             if len(linked) > 1 else (0.0 if linked else None),
             # the mean over those examples of each one's null variance (1/12 where none was kept)
-            "linkage_null_var": sum(v if v is not None else 1.0 / 12 for v in
+            "linkage_null_var": sum(v if v is not None else NULL_LINKAGE_VARIANCE for v in
                                     (getattr(s, "linkage_null_var", None) for s in judged
                                      if getattr(s, "linkage", None) is not None)) / len(linked) if linked else None,
             "recognizable": sum(bool(getattr(s, "recognizable", False)) for s in judged) / len(judged)}
