@@ -20,7 +20,7 @@ from gradleak.threat import make_threat_model, observe
 
 
 def _recovered(result, threshold=40.0) -> float:
-    return sum(1 for s in result.per_image if (s["psnr"] or 0) >= threshold) / len(result.per_image)
+    return sum(1 for s in result.per_example if (s["psnr"] or 0) >= threshold) / len(result.per_example)
 
 
 def _rtf(quick: bool) -> dict:

@@ -92,15 +92,17 @@ def speed(batch_size: int = 100) -> dict:
     import os
     import tempfile
 
-    from gradleak.experiment import AttackRunSpec, gallery_for, run_scenario, scenario_data, scenario_model
+    from gradleak.data.references import dataset_spec
+    from gradleak.experiment import AttackRunSpec, run_scenario, scenario_data, scenario_model
     from gradleak.metrics.reidentify import Gallery
+    from gradleak.scenario.gallery import split_gallery
 
     torch.set_num_threads(1)
     spec = AttackRunSpec(dataset="mnist", model="lenet5", attack="mkor", threat="malicious", batch_size=batch_size)
     data = scenario_data(spec)
     model = scenario_model(spec, data)
     start = time.perf_counter()
-    loaded = gallery_for(spec.dataset, spec.split, spec.resize, data, torch.arange(0))
+    loaded = split_gallery(dataset_spec(spec.dataset, "train" if spec.split == "test" else "test", spec.resize))
     load = time.perf_counter() - start
     spent: list[float] = []
     wrapped = _time_reid(spent)
@@ -377,7 +379,7 @@ def _cli_child(argv: list[str]) -> None:
     reid: list[float] = []
     loaded: list[float] = []
     _time_reid(reid)
-    _timed(experiment, "gallery_for", loaded)
+    _timed(experiment, "resolved_gallery", loaded)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         rc = main(argv)

@@ -27,7 +27,7 @@ def cpl_summary(dataset: str, model: str, attack: str, images: int, batch_size: 
             "attack_converged": round(mean(converged), 3) if converged else None,
             "mean_iterations": round(result.metrics["iterations"], 2),
             "psnr": round(result.metrics["psnr"], 2), "label_acc": round(result.metrics["label_acc"], 3),
-            "images": len(result.per_image), "seconds": round(result.seconds, 1)}
+            "images": len(result.per_example), "seconds": round(result.seconds, 1)}
 
 
 MODELS = {  # model -> (dataset input shape, classes)
@@ -119,7 +119,7 @@ def preset_row(preset: str, seeds: tuple[int, ...], images: int, threads: int = 
         for seed in seeds:
             result = run_attack(AttackRunSpec(dataset="cifar10", model="convnet:width=64", attack=f"ig:preset={preset}",
                                               images=images, lpips="none", seed=seed, bn_mode="eval"))
-            psnrs += [p["psnr"] for p in result.per_image]
+            psnrs += [p["psnr"] for p in result.per_example]
             seconds += [result.seconds / images] * images
     finally:
         torch.set_num_threads(before)

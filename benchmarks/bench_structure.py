@@ -28,6 +28,9 @@ Definitions (docs/architecture.md gives the measured numbers):
 - two counts per walk: `flow` leaves out the steps into the utilities ranked below `data`
   (options, registry, errors: a `parse_spec` look-up is a call every floor makes, not a floor
   the data flows through); `all_steps` keeps them.
+- each walk follows both parameters together, and (`alone`) each parameter by itself, as the
+  issue that asked for the walk followed `model`: following both interleaves the data's
+  look-ups with the model's, which adds climbs between the two values that neither makes.
 
 The report holds, per walk, the steps, stays, rooms, distinct floors, climbs (with the
 (from, to) room pairs), entries of api and experiment, and the ten largest modules of
@@ -164,18 +167,39 @@ def summarize(steps: list[dict]) -> dict:
 
 
 def _walk(package: Path, ranks: dict[str, int], model, data, **options) -> dict:
+    """The joint walk of both parameters, then each parameter followed alone (`model`, `data`:
+    the issue's own measure followed `model` through `audit`)."""
     import gradleak
 
-    walk = Walk(package, ranks, {id(model): model, id(data): data,
-                                 **({id(v): v for v in data} if isinstance(data, tuple) else {})})
-    sys.setprofile(walk.profile)
-    try:
-        gradleak.audit(model, data, **options)
-    finally:
-        sys.setprofile(None)
+    def roots(*values) -> dict[int, object]:
+        out: dict[int, object] = {}
+        for value in values:
+            out[id(value)] = value
+            if isinstance(value, tuple):
+                out.update({id(v): v for v in value})
+        return out
+
+    def walked(tracked: dict[int, object]) -> list[dict]:
+        walk = Walk(package, ranks, tracked)
+        sys.setprofile(walk.profile)
+        try:
+            gradleak.audit(model, data, **options)
+        finally:
+            sys.setprofile(None)
+        return walk.steps
+
     lowest = ranks["data"]
-    return {"flow": summarize([s for s in walk.steps if s["floor"] is None or s["floor"] >= lowest]),
-            "all_steps": summarize(walk.steps)}
+
+    def counts(steps: list[dict]) -> dict:
+        return {"flow": summarize([s for s in steps if s["floor"] is None or s["floor"] >= lowest]),
+                "all_steps": summarize(steps)}
+
+    out = counts(walked(roots(model, data)))
+    out["alone"] = {name: {k: {key: v[key] for key in ("steps", "stays", "rooms", "climbs", "climb_pairs",
+                                                        "api_entries", "experiment_entries")}
+                           for k, v in counts(walked(roots(value))).items()}
+                    for name, value in (("model", model), ("data", data))}
+    return out
 
 
 def run_with(argv: list[str]) -> dict:

@@ -33,7 +33,7 @@ from .scenario.assembly import (
     scenario_model,
     validate_run_spec,
 )
-from .scenario.gallery import GALLERY_SIZE, gallery_for, gallery_from, resolved_gallery
+from .scenario.gallery import GALLERY_SIZE, examples_gallery, resolved_gallery
 from .scenario.model_check import (
     BLIND_CHECK_EXAMPLES,
     BLIND_MODEL_MESSAGE,
@@ -49,7 +49,7 @@ __all__ = [
     "AttackRunSpec", "AttackRunResult", "training_fields", "pick_device", "jsonable",
     "build_scenario_model", "scenario_data", "scenario_model", "check_scenario", "validate_run_spec",
     "pretraining_data", "run_attack", "run_scenario", "attack_observations", "batch_attack_seed",
-    "GALLERY_SIZE", "gallery_from", "gallery_for", "BLIND_CHECK_EXAMPLES", "BLIND_MODEL_MESSAGE",
+    "GALLERY_SIZE", "examples_gallery", "BLIND_CHECK_EXAMPLES", "BLIND_MODEL_MESSAGE",
     "warn_if_output_ignores_input", "output_ignores_input", "result_record", "write_outputs",
     "sequence_pairs_text",
 ]
@@ -89,20 +89,20 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
     device = pick_device(spec.device)
     attack, chain, threat = check_scenario(spec, data, model)
     training = spec.training()
-    n_images = spec.images or spec.batch_size
+    n_examples = spec.images or spec.batch_size
     others = chain.aggregate_clients - 1
 
     # the model the client trains (LoRA adapters added here), the one every attack observes
     model = training.prepare_model(chain.transform_model(copy.deepcopy(model)), spec.seed)
     warn_if_output_ignores_input(model, data.inputs)
     order = run_order(len(data), spec.seed)
-    targets = order[:n_images]
-    pool = order[n_images:]
+    targets = order[:n_examples]
+    pool = order[n_examples:]
     prior = None
     if "prior_data" in threat.grants:
         prior = held_out(targets) if held_out is not None else held_out_examples(data, targets)
     ctx = AttackContext(seed=spec.seed, device=device, progress=progress, prior_data=prior, artifacts=artifacts)
-    judge = gallery if gallery is not None else gallery_from(data, targets, f"examples of {data.name}")
+    judge = gallery if gallery is not None else examples_gallery(data, targets, f"examples of {data.name}")
     server_secrets = None
     if attack.malicious:
         prepared = attack.prepare_model(model, data.input_shape, data.num_classes, ctx)
@@ -110,7 +110,7 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
     model = model.to("cpu")
 
     def batches():
-        for b in range(math.ceil(n_images / spec.batch_size)):
+        for b in range(math.ceil(n_examples / spec.batch_size)):
             idx = targets[b * spec.batch_size:(b + 1) * spec.batch_size]
             x, y = data.inputs[idx], data.labels[idx]
             # Each client's defense randomness is its own stream: clients summed by secure

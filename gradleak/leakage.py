@@ -18,7 +18,7 @@ that carries nothing would give:
   contributes its own AUC (one minus its normalised gallery rank), so a reconstruction that
   ranks its original 12th of 1,000 counts as evidence, not as a miss. The interval is the
   Student-t interval of the mean over examples; the test against 0.5 uses each example's
-  variance under its own permutation null (gradleak.metrics.reidentify.null_linkage_variance:
+  variance under its own permutation null (gradleak.metrics.linkage.null_linkage_variance:
   the original is exchangeable with the gallery when the reconstruction carries nothing), at
   most 1/12 — a rank uniform over the gallery — and less where the linkage distances disagree,
   so averaging them adds power without a chance mean other than 0.5. Examples judged before

@@ -150,14 +150,14 @@ def test_cli_attack_json_contract(tmp_path):
     lines = [l for l in proc.stdout.splitlines() if l.strip()]
     assert len(lines) == 1
     result = json.loads(lines[0])
-    for key in ("attack", "defenses", "dataset", "model", "batch_size", "n_images", "metrics", "seconds",
-                "per_image"):
+    for key in ("attack", "defenses", "dataset", "model", "batch_size", "n_examples", "metrics", "seconds",
+                "per_example"):
         assert key in result
     for key in ("mse", "psnr", "ssim", "lpips", "label_acc", "asr", "iterations"):
         assert key in result["metrics"]
     assert result["metrics"]["label_acc"] == 1.0
     assert (tmp_path / "grid.png").stat().st_size > 100
-    assert json.loads((tmp_path / "result.json").read_text())["n_images"] == 1
+    assert json.loads((tmp_path / "result.json").read_text())["n_examples"] == 1
 
 
 @pytest.mark.parametrize("args, message", [

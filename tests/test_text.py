@@ -332,11 +332,12 @@ def test_token_overlap_distance_is_a_bag_of_tokens_f_measure():
 def test_text_recoveries_are_re_identified_by_their_words_not_their_order(news):
     """A recovery holding its original's tokens in another order points back to it among the
     train split's sequences; one holding random tokens does not (chance 1 / (gallery + 1))."""
-    from gradleak.experiment import gallery_for
+    from gradleak.data.references import dataset_spec
     from gradleak.metrics.text import score_sequences
+    from gradleak.scenario.gallery import split_gallery
 
     inputs, labels = batch(news[16], 4, seed=0)
-    gallery = gallery_for("news", "test", None, news[16], torch.arange(4))
+    gallery = split_gallery(dataset_spec("news", "train", None))
     assert gallery.inputs.shape[1] == inputs.shape[1] and len(gallery) >= 500
     shuffled = inputs[:, torch.randperm(inputs.shape[1], generator=torch.Generator().manual_seed(1))]
     scores, _ = score_sequences(inputs, labels, shuffled, None, gallery=gallery)

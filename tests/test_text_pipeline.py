@@ -47,7 +47,7 @@ def test_dager_on_news_through_the_cli(capsys, tmp_path):
     assert metrics["reid"] == 1.0 and metrics["gallery"] >= 500 and metrics["reid_chance"] < 0.01
     assert result["extras"]["ladder"]["decision"] == "leak"
     assert result["spec"]["seq_len"] == 8
-    first = result["per_image"][0]
+    first = result["per_example"][0]
     assert first["success"] and first["original"] == first["recovered"] and first["original"].strip()
     # --out: the sentences side by side instead of a picture grid
     assert (tmp_path / "result.json").exists() and not (tmp_path / "grid.png").exists()
@@ -79,7 +79,7 @@ def test_classifier_on_polarity_through_the_runner():
     result = run_attack(AttackRunSpec(dataset="polarity", model="gpt2:width=256,heads=4,layers=3",
                                       attack="dager", batch_size=4, seq_len=24))
     assert result.metrics["rouge1"] >= 0.99 and result.metrics["exact_sequence_accuracy"] == 1.0
-    assert all(isinstance(s["label"], int) for s in result.per_image)
+    assert all(isinstance(s["label"], int) for s in result.per_example)
 
 
 def test_a_saturated_span_is_reported_not_hidden():
@@ -248,7 +248,7 @@ def test_scores_decode_with_the_data_s_own_tokenizer():
     left out; token ids of an unknown vocabulary are compared as ids."""
     result = run_attack(AttackRunSpec(dataset="polarity:tokenizer=minilm", model="minilm", attack="dager",
                                       batch_size=2, seq_len=16, seed=0, lpips="none"))
-    first = result.per_image[0]
+    first = result.per_example[0]
     assert result.metrics["rouge1"] == 1.0 and result.metrics["token_accuracy"] == 1.0
     assert first["original"] == first["recovered"] and first["original"].islower()
     assert "[" not in first["original"] and len(first["original"].split()) >= 5

@@ -8,7 +8,7 @@ import sys
 
 from ..data.modality import modality
 from ..experiment import AttackRunSpec, run_attack, training_fields, write_outputs
-from ..fl.training import AUGMENTATIONS, BN_MODES, SHUFFLE_MODES, TrainingSpec
+from ..fl.training import AUGMENTATIONS, BN_MODES, SHUFFLE_MODES, TrainingSpec, scenario_fields, training_from_scenario
 from ..options import RUN_SPEC_BOUNDS, device_name, output_dir, ranged
 from ..threat import KNOWLEDGE, PRESETS
 
@@ -104,14 +104,9 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def training_from_args(args: argparse.Namespace) -> TrainingSpec:
-    """The client's training the training flags declare."""
-    return TrainingSpec(lr=args.lr, local_steps=args.local_steps, local_epochs=args.local_epochs,
-                        local_batch_size=args.local_batch_size, batchnorm=args.bn_mode, optimizer=args.optimizer,
-                        shuffle_seed=args.shuffle_seed, shuffle=args.shuffle, augment=args.augment,
-                        crop_padding=args.crop_padding, label_smoothing=args.label_smoothing,
-                        clip_norm=args.clip_norm, sends_buffers=args.sends_buffers,
-                        lora_rank=getattr(args, "lora", None), lora_alpha=getattr(args, "lora_alpha", None),
-                        lora_b_std=getattr(args, "lora_b_std", 0.0))
+    """The client's training the training flags declare: every TrainingSpec field under its
+    scenario name (gradleak.fl.training's one list), a flag the command lacks at its default."""
+    return training_from_scenario({**scenario_fields(TrainingSpec()), **vars(args)})
 
 
 def spec_from_args(args: argparse.Namespace, attack: str) -> AttackRunSpec:
@@ -152,14 +147,14 @@ def run(args: argparse.Namespace) -> int:
         m = result.metrics
         fmt = lambda v: "n/a" if v is None else f"{v:.4g}"  # noqa: E731
         print(f"{spec.attack} on {spec.dataset}/{spec.model}, batch {spec.batch_size}, "
-              f"{len(result.per_image)} images, defenses: {', '.join(spec.defenses) or 'none'}")
+              f"{len(result.per_example)} images, defenses: {', '.join(spec.defenses) or 'none'}")
         text = modality(result.modality).tokens  # token sequences: no pixel metrics
         width = 24 if text else 10  # the longest key's
         if text:
             for key in ("rouge1", "rouge2", "rougeL", "token_accuracy", "exact_sequence_accuracy", "label_acc"):
                 print(f"  {key:{width}s} {fmt(m.get(key))}")
         else:
-            headline = psnr_line(m, len(result.per_image), result.extras)
+            headline = psnr_line(m, len(result.per_example), result.extras)
             if headline.startswith("nothing reconstructed"):  # said first, and no PSNR row
                 print(f"  {headline}")
             for key in ("mse", "psnr", "ssim", "lpips", "label_acc", "asr", "iterations"):
@@ -168,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
                 elif not headline.startswith("nothing reconstructed"):
                     print(f"  {headline}")
         if m.get("reid") is not None:
-            n = int(m.get("examples") or len(result.per_image))
+            n = int(m.get("examples") or len(result.per_example))
             print(f"  {'reid':10s} {round(m['reid'] * n)} of {n} re-identified among {int(m['gallery']):,} "
                   f"(chance {100 * m['reid_chance']:.2g}%)")
         ladder = result.extras.get("ladder") or {}

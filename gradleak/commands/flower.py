@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, Terminated) as stop:
         # What finished is stored (each result is committed as it finishes). The interpreter's
         # teardown would spend seconds collecting the objects Flower, Ray and torch created
-        # (measured: 4-5 s), and after a stop inside Flower's simulation it can wait forever on
+        # (docs/flower.md), and after a stop inside Flower's simulation it can wait forever on
         # a client thread blocked in Ray: the gradleak program leaves both to the OS.
         if _running_as_program():
             word, code = ("interrupted", 130) if isinstance(stop, KeyboardInterrupt) else ("terminated", 143)

@@ -69,9 +69,15 @@ class DatasetSpec:
     options: dict = field(default_factory=dict, hash=False, compare=False)
 
 
+def tensors_digest(*tensors: torch.Tensor) -> str:
+    """The SHA-256 of the tensors' bytes, in order (the one digest of examples: audits, the
+    Flower audit's resume keys)."""
+    h = hashlib.sha256()
+    for tensor in tensors:
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
 def data_digest(data: Dataset) -> str:
     """A short digest of a dataset's inputs and labels (an audit's record of what it audited)."""
-    h = hashlib.sha256()
-    h.update(data.inputs.detach().cpu().contiguous().numpy().tobytes())
-    h.update(data.labels.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
+    return tensors_digest(data.inputs, data.labels)[:16]

@@ -94,7 +94,10 @@ class Modality:
         a headline value."""
         if metrics.get(self.headline) is None:
             return None
-        return separator.join(f"{s.title} {format(metrics[s.key], s.spec)}{s.unit}" for s in self.scores)
+        def shown(score: Score) -> str:
+            value = metrics.get(score.key)
+            return "n/a" if value is None else f"{format(value, score.spec)}{score.unit}"
+        return separator.join(f"{s.title} {shown(s)}" for s in self.scores)
 
 
 MODALITIES: dict[str, Modality] = {
@@ -124,6 +127,17 @@ def stored_modality(name: str | None) -> Modality:
     """The record of a store row's modality; a row that records none (and has no evidence for
     the legacy rule) is summed up by its MSE, as tabular records are."""
     return MODALITIES[name] if name in MODALITIES else MODALITIES["tabular"]
+
+
+def modality_of_tensors(inputs: torch.Tensor) -> str:
+    """The modality a user's own tensors declare by their form, read once where they enter
+    (gradleak.data.tensors), the one place a modality is read from a tensor: integer (N, T)
+    ids are token sequences, (N, H, W) and (N, C, H, W) are images, anything else is tabular
+    rows (whose shape the caller checks)."""
+    if inputs.dim() == 2 and not inputs.dtype.is_floating_point and inputs.dtype != torch.bool \
+            and not inputs.is_complex():
+        return "text"
+    return "image" if inputs.dim() in (3, 4) else "tabular"
 
 
 def legacy_modality(metrics: dict, has_sequences: bool, has_grid: bool) -> str | None:

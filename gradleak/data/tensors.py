@@ -20,6 +20,7 @@ import torch
 from ..errors import GradleakError, ResourceLimitError
 from ..options import MAX_CLASSES, path_kind
 from .base import Dataset, DatasetSpec
+from .modality import modality_of_tensors
 from .text import TOKENIZERS
 
 INPUT_KEYS = ("inputs", "x", "images", "data")
@@ -39,14 +40,15 @@ def dataset_from_tensors(inputs: Any, labels: Any, name: str = "user", class_nam
     y = _as_tensor(labels, "labels")
     if x.shape[0] == 0:
         raise GradleakError(f"data '{name}' is empty")
-    tokens = x.dim() == 2 and not x.dtype.is_floating_point and x.dtype != torch.bool and not x.is_complex()
+    kind = modality_of_tensors(x)
+    tokens = kind == "text"
     if y.dim() != 1 and not (tokens and tuple(y.shape) == tuple(x.shape)):
         raise GradleakError(f"data '{name}': labels must be one class index per example"
                             f"{' (or one next token per position, shaped as the inputs)' if tokens else ''}, "
                             f"got shape {tuple(y.shape)}")
     if x.shape[0] != y.shape[0]:
         raise GradleakError(f"data '{name}': {x.shape[0]} inputs but {y.shape[0]} labels")
-    x, modality = _tokens(x, name) if tokens else _inputs(x, name)
+    x, modality = _tokens(x, name) if tokens else _inputs(x, name, image=kind == "image")
     y = _labels(y, name)
     top = int(y.max()) + 1
     if top > MAX_CLASSES:  # one logit and one name per class: refuse before allocating them
@@ -198,10 +200,9 @@ def _as_tensor(value: Any, what: str) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array))
 
 
-def _inputs(x: torch.Tensor, name: str) -> tuple[torch.Tensor, str]:
+def _inputs(x: torch.Tensor, name: str, image: bool) -> tuple[torch.Tensor, str]:
     if x.dtype == torch.bool or x.is_complex():
         raise GradleakError(f"data '{name}': inputs of dtype {x.dtype} are not supported")
-    image = x.dim() in (3, 4)
     if x.dim() not in (2, 3, 4):
         raise GradleakError(f"data '{name}': inputs must be (N, D) tabular or (N, C, H, W) / (N, H, W) images, "
                             f"got shape {tuple(x.shape)}")

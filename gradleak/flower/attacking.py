@@ -22,6 +22,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..data.base import tensors_digest
 from ..errors import GradleakError
 
 if TYPE_CHECKING:
@@ -211,18 +212,12 @@ def resume_key(audit: FlowerAudit, captured: CapturedUpdate, threat: str, attack
     from one run to the next."""
     gallery = audit.gallery_inputs()
     text = json.dumps({"run_config": {k: run_config[k] for k in sorted(run_config)}, "round": captured.round,
-                       "client": _client(captured), "data": _digest(captured.inputs, captured.labels),
-                       "gallery": _digest(gallery) if gallery is not None else None, "threat": threat, "attack": attack,
+                       "client": _client(captured), "data": tensors_digest(captured.inputs, captured.labels),
+                       "gallery": tensors_digest(gallery) if gallery is not None else None, "threat": threat,
+                       "attack": attack,
                        "knows": sorted(audit.knows), "budget": audit.budget, "seed": audit.seed, "lpips": audit.lpips,
                        "model": _model_label(captured)}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
-
-
-def _digest(*tensors) -> str:
-    digest = hashlib.sha256()
-    for tensor in tensors:
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()
 
 
 def stored_keys(store_path) -> set[str]:
@@ -279,7 +274,7 @@ def _outcome(result: "AuditResult", modality: str) -> str:
     headline = kind.scores[0]
     if (kind.pixels or kind.tokens) and m.get(headline.key) is not None:
         parts.append(f"{headline.title} {format(m[headline.key], headline.spec)}{headline.unit}")
-    count = len(result.runs[0].per_image)
+    count = len(result.runs[0].per_example)
     if m.get("asr") is not None:
         parts.append(f"{round(m['asr'] * count)} of {count} copied")
     if m.get("reid") is not None:

@@ -183,7 +183,7 @@ def audit_outbound(model_before: nn.Module, update: Update, inputs: torch.Tensor
                                  tokenizer=tokenizer, data_label="guard")
         result.skipped += [f"{s.attack}: {s.reason}" for s in audit.skipped]
         for run in audit.runs:
-            found = update_evidence(run.per_image)
+            found = update_evidence(run.per_example)
             evidence.append((text, found))
             result.attacks_run.append({"attack": text, "seconds": round(time.perf_counter() - attack_start, 3),
                                        "examples": found.copies_of, "copies": found.copies,

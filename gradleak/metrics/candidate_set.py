@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from .distance_matrix import REFINE_MARGIN, l2_matrix, lpips_matrix, lpips_norms
+from .linkage import null_linkage_variance, rank_and_auc
 from .reidentify import (
     Distance,
     Gallery,
@@ -26,8 +27,6 @@ from .reidentify import (
     _reference_distances,
     gallery_scale,
     linkage_distances,
-    null_linkage_variance,
-    rank_and_auc,
 )
 
 

@@ -64,7 +64,7 @@ RECOGNIZABLE_TABULAR_Z = 0.3
 
 
 @dataclass
-class ImageScore:
+class ExampleScore:
     index: int  # position of the original in the attacked batch
     label: int
     recovered_label: int | None
@@ -85,7 +85,7 @@ class ImageScore:
     # linkage AUC in [0, 1]: the fraction of the gallery strictly farther from the reconstruction
     # than its original (ties half), averaged over the linkage distances; 0.5 carries nothing
     linkage: float | None = None
-    # the variance of `linkage` under this example's permutation null (reidentify.null_linkage_variance)
+    # the variance of `linkage` under this example's permutation null (linkage.null_linkage_variance)
     linkage_null_var: float | None = None
     # re-identified and past the modality's perceptual bar (RECOGNIZABLE_*); None without a gallery
     recognizable: bool | None = None
@@ -170,7 +170,7 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
         if i in matched:
             k = matched.index(i)
             m = float(per["mse"][k])
-            scores.append(ImageScore(
+            scores.append(ExampleScore(
                 index=i, label=label, recovered_label=None, mse=m, rmse=m ** 0.5,
                 psnr=float(per["psnr"][k]) if image else None,
                 ssim=float(per["ssim"][k]) if image else None,
@@ -181,7 +181,7 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
             # (SSIM 0, LPIPS 1), so every mean counts it instead of leaving it out.
             m = float(originals[i].pow(2).mean())
             no_psnr = psnr_from_mse(m) if image else None
-            scores.append(ImageScore(i, label, None, m, m ** 0.5, no_psnr, 0.0 if image else None,
+            scores.append(ExampleScore(i, label, None, m, m ** 0.5, no_psnr, 0.0 if image else None,
                                      1.0 if image and lpips != "none" else None, False, matched=False))
     _assign_labels_by_count(scores, recovered_labels)
     aligned = torch.zeros_like(originals)
@@ -218,7 +218,7 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
     return scores, aligned
 
 
-def passes_bar(score: ImageScore) -> bool:
+def passes_bar(score: ExampleScore) -> bool:
     """Whether a reconstruction looks enough like its original for a person to recognise it
     (the RECOGNIZABLE_* bars; docs/judging.md)."""
     if score.ssim is not None:
@@ -228,7 +228,7 @@ def passes_bar(score: ImageScore) -> bool:
     return True
 
 
-def _assign_labels_by_count(scores: list[ImageScore], recovered: torch.Tensor | None) -> None:
+def _assign_labels_by_count(scores: list[ExampleScore], recovered: torch.Tensor | None) -> None:
     """Label accuracy is judged on the multiset: an example's label counts as
     recovered if its class is still available among the recovered labels."""
     if recovered is None:

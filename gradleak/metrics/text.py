@@ -128,7 +128,7 @@ def score_text(originals: torch.Tensor, recovered: torch.Tensor, pad_token: int 
 @dataclass
 class SequenceScore:
     """One attacked sequence, scored against its matched recovery (the text counterpart of
-    `scoring.ImageScore`, with the fields the auditor's ladder and summaries read)."""
+    `scoring.ExampleScore`, with the fields the auditor's ladder and summaries read)."""
 
     index: int  # position of the original in the attacked batch
     label: int | list[int]  # its class, or the next token at each position (a language model's targets)

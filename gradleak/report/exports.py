@@ -25,6 +25,6 @@ def write_exports(out: Path, cells, entries, rows, store: ResultStore) -> None:
     payload = {"strongest": entries,
                "cells": [{"key": c.key, "kind": c.kind, "sweep": c.sweep, "spec": c.spec, "labels": c.labels,
                           "metrics": c.metrics, "seconds": c.seconds,
-                          "per_image": [im.metrics for im in store.images(c.key)]} for c in cells]}
+                          "per_example": [im.metrics for im in store.images(c.key)]} for c in cells]}
     (out / "results.json").write_text(json.dumps(payload, indent=1, default=str))
 

@@ -29,18 +29,18 @@ def result_record(result: AttackRunResult, images: bool = True) -> dict:
     images, grid = [], None
     if kind.pixels and pictures:
         grid = png(image_grid([result.originals, result.reconstructions]))
-        for i, score in enumerate(result.per_image):
+        for i, score in enumerate(result.per_example):
             images.append({"idx": i, "metrics": _numeric(score),
                            "original": png(image_grid([result.originals[i:i + 1]], pad=0)),
                            "reconstruction": png(image_grid([result.reconstructions[i:i + 1]], pad=0))})
     else:
         images = [{"idx": i, "metrics": _numeric(s), "original": None, "reconstruction": None}
-                  for i, s in enumerate(result.per_image)]
+                  for i, s in enumerate(result.per_example)]
     extras = jsonable(result.extras)
-    if kind.tokens and result.per_image:
+    if kind.tokens and result.per_example:
         extras["sequences"] = [{"index": s["index"], "original": s.get("original", ""),
                                 "recovered": s.get("recovered", ""), "exact": bool(s.get("success"))}
-                               for s in result.per_image]
+                               for s in result.per_example]
     if result.convergence:
         extras["convergence"] = jsonable(result.convergence)
     # the modality travels with the record, so that the store can keep it beside the row
@@ -74,9 +74,9 @@ def write_outputs(result: AttackRunResult, out: str | Path) -> dict[str, Path]:
     if kind.pixels:
         paths["grid"] = out / "grid.png"
         save_grid(paths["grid"], result.originals, result.reconstructions)
-    elif kind.tokens and result.per_image:
+    elif kind.tokens and result.per_example:
         paths["sequences"] = out / "sequences.txt"
-        _write_atomically(paths["sequences"], sequence_pairs_text(result.per_image))
+        _write_atomically(paths["sequences"], sequence_pairs_text(result.per_example))
     return paths
 
 

@@ -104,7 +104,7 @@ def training_fields(training: TrainingSpec) -> dict:
 class AttackRunResult:
     spec: AttackRunSpec
     metrics: dict
-    per_image: list[dict]
+    per_example: list[dict]
     seconds: float
     originals: torch.Tensor
     reconstructions: torch.Tensor
@@ -123,14 +123,12 @@ class AttackRunResult:
         parts = [f"{s.attack} on {s.dataset}/{s.model}, batch {s.batch_size}, "
                  f"defenses {', '.join(s.defenses) or 'none'}, seed {s.seed}:"]
         scores = []
-        kind = modality_record(self.modality)
-        if kind.pixels and m.get("psnr") is not None:
-            scores.append(f"PSNR {m['psnr']:.1f} dB, SSIM {m.get('ssim') or 0:.2f}")
-        elif kind.tokens and m.get("rouge1") is not None:
-            scores.append(f"ROUGE-1 {m['rouge1']:.3f}, ROUGE-2 {m.get('rouge2') or 0:.3f}")
-        elif m.get("mse") is not None:
+        headline = modality_record(self.modality).score_line(m, ", ")
+        if headline is not None:
+            scores.append(headline)
+        elif m.get("mse") is not None:  # nothing to show in the data's own scores (e.g. no PSNR)
             scores.append(f"MSE {m['mse']:.3g}")
-        n = int(m.get("examples") or len(self.per_image))
+        n = int(m.get("examples") or len(self.per_example))
         if m.get("reid") is not None:
             scores.append(f"re-identified {round(m['reid'] * n)} of {n} (chance {100 * m['reid_chance']:.2g}%)")
         if m.get("asr"):
@@ -151,13 +149,13 @@ class AttackRunResult:
             "dataset": s.dataset,
             "model": s.model,
             "batch_size": s.batch_size,
-            "n_images": len(self.per_image),
+            "n_examples": len(self.per_example),
             "metrics": self.metrics,
             "seconds": self.seconds,
             # the attack's seconds and the auditor's seconds judging it (scores, gallery), apart
             "attack_seconds": (self.extras.get("ladder") or {}).get("attack_seconds"),
             "judge_seconds": (self.extras.get("ladder") or {}).get("judge_seconds"),
-            "per_image": self.per_image,
+            "per_example": self.per_example,
             "convergence": {k: v for k, v in self.convergence.items() if not k.startswith("trace")},
             "spec": s.to_dict(),
             **({"extras": jsonable(self.extras)} if self.extras else {}),

@@ -16,18 +16,19 @@ def test_a_readable_reconstruction_is_graded_identifies():
         result = run_attack(AttackRunSpec(dataset="mnist", model="lenet", attack="cpl:iterations=20",
                                           defenses=("noise:sigma=0.01",), seed=seed))
         assert result.metrics["psnr"] >= 24.0
-        assert result.metrics["reid"] == 1.0 and result.per_image[0]["identified"]
+        assert result.metrics["reid"] == 1.0 and result.per_example[0]["identified"]
         assert result.metrics["gallery"] == 1000 and result.metrics["reid_chance"] == pytest.approx(2 / 1001)
         assert result.extras["ladder"]["gallery"] == "1,000 train-split examples of mnist"
 
 
 @pytest.mark.slow
 def test_random_images_reidentify_at_chance(mnist_test):
-    from gradleak.experiment import gallery_for
+    from gradleak.data.references import dataset_spec
     from gradleak.metrics.reidentify import chance_rate, gallery_ranks, reid_distances
+    from gradleak.scenario.gallery import split_gallery
     from gradleak.stats import above_chance, binomial_interval
 
-    gallery = gallery_for("mnist", "test", None, mnist_test, torch.arange(0))
+    gallery = split_gallery(dataset_spec("mnist", "train", None))
     distances = reid_distances("image", (1, 28, 28), "alex")
     chance = chance_rate(len(gallery), len(distances))
     # seeds 0-3, 100 originals each, uniform noise as the "reconstruction": 0, 1, 1, 0 re-identified
@@ -190,7 +191,7 @@ def test_sign_update_speckle_is_not_recognizable():
     torch.set_num_threads(1)
     result = run_attack(AttackRunSpec(dataset="mnist", model="lenet", attack="ig:iterations=800", batch_size=4,
                                       images=8, defenses=("sign",), seed=41, lpips="alex"))
-    per = result.per_image
+    per = result.per_example
     assert len(per) == 8 and max(s["ssim"] for s in per) < 0.3
     assert not any(s["recognizable"] for s in per)
     (entry,) = strongest_attacks(AuditResult([result], [], {}).records())

@@ -9,7 +9,7 @@ import gradleak
 from gradleak.data.references import resolve_data, run_order
 from gradleak.errors import GradleakError
 from gradleak.models.references import ModelReference, build_named_model, parse_model_reference, resolve_model
-from gradleak.scenario.gallery import GALLERY_SIZE, gallery_from, resolved_gallery
+from gradleak.scenario.gallery import GALLERY_SIZE, examples_gallery, resolved_gallery
 
 
 def test_a_model_reference_is_parsed_once_into_what_building_takes(mnist_test):
@@ -31,7 +31,7 @@ def test_the_gallery_of_your_own_examples_leaves_out_the_run_targets(mnist_test)
     resolved = resolve_data((inputs, labels), "test", None)
     targets = run_order(40, 5)[:3]
     gallery = resolved_gallery(resolved.gallery_split, resolved.gallery_draw(targets, GALLERY_SIZE))
-    same = gallery_from(resolved.dataset, targets, resolved.examples_source)
+    same = examples_gallery(resolved.dataset, targets, resolved.examples_source)
     assert torch.equal(gallery.inputs, same.inputs) and gallery.describe() == same.describe()
     assert len(gallery) == 37 and gallery.note == "all the dataset has besides the attacked examples"
     attacked = {tuple(x.flatten().tolist()) for x in inputs[targets]}

@@ -47,12 +47,12 @@ def test_fc_analytic_refuses_models_without_a_first_fc_layer(mnist_test):
 def test_rtf_recovers_most_of_a_batch_of_64():
     result = run_attack(AttackRunSpec(dataset="mnist", model="lenet", attack="rtf:bins=512", batch_size=64,
                                       threat="malicious", lpips="none"))
-    recovered = sum(1 for s in result.per_image if (s["psnr"] or 0) >= 40) / 64
+    recovered = sum(1 for s in result.per_example if (s["psnr"] or 0) >= 40) / 64
     assert recovered >= 0.75, recovered
     # far fewer bins than samples: collisions dominate
     few = run_attack(AttackRunSpec(dataset="mnist", model="lenet", attack="rtf:bins=16", batch_size=64,
                                    threat="malicious", lpips="none"))
-    assert sum(1 for s in few.per_image if (s["psnr"] or 0) >= 40) / 64 < recovered
+    assert sum(1 for s in few.per_example if (s["psnr"] or 0) >= 40) / 64 < recovered
 
 
 def test_honest_threat_model_refuses_malicious_attacks():

@@ -75,5 +75,5 @@ def test_a_flower_attack_is_summed_up_in_its_data_headline(name, metrics, words)
 
     from gradleak.flower.attacking import _outcome
 
-    run = SimpleNamespace(metrics=metrics, per_image=[{}] * 4)
+    run = SimpleNamespace(metrics=metrics, per_example=[{}] * 4)
     assert _outcome(SimpleNamespace(runs=[run], skipped=[]), name) == words

@@ -40,3 +40,21 @@ def test_the_flower_hook_reads_training_fields_by_their_types():
     types = training_field_types()
     assert types["lr"] is float and types["local_epochs"] is int and types["shuffle"] is str
     assert types["augment"] is tuple and types["sends_buffers"] is bool
+
+
+def test_the_command_line_has_a_flag_for_every_training_field_with_its_default():
+    import argparse
+
+    from gradleak.commands.attack import add_scenario_arguments, training_from_args
+
+    parser = argparse.ArgumentParser()
+    add_scenario_arguments(parser)
+    flags = {a.dest: a.default for a in parser._actions}
+    for name in training_field_names():
+        scenario_name = SCENARIO_NAMES.get(name, name)
+        assert scenario_name in flags, f"gradleak attack has no flag for the training field {name}"
+        assert flags[scenario_name] == DEFAULTS[name], name
+    args = parser.parse_args(["--dataset", "mnist", "--model", "lenet", "--local-epochs", "2", "--lora", "4",
+                              "--bn-mode", "eval", "--augment", "flip"])
+    training = training_from_args(args)
+    assert training == TrainingSpec(local_epochs=2, lora_rank=4, batchnorm="eval", augment=("flip",))

@@ -314,7 +314,7 @@ def test_the_linkage_test_keeps_its_level_with_the_permutation_null(mnist_test):
 def test_tied_distances_share_their_rank_in_the_null():
     """Original at 0 and gallery at 0, 0, 1, 2: the three members at 0 each have two others
     above and two tied (AUC 0.75), the others 0.25 and 0: mean 0.5, variance 0.1."""
-    from gradleak.metrics.reidentify import null_linkage_variance
+    from gradleak.metrics.linkage import null_linkage_variance
 
     variance = null_linkage_variance([(torch.tensor([[0.0, 0.0, 1.0, 2.0]]), torch.tensor([0.0]))],
                                      torch.ones(1, 4, dtype=torch.bool))

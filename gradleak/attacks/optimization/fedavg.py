@@ -57,10 +57,8 @@ class FedAvgOptions:
     optimizer: Literal["signed-adam", "adam", "lbfgs"] = "signed-adam"
     tv: float = 1e-6
     # weight of the epoch-order-invariant prior (mean squared difference of the epochs'
-    # mean reconstructions). Off by default: on MNIST digits with LeNet-5 (batch 4, two
-    # epochs of two mini-batches, order unknown) it lowered PSNR from 20.2 dB (0) to 17.0,
-    # 11.0 and 7.2 dB at weights 1e-4, 1e-2 and 1 under signed Adam, and from 15.1 to 13.2 dB
-    # at 1e-3 with the order known (batch 8, momentum 0.9)
+    # mean reconstructions); off by default, as it lowered PSNR at every weight tried
+    # (docs/client-training.md)
     order_prior: float = 0.0
     # "auto": one copy per epoch when the server cannot replay the order or the client
     # augments, else one reconstruction per example (the exact replay, as IG's)

@@ -35,8 +35,8 @@ from ...threat import Observation
 from .matching import Distance, Tensors, UpdateSimulator, update_distance
 
 # Below this many local steps "auto" keeps the exact replay on per-epoch copies, whose cost
-# grows with the steps: at a few steps it is affordable and fits the update exactly (MNIST
-# LeNet-5, 4 digits, 2 epochs of 2 mini-batches: 13.5–20.9 dB, tests/attacks/optimization/test_fedavg_attack.py)
+# grows with the steps: at a few steps it is affordable and fits the update exactly
+# (docs/client-training.md)
 MIN_STEPS = 16
 
 
@@ -61,12 +61,9 @@ def epoch_step_counts(training: TrainingSpec, samples: int) -> list[int]:
     return [min(per_epoch, total - start) for start in range(0, total, per_epoch)]
 
 
-# "auto" keeps the epoch replay only where its `order_share` is at most this. Measured (MNIST
-# labels, random inputs): LeNet-5 at lr 0.004 under layer-cosine 0.009 (4 examples, 4 epochs of
-# 4 mini-batches) and 0.079 (Dimitrov et al.'s 50 × 10 epochs of 10); the DLG LeNet at lr
-# 0.001 0.004 to 0.011; the DLG LeNet at lr 0.01 0.17 (layer-cosine) and 0.32 (cosine), where
-# the replay of the true digits is 0.29 of random images' distance; LeNet-5 under the
-# whole-update cosine 1.0 (blind to the images)
+# "auto" keeps the epoch replay only where its `order_share` is at most this: below it in
+# the settings where the replay models the update well, above it where it does not
+# (docs/client-training.md has the measured shares)
 MAX_ORDER_SHARE = 0.15
 
 

@@ -89,13 +89,13 @@ def qkv_gradient_name(layer: int) -> str:
 
 @dataclass(frozen=True)
 class DagerOptions:
-    # distance to the span / norm below which a layer-1 input (token at a position) is in the batch;
-    # measured on float32 gradients: true inputs ≤ 1e-4 (≤ 3e-6 with an LM head), others ≥ 1e-2
+    # distance to the span / norm below which a layer-1 input (token at a position) is in the batch,
+    # between the true inputs' and the other tokens' distances on float32 gradients (docs/text.md)
     l1_threshold: float = field(default=1e-3, metadata={"range": (0.0, 1.0)})
     # the same for the layer-2 input of a prefix extended by one token
     l2_threshold: float = field(default=1e-3, metadata={"range": (0.0, 1.0)})
     # singular values below this fraction of the largest count as rounding noise, not rank
-    # (measured: float32 gradients' floor 1–4e-8; weakest true direction 7.5e-6, a classifier's)
+    # (between float32's floor and the weakest true direction: docs/text.md)
     rank_tolerance: float = field(default=1e-7, metadata={"range": (0.0, 1.0)})
     # keep every span at least this many dimensions short of the width (DAGER's rank cutoff)
     rank_margin: int = field(default=20, metadata={"range": (1, 4096)})
@@ -106,9 +106,8 @@ class DagerOptions:
     # prefixes that pass the layer-2 test kept per position (nearest first); 0: 4·batch + 16
     max_prefixes: int = field(default=0, metadata={"range": (0, 1_000_000)})
     # FedAvg (a delta of several local steps): span directions kept beyond batch · length, for
-    # the inputs' drift over the steps (DAGER keeps 60 more; 120 measured better on news), and
-    # the looser thresholds the drift needs (true inputs up to 3e-2 at lr 0.1 over 5 steps,
-    # other tokens ≥ 0.2; a layer-2 threshold of 5e-2 let wrong prefixes pass at batch 16)
+    # the inputs' drift over the steps (DAGER keeps 60 more), and the looser thresholds the
+    # drift needs (docs/text.md has the distances they sit between)
     fedavg_extra_rank: int = field(default=120, metadata={"range": (0, 4096)})
     fedavg_l1_threshold: float = field(default=5e-2, metadata={"range": (0.0, 1.0)})
     fedavg_l2_threshold: float = field(default=2e-2, metadata={"range": (0.0, 1.0)})

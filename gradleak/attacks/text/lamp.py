@@ -133,7 +133,7 @@ def rearrangement(length: int, generator: torch.Generator) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class LampOptions:
-    # the same step budget as tag (about 0.3 s a step for batch 4 × 16 on one core); the initial
+    # the same step budget as tag (docs/text.md has its cost); the initial
     # candidates (and discrete steps, when on) add gradient evaluations without double backward
     iterations: int = field(default=1000, metadata={"range": (1, 1_000_000)})
     lr: float = field(default=0.01, metadata={"range": (0.0, 10.0)})

@@ -143,9 +143,8 @@ def l2_l1_distance(simulated: Tensors, target: Tensors, alpha: float) -> torch.T
 
 @dataclass(frozen=True)
 class TagOptions:
-    # about 0.3 s per step for batch 4 × 16 on the default gpt2 on one core (the LM head's
-    # 50257 logits dominate): 1000 steps take about five minutes; at 200, ROUGE-2 at batch 4
-    # was about half of what 1000 reach (docs/text.md)
+    # 1000 steps: at 200, ROUGE-2 at batch 4 was about half of what 1000 reach; the cost
+    # per step is in docs/text.md
     iterations: int = field(default=1000, metadata={"range": (1, 1_000_000)})
     lr: float = field(default=0.01, metadata={"range": (0.0, 10.0)})
     alpha: float = field(default=0.01, metadata={"range": (0.0, 1e6)})  # weight of the L1 term (paper: 0.01)

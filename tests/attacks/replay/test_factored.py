@@ -137,4 +137,4 @@ def test_ig_on_an_mlp_still_reconstructs():
     # the factored path end to end: IG against an MLP's FedSGD gradient on two digits
     result = run_attack(AttackRunSpec(dataset="mnist", model="mlp", attack="ig:iterations=300",
                                       images=2, lpips="none", seed=0))
-    assert result.metrics["psnr"] >= 25, result.per_image  # PSNR of the mean MSE, seeds 0-2: 47.0-100 dB
+    assert result.metrics["psnr"] >= 25, result.per_example  # PSNR of the mean MSE, seeds 0-2: 47.0-100 dB
