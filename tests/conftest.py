@@ -27,3 +27,11 @@ def mnist_train():
     from gradleak.data import DatasetSpec, load_dataset
 
     return load_dataset(DatasetSpec("mnist", split="train"))
+
+
+@pytest.fixture(scope="session")
+def news():
+    """The news corpus's test split at 16 and 32 tokens per sequence (the text tests)."""
+    from gradleak.data import DatasetSpec, load_dataset
+
+    return {seq_len: load_dataset(DatasetSpec("news", split="test", seq_len=seq_len)) for seq_len in (16, 32)}
