@@ -92,7 +92,7 @@ def speed(batch_size: int = 100) -> dict:
     import os
     import tempfile
 
-    from gradleak.data.references import dataset_spec
+    from gradleak.data.references import resolve_data
     from gradleak.experiment import AttackRunSpec, run_scenario, scenario_data, scenario_model
     from gradleak.metrics.reidentify import Gallery
     from gradleak.scenario.gallery import split_gallery
@@ -101,8 +101,9 @@ def speed(batch_size: int = 100) -> dict:
     spec = AttackRunSpec(dataset="mnist", model="lenet5", attack="mkor", threat="malicious", batch_size=batch_size)
     data = scenario_data(spec)
     model = scenario_model(spec, data)
+    other_split = resolve_data(spec.dataset, spec.split, spec.resize).gallery_split  # as a run draws it
     start = time.perf_counter()
-    loaded = split_gallery(dataset_spec(spec.dataset, "train" if spec.split == "test" else "test", spec.resize))
+    loaded = split_gallery(other_split)
     load = time.perf_counter() - start
     spent: list[float] = []
     wrapped = _time_reid(spent)

@@ -214,9 +214,8 @@ def resume_key(audit: FlowerAudit, captured: CapturedUpdate, threat: str, attack
     text = json.dumps({"run_config": {k: run_config[k] for k in sorted(run_config)}, "round": captured.round,
                        "client": _client(captured), "data": tensors_digest(captured.inputs, captured.labels),
                        "gallery": tensors_digest(gallery) if gallery is not None else None, "threat": threat,
-                       "attack": attack,
-                       "knows": sorted(audit.knows), "budget": audit.budget, "seed": audit.seed, "lpips": audit.lpips,
-                       "model": _model_label(captured)}, sort_keys=True, default=str)
+                       "attack": attack, "knows": sorted(audit.knows), "budget": audit.budget, "seed": audit.seed,
+                       "lpips": audit.lpips, "model": _model_label(captured)}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
