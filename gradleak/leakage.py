@@ -226,6 +226,17 @@ class Evidence:
             need = math.ceil(need * 1.25)
         return need
 
+    def examples_to_exceed(self, tolerance: Tolerance) -> int:
+        """About how many examples in all would show the linkage AUC beyond the tolerance (its
+        interval's lower end above it) if it stayed as measured (at least one more than now); 0
+        when it is measured within the tolerance."""
+        link = self.linkage
+        if link is None or link <= tolerance.linkage:
+            return 0
+        sd = max(math.sqrt(NULL_LINKAGE_VARIANCE), self.linkage_sd())
+        need = (t_quantile(tolerance.level, 30) * sd / (link - tolerance.linkage)) ** 2
+        return max(math.ceil(min(need, 10.0 ** 6)), self.examples + 1)
+
     def summary(self, level: float = LEVEL) -> dict:
         link_low, link_high = self.linkage_interval(level)
         rec_low, rec_high = self.recognizable_interval(level)

@@ -122,6 +122,14 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
         # the attack that comes closest to breaking the tolerance: the highest upper bounds
         best = max(members, key=lambda m: (m["evidence"].linkage_interval(tolerance.level)[1],
                                            m["evidence"].recognizable_interval(tolerance.level)[1]))
+    # What the sample ladder extends. Where some attack measures linkage at or above the
+    # tolerance, only one of those: its examples alone can decide the setting as beyond the
+    # tolerance, and while it measures there no number of the others' examples makes the setting
+    # hold — the one that would show it for the fewest seconds (examples still needed × its
+    # seconds per example). Else every attack, since a setting holds only when all are bounded.
+    beyond = [m for m in judged if m["evidence"].linkage >= tolerance.linkage]
+    focus = (min(beyond, key=lambda m: _seconds_to_exceed(m, tolerance))
+             if beyond and not copied and not unconfirmed else None)
     q = significant.get((id(best), "recognizable" if grade == "recognizable" else "linkage"))
     evidence: Evidence = best["evidence"]
     return {"grade": grade, "grade_attack": attack_name(best), "tolerance": tolerance.to_dict(),
@@ -138,6 +146,11 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
             "reid_chance": best.get("reid_chance"),
             "min_examples": min((m["evidence"].examples for m in members), default=0),
             "needed_examples": max((m["evidence"].examples_needed(tolerance) for m in members), default=0),
+            "ladder_attacks": [focus["attack_spec"]] if focus else None,
+            "ladder_have": focus["evidence"].examples if focus else
+            min((m["evidence"].examples for m in members), default=0),
+            "ladder_needed": focus["evidence"].examples_to_exceed(tolerance) if focus else
+            max((m["evidence"].examples_needed(tolerance) for m in members), default=0),
             "worst_linkage_high": max((m["evidence"].linkage_interval(tolerance.level)[1] for m in judged),
                                       default=None),
             "worst_linkage": max((m["evidence"].linkage for m in judged), default=None),
@@ -150,6 +163,15 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
             "budget_max": max((m["budget_max"] for m in members if m.get("budget_max")), default=None),
             "sample_rungs": max((m.get("sample_rungs") or 0 for m in members), default=0),
             "attack_specs": sorted(attack_name(m) for m in members)}
+
+
+def _seconds_to_exceed(member: dict, tolerance: Tolerance) -> float:
+    """About how many seconds more examples of this attack would take to show its linkage
+    beyond the tolerance, if it stayed as measured (its cells' seconds per example)."""
+    evidence: Evidence = member["evidence"]
+    per_example = (member.get("seconds") or 0.0) * (member.get("cells") or 1) / max(evidence.examples, 1)
+    missing = max(evidence.examples_to_exceed(tolerance) - evidence.examples, 1)
+    return missing * max(per_example, 1e-6)
 
 
 def still_open(entry: dict) -> bool:

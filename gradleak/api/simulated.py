@@ -24,6 +24,7 @@ from ..leakage import SAMPLE_SEED_OFFSET, parse_tolerance, sample_target
 from ..metrics.reidentify import Gallery
 from ..models.base import model_digest
 from ..models.references import parse_model_reference, resolve_model
+from ..options import parse_spec
 from ..progress import attack_progress
 from ..scenario.gallery import GALLERY_SIZE, resolved_gallery, with_extra
 from ..scenario.spec import AttackRunResult, AttackRunSpec, training_fields
@@ -133,7 +134,7 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
                              knows=tuple(knows), seq_len=seq_len, lpips=lpips, device=device,
                              doublings=BUDGET_DOUBLINGS[budget])
         for text in selected:
-            if only is not None and text not in only:
+            if only is not None and str(parse_spec(text, "attack")) not in only:
                 continue
             spec = dataclasses.replace(base, attack=text)
             try:
@@ -156,14 +157,19 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
         open_entries = [e for e in entries if e.get("open")]
         if not open_entries:
             break
-        have = min(e.get("min_examples") or 1 for e in open_entries)
-        target = sample_target(have, max(e.get("needed_examples") or 0 for e in open_entries), max_examples)
+        have = min(e.get("ladder_have") or e.get("min_examples") or 1 for e in open_entries)
+        target = sample_target(have, max(e.get("ladder_needed", e.get("needed_examples")) or 0
+                                         for e in open_entries), max_examples)
         missing = target - have
         if missing <= 0 or len(dataset) < batch_size:
             break
+        # the attacks the open verdicts name (gradleak.analysis.verdict: the one nearest to
+        # showing a leak beyond the tolerance), or all of them
+        named = [e.get("ladder_attacks") for e in open_entries]
+        only = None if any(not n for n in named) else {a for n in named for a in n}
         per_seed = min(len(dataset), math.ceil(missing / len(seeds) / batch_size) * batch_size)
         for run_seed in seeds:
-            attack_seed(run_seed + SAMPLE_SEED_OFFSET * rung, per_seed)
+            attack_seed(run_seed + SAMPLE_SEED_OFFSET * rung, per_seed, only)
     setting = {"dataset": resolved.label, "model": model_label, "batch_size": batch_size,
                "local_steps": training.local_steps, "local_epochs": training.local_epochs,
                "lr": training.lr, "seed": seeds[0], "seeds": seeds, "threat": threat_model.name, "budget": budget,

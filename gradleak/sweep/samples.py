@@ -34,35 +34,40 @@ def _covers(entry_threat: str, cell_threat: str) -> bool:
 
 def extension_cells(grid_cells: list[Cell], entries: list[dict], examples_by_attack: dict[tuple, int],
                     rung: int, ladder: SampleLadder, budgets: dict[tuple, int] | None = None) -> list[Cell]:
-    """The cells of sample rung `rung` (1, 2, ...): for every open setting, each of the grid's
-    attack cells it rests on again, on a new seed, with enough batches that the attack's
-    examples reach the target. `examples_by_attack`: (setting, attack spec) → examples judged so
-    far; `budgets`: (setting, attack spec) → the iterations its grid cells' budget ladders ended
-    at, which the new cells run at, without climbing again (`saturated_budgets`)."""
-    targets: dict[tuple, int] = {}
-    threats: dict[tuple, set] = {}
+    """The cells of sample rung `rung` (1, 2, ...): for every open setting, the grid's attack
+    cells the verdict's `ladder_attacks` name (all it rests on when it names none) again, on a
+    new seed, with enough batches that each attack's examples reach the target.
+    `examples_by_attack`: (setting, attack spec) → examples judged so far; `budgets`: (setting,
+    attack spec) → the iterations its grid cells' budget ladders ended at, which the new cells
+    run at, without climbing again (`saturated_budgets`)."""
+    plans: dict[tuple, list[tuple[int, set | None, str]]] = {}
     for entry in entries:
         if not entry.get("open"):
             continue
         setting = tuple(entry[k] for k in SCENARIO_KEYS[1:]) + (entry["defense"], entry["strength"])
-        have = max(1, entry.get("min_examples") or 1)
-        target = sample_target(have, entry.get("needed_examples") or 0, ladder.max_examples)
+        have = max(1, entry.get("ladder_have") or entry.get("min_examples") or 1)
+        needed = entry.get("ladder_needed", entry.get("needed_examples")) or 0
+        target = sample_target(have, needed, ladder.max_examples)
         if target <= have:
             continue
-        targets[setting] = max(targets.get(setting, 0), target)
-        threats.setdefault(setting, set()).add(str(entry["threat"]))
-    if not targets:
+        attacks = entry.get("ladder_attacks")
+        plans.setdefault(setting, []).append((target, set(attacks) if attacks else None, str(entry["threat"])))
+    if not plans:
         return []
     by_attack: dict[tuple, list[Cell]] = {}
+    targets: dict[tuple, int] = {}
     for cell in grid_cells:
         if cell.kind != "attack":
             continue
-        setting = _setting(cell.labels)
-        if setting in targets and any(_covers(t, str(cell.labels.get("threat"))) for t in threats[setting]):
-            by_attack.setdefault((setting, cell.labels["attack_spec"], cell.labels.get("threat")), []).append(cell)
+        setting, attack, threat = _setting(cell.labels), cell.labels["attack_spec"], cell.labels.get("threat")
+        wanted = [target for target, attacks, entry_threat in plans.get(setting, ())
+                  if (attacks is None or attack in attacks) and _covers(entry_threat, str(threat))]
+        if wanted:
+            by_attack.setdefault((setting, attack, threat), []).append(cell)
+            targets[(setting, attack)] = max(targets.get((setting, attack), 0), *wanted)
     out = []
     for (setting, attack, _), cells in by_attack.items():
-        missing = targets[setting] - examples_by_attack.get((setting, attack), 0)
+        missing = targets[(setting, attack)] - examples_by_attack.get((setting, attack), 0)
         if missing <= 0:
             continue
         batch = int(cells[0].spec["batch_size"])

@@ -3,6 +3,7 @@ correction, the tolerance's parsing, pooling over cells, and verdicts that one c
 cannot flip."""
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -70,12 +71,12 @@ def test_the_linkage_test_uses_the_examples_null_variance_and_pools_it():
 
 
 def _cell(key: str, metrics: dict, seed: int = 0, defense: str = "noise", attack: str = "ig",
-          rung: int | None = None) -> CellRecord:
+          rung: int | None = None, seconds: float = 1.0) -> CellRecord:
     labels = {"threat": "honest", "dataset": "mnist", "model": "lenet", "batch_size": 4, "local_steps": 1,
               "seed": seed, "defense": defense, "strength": "sigma=1" if defense != "none" else "",
               "attack": attack, "attack_spec": attack, **({"sample_rung": rung} if rung else {})}
     ladder = {"decision": "saturated", "saturated": True, "iterations": 400}
-    return CellRecord(key, "attack", "test", {"seed": seed}, labels, metrics, {"ladder": ladder}, 1.0)
+    return CellRecord(key, "attack", "test", {"seed": seed}, labels, metrics, {"ladder": ladder}, seconds)
 
 
 def _study(per_attack: dict[str, list[tuple[list[float], int]]]) -> list[CellRecord]:
@@ -153,3 +154,41 @@ def test_a_borderline_recognizable_count_is_not_called_a_leak_until_confirmed():
     study["rog"] = [(linked(), 3), (linked(), 0)]
     [entry] = strongest_attacks(_study(study))
     assert entry["grade"] == "recognizable" and entry["verdict"] == "leaks" and not entry["borderline"]
+
+
+def test_the_sample_ladder_extends_only_the_attack_that_can_show_a_leak_beyond_the_tolerance():
+    from gradleak.analysis import strongest_attacks
+    from gradleak.sweep.samples import examples_judged, extension_cells
+    from gradleak.sweep.spec import Cell, SampleLadder
+
+    def grid(cells):
+        return [Cell("attack", {"attack": c.labels["attack"], "seed": c.labels["seed"], "batch_size": 4},
+                     c.labels) for c in cells]
+
+    # 8 examples per attack: ig measures linkage well above the tolerance (0.75), cpl near chance;
+    # neither interval decides. Only ig's examples can show the leak, so only ig is extended,
+    # to as many as its measured linkage needs to clear 0.6 (Evidence.examples_to_exceed)
+    study = _study({"ig": [([0.45, 0.7, 0.95, 0.9], 0), ([0.5, 0.8, 0.6, 0.95], 0)],
+                    "cpl": [([0.2, 0.7, 0.4, 0.6], 0), ([0.9, 0.1, 0.5, 0.3], 0)]})
+    [entry] = strongest_attacks(study)
+    assert entry["open"] and entry["ladder_attacks"] == ["ig"]
+    assert 8 < entry["ladder_needed"] < 64
+    cells = extension_cells(grid(study), [entry], examples_judged(study), 1, SampleLadder(1, 64))
+    assert {c.labels["attack"] for c in cells} == {"ig"}
+    assert sum(c.spec["images"] for c in cells) >= entry["ladder_needed"] - 8
+    # both beyond it: the one that would show it for the fewest seconds, here the cheaper one
+    # although its AUC is a little lower (cpl's cells take 20 times as long)
+    study = _study({"ig": [([0.45, 0.7, 0.95, 0.85], 0), ([0.5, 0.8, 0.6, 0.95], 0)],
+                    "cpl": [([0.45, 0.75, 0.95, 0.9], 0), ([0.5, 0.8, 0.6, 0.95], 0)]})
+    study = [dataclasses.replace(c, seconds=20.0) if c.labels["attack"] == "cpl" else c for c in study]
+    [entry] = strongest_attacks(study)
+    assert entry["ladder_attacks"] == ["ig"]
+    study = [dataclasses.replace(c, seconds=1.0) for c in study]
+    [entry] = strongest_attacks(study)
+    assert entry["ladder_attacks"] == ["cpl"]
+    # both near chance: a holds needs every attack bounded, so both are extended
+    study = _study({name: [([0.2, 0.7, 0.4, 0.6], 0), ([0.9, 0.1, 0.5, 0.3], 0)] for name in ("ig", "cpl")})
+    [entry] = strongest_attacks(study)
+    assert entry["open"] and entry["ladder_attacks"] is None
+    cells = extension_cells(grid(study), [entry], examples_judged(study), 1, SampleLadder(1, 64))
+    assert {c.labels["attack"] for c in cells} == {"ig", "cpl"}

@@ -280,3 +280,29 @@ def test_results_read_in_one_minute_a_short_repr_and_a_summary_with_the_verdict(
                                        "cpl:iterations=20")
     assert "chance 2.5%" in summary  # SSIM alone (LPIPS off): 1 / (39 + 1)
 
+
+
+def test_audits_sample_ladder_runs_only_the_attacks_the_open_verdict_names(mnist_test, monkeypatch):
+    """The audit's sample ladder follows the verdict's `ladder_attacks` as the sweep's does:
+    the fresh seeds run only the attack named (gradleak.analysis.verdict), every attack when
+    none is named."""
+    from gradleak.api.result import AuditResult
+    from gradleak.leakage import SAMPLE_SEED_OFFSET
+
+    named: list = [["cpl:iterations=4"]]
+
+    def verdicts(self):
+        return [{"open": True, "min_examples": 2, "needed_examples": 40, "ladder_have": 2, "ladder_needed": 4,
+                 "ladder_attacks": named[0]}] if len(self.runs) <= 4 else []
+
+    monkeypatch.setattr(AuditResult, "verdicts", verdicts)
+    model = build_model(ModelSpec("lenet", (1, 28, 28), 10, seed=0))
+    data = (mnist_test.inputs[:64], mnist_test.labels[:64])
+    attacks = ["dlg:iterations=4", "cpl:iterations=4"]
+    result = gradleak.audit(model, data, attacks=attacks, seed=[0, 1], lpips="none", sample_rungs=1)
+    fresh = [r.spec.attack for r in result.runs if r.spec.seed >= SAMPLE_SEED_OFFSET]
+    assert sorted(fresh) == ["cpl:iterations=4"] * 2 and len(result.runs) == 6
+    named[0] = None
+    result = gradleak.audit(model, data, attacks=attacks, seed=[0, 1], lpips="none", sample_rungs=1)
+    fresh = [r.spec.attack for r in result.runs if r.spec.seed >= SAMPLE_SEED_OFFSET]
+    assert sorted(fresh) == sorted(attacks * 2)
