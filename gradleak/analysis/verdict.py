@@ -125,10 +125,12 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
     # What the sample ladder extends. Where some attack measures linkage at or above the
     # tolerance, only one of those: its examples alone can decide the setting as beyond the
     # tolerance, and while it measures there no number of the others' examples makes the setting
-    # hold — the one that would show it for the fewest seconds (examples still needed × its
-    # seconds per example). Else every attack, since a setting holds only when all are bounded.
+    # hold — the one already given fresh examples (so a later rung goes on with the attack an
+    # earlier rung chose, instead of starting another from its first few examples), else the
+    # one that would show it for the fewest seconds (examples still needed × its seconds per
+    # example). Else every attack, since a setting holds only when all are bounded.
     beyond = [m for m in judged if m["evidence"].linkage >= tolerance.linkage]
-    focus = (min(beyond, key=lambda m: _seconds_to_exceed(m, tolerance))
+    focus = (min(beyond, key=lambda m: (not m.get("sample_rungs"), _seconds_to_exceed(m, tolerance)))
              if beyond and not copied and not unconfirmed else None)
     q = significant.get((id(best), "recognizable" if grade == "recognizable" else "linkage"))
     evidence: Evidence = best["evidence"]

@@ -186,6 +186,10 @@ def test_the_sample_ladder_extends_only_the_attack_that_can_show_a_leak_beyond_t
     study = [dataclasses.replace(c, seconds=1.0) for c in study]
     [entry] = strongest_attacks(study)
     assert entry["ladder_attacks"] == ["cpl"]
+    # an attack an earlier rung extended, still measuring beyond it, is extended again
+    extended = _cell("ig-fresh", _cell_metrics([0.45, 0.7, 0.95, 0.8] * 4, 0), seed=1_000_003, rung=1)
+    [entry] = strongest_attacks(study + [extended])
+    assert entry["ladder_attacks"] == ["ig"]
     # both near chance: a holds needs every attack bounded, so both are extended
     study = _study({name: [([0.2, 0.7, 0.4, 0.6], 0), ([0.9, 0.1, 0.5, 0.3], 0)] for name in ("ig", "cpl")})
     [entry] = strongest_attacks(study)
