@@ -7,6 +7,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint install-check bench install clean
 
+# Machines that set PYTHONDONTWRITEBYTECODE recompile every module a process imports, every time
+# (torch and gradleak: 8-10 s per process, in the demo's sweep workers and in every test that
+# starts the command line); the commands below keep the bytecode in .venv and the checkout.
+unexport PYTHONDONTWRITEBYTECODE
+
 # --no-compile: Python compiles what a run imports on first use, instead of every module of
 # torch, ray and scipy at install time (halves a fresh install: 1 min 33 s → 46 s here).
 $(STAMP): requirements.txt requirements-data.txt pyproject.toml

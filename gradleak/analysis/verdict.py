@@ -32,6 +32,9 @@ from .wording import attack_name, unconfirmed_text, verdict
 
 # Grades of leakage, strongest first; "holds" is the grade of a setting that met the tolerance.
 GRADES = ("copies", "recognizable", "linkable")
+# An attack this cheap beside the one the sample ladder extends (seconds per example) is
+# extended with it (gradleak.analysis.verdict.judge).
+COME_ALONG = 0.1
 # metric → True when a larger value means a better reconstruction (stronger attack)
 ATTACK_METRICS = {"mse": False, "psnr": True, "ssim": True, "lpips": False, "asr": True,
                   "rouge1": True, "rouge2": True, "linkage": True, "recognizable": True}
@@ -129,9 +132,14 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
     # earlier rung chose, instead of starting another from its first few examples), else the
     # one that would show it for the fewest seconds (examples still needed × its seconds per
     # example). Else every attack, since a setting holds only when all are bounded.
+    # Attacks that cost a tenth of its seconds per example or less (an analytic one) come along:
+    # for next to nothing they may still show a stronger grade (a copy) on the fresh examples.
     beyond = [m for m in judged if m["evidence"].linkage >= tolerance.linkage]
     focus = (min(beyond, key=lambda m: (not m.get("sample_rungs"), _seconds_to_exceed(m, tolerance)))
              if beyond and not copied and not unconfirmed else None)
+    extend = None if focus is None else [focus["attack_spec"]] + sorted(
+        {m["attack_spec"] for m in judged if m is not focus
+         and _seconds_per_example(m) <= COME_ALONG * _seconds_per_example(focus)} - {focus["attack_spec"]})
     q = significant.get((id(best), "recognizable" if grade == "recognizable" else "linkage"))
     evidence: Evidence = best["evidence"]
     return {"grade": grade, "grade_attack": attack_name(best), "tolerance": tolerance.to_dict(),
@@ -148,7 +156,7 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
             "reid_chance": best.get("reid_chance"),
             "min_examples": min((m["evidence"].examples for m in members), default=0),
             "needed_examples": max((m["evidence"].examples_needed(tolerance) for m in members), default=0),
-            "ladder_attacks": [focus["attack_spec"]] if focus else None,
+            "ladder_attacks": extend,
             "ladder_have": focus["evidence"].examples if focus else
             min((m["evidence"].examples for m in members), default=0),
             "ladder_needed": focus["evidence"].examples_to_exceed(tolerance) if focus else
@@ -167,13 +175,17 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
             "attack_specs": sorted(attack_name(m) for m in members)}
 
 
+def _seconds_per_example(member: dict) -> float:
+    """An attack's cells' seconds per example judged (floored above zero)."""
+    per_example = (member.get("seconds") or 0.0) * (member.get("cells") or 1) / max(member["evidence"].examples, 1)
+    return max(per_example, 1e-6)
+
+
 def _seconds_to_exceed(member: dict, tolerance: Tolerance) -> float:
     """About how many seconds more examples of this attack would take to show its linkage
-    beyond the tolerance, if it stayed as measured (its cells' seconds per example)."""
+    beyond the tolerance, if it stayed as measured."""
     evidence: Evidence = member["evidence"]
-    per_example = (member.get("seconds") or 0.0) * (member.get("cells") or 1) / max(evidence.examples, 1)
-    missing = max(evidence.examples_to_exceed(tolerance) - evidence.examples, 1)
-    return missing * max(per_example, 1e-6)
+    return max(evidence.examples_to_exceed(tolerance) - evidence.examples, 1) * _seconds_per_example(member)
 
 
 def still_open(entry: dict) -> bool:
