@@ -75,14 +75,14 @@ def run(quick: bool = False) -> dict:
     for result in results.values():
         for row in result["settings"]:
             grades.setdefault(row["setting"], set()).add(row["grade"])
-    # holds in one seed set, a leak (copies, recognizable) in another: the answer contradicted
-    flips = {s: sorted(map(str, g)) for s, g in grades.items() if "holds" in g and g & {"copies", "recognizable"}}
-    # holds in one, linkable in another: no contradiction while the linkable one has not shown
-    # the tolerance exceeded (a setting between AUC 0.5 and the tolerance is both), but its
-    # examples could not yet tell which side of the tolerance it is on
-    linkable = {s: sorted(map(str, g)) for s, g in grades.items() if "holds" in g and "linkable" in g}
+    # holds in one seed set, a leak grade in another (copies, recognizable, or linkable: linkage
+    # shown beyond the tolerance): the answer contradicted. "Not shown" beside "holds" is no
+    # contradiction: its examples could not yet place a rate on either side of the tolerance
+    flips = {s: sorted(map(str, g)) for s, g in grades.items()
+             if "holds" in g and g & {"copies", "recognizable", "linkable"}}
+    not_shown = {s: sorted(map(str, g)) for s, g in grades.items() if "holds" in g and None in g}
     answers = {k: {r["answer_settings"][k] for r in results.values()} for k in next(iter(results.values()))["answers"]}
     return {"store_dir": str(root), "seed_sets": results, "holds_vs_leak_flips": flips,
-            "holds_vs_linkable": linkable,
+            "holds_vs_not_shown": not_shown,
             "same_answer_everywhere": all(len(v) == 1 for v in answers.values()),
             "answer_defenses": {k: sorted(v) for k, v in answers.items()}}

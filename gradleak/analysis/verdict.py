@@ -9,7 +9,9 @@ The grades, strongest first (gradleak.leakage says how each is measured and test
   perceptual bar more often than chance allows (Holm-corrected over the setting's attacks and
   both tests): *leaks*;
 - **linkable** — reconstructions are measurably nearer their originals than chance (linkage
-  AUC above 0.5, Holm-corrected), none shown recognizable, and the tolerance is not met;
+  AUC above 0.5, Holm-corrected), none shown recognizable, and the linkage is shown beyond the
+  tolerance (its interval's lower end above it); measurably linkable but not yet placed on
+  either side of the tolerance is *not shown* (and says so), within it may *hold*;
 - **holds** — the user's tolerance (`leakage.Tolerance`) is met by every attack: its
   linkage AUC and recognizable rate are bounded within it at the stated level, every attack
   ended its budget ladder saturated (or is analytic), at least two seeds ran, no cell failed,
@@ -113,13 +115,20 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
     recognised = [m for m in judged if significant.get((id(m), "recognizable"), 1.0) <= decisive]
     unconfirmed = [m for m in judged if (id(m), "recognizable") in significant and m not in recognised]
     linked = [m for m in judged if (id(m), "linkage") in significant]
+    # linkable is a grade of leakage where it is beyond the tolerance (the interval's lower end
+    # above it): an AUC the user accepts is no leak, one not yet placed is not shown
+    beyond = [m for m in linked if m["evidence"].linkage_interval(tolerance.level)[0] > tolerance.linkage]
     meets = bool(judged) and len(judged) == len(members) and all(m["evidence"].meets(tolerance) for m in members)
     if copied:
         grade, best = "copies", max(copied, key=lambda m: m["evidence"].copies / max(m["evidence"].copies_of, 1))
     elif recognised:
         grade, best = "recognizable", min(recognised, key=lambda m: significant[(id(m), "recognizable")])
+    elif beyond:
+        grade, best = "linkable", max(beyond, key=lambda m: m["evidence"].linkage_interval(tolerance.level)[0])
     elif linked and not meets:
-        grade, best = "linkable", max(linked, key=lambda m: m["evidence"].linkage_interval(tolerance.level)[0])
+        # nearer their originals than chance, but not shown beyond what the user accepts: not a
+        # leak under the tolerance, and not shown to hold either (the verdict says both)
+        grade, best = None, max(linked, key=lambda m: m["evidence"].linkage_interval(tolerance.level)[0])
     else:
         grade = None
         # the attack that comes closest to breaking the tolerance: the highest upper bounds
@@ -134,9 +143,9 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
     # example). Else every attack, since a setting holds only when all are bounded.
     # Attacks that cost a tenth of its seconds per example or less (an analytic one) come along:
     # for next to nothing they may still show a stronger grade (a copy) on the fresh examples.
-    beyond = [m for m in judged if m["evidence"].linkage >= tolerance.linkage]
-    focus = (min(beyond, key=lambda m: (not m.get("sample_rungs"), _seconds_to_exceed(m, tolerance)))
-             if beyond and not copied and not unconfirmed else None)
+    measured_beyond = [m for m in judged if m["evidence"].linkage >= tolerance.linkage]
+    focus = (min(measured_beyond, key=lambda m: (not m.get("sample_rungs"), _seconds_to_exceed(m, tolerance)))
+             if measured_beyond and not copied and not unconfirmed else None)
     extend = None if focus is None else [focus["attack_spec"]] + sorted(
         {m["attack_spec"] for m in judged if m is not focus
          and _seconds_per_example(m) <= COME_ALONG * _seconds_per_example(focus)} - {focus["attack_spec"]})
@@ -148,6 +157,7 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
             "unconfirmed_recognizable": None if grade in ("copies", "recognizable") or not unconfirmed else
             unconfirmed_text(min(unconfirmed, key=lambda m: significant[(id(m), "recognizable")])),
             "linkable_within": bool(linked) and meets,
+            "linkable_open": grade is None and bool(linked) and not meets,
             "exceeds_tolerance": any(m["evidence"].exceeds(tolerance) for m in members),
             **{f"ev_{k}": v for k, v in evidence.summary(tolerance.level).items()},
             "examples": best.get("examples"), "copies": best.get("copies"),
