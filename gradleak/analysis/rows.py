@@ -66,6 +66,8 @@ def attack_rows(cells: list[CellRecord]) -> list[dict]:
                "init": lab.get("init"), "seeds": len({m.labels.get("seed", m.key) for m in members}),
                "cells": len(members), "seconds": average([m.seconds for m in members]),
                "saturated": all(cell_saturated(m) for m in grid),
+               # no iterations to climb (the ladder's decision may still be "leak")
+               "analytic": bool(ladders) and all(ld.get("iterations") == 0 for ld in ladders),
                "undecided": sum(ld.get("decision", "undecided") == "undecided" for ld in ladders),
                "budget_min": min(budgets) if budgets else None, "budget_max": max(budgets) if budgets else None,
                "gallery_note": next((ld.get("gallery") for ld in ladders if ld.get("gallery")), None),

@@ -34,9 +34,6 @@ from .wording import attack_name, unconfirmed_text, verdict
 
 # Grades of leakage, strongest first; "holds" is the grade of a setting that met the tolerance.
 GRADES = ("copies", "recognizable", "linkable")
-# An attack this cheap beside the one the sample ladder extends (seconds per example) is
-# extended with it (gradleak.analysis.verdict.judge).
-COME_ALONG = 0.1
 # metric → True when a larger value means a better reconstruction (stronger attack)
 ATTACK_METRICS = {"mse": False, "psnr": True, "ssim": True, "lpips": False, "asr": True,
                   "rouge1": True, "rouge2": True, "linkage": True, "recognizable": True}
@@ -141,14 +138,16 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
     # earlier rung chose, instead of starting another from its first few examples), else the
     # one that would show it for the fewest seconds (examples still needed × its seconds per
     # example). Else every attack, since a setting holds only when all are bounded.
-    # Attacks that cost a tenth of its seconds per example or less (an analytic one) come along:
-    # for next to nothing they may still show a stronger grade (a copy) on the fresh examples.
+    # Analytic attacks that take a quarter of its seconds per example or less come along: for next
+    # to nothing they may still show a stronger grade (a copy) on the fresh examples. (Robbing the
+    # Fed under pruning: a tenth of IG's, give or take the machine's load; under noise its many
+    # candidates make judging it four times IG's.)
     measured_beyond = [m for m in judged if m["evidence"].linkage >= tolerance.linkage]
     focus = (min(measured_beyond, key=lambda m: (not m.get("sample_rungs"), _seconds_to_exceed(m, tolerance)))
              if measured_beyond and not copied and not unconfirmed else None)
     extend = None if focus is None else [focus["attack_spec"]] + sorted(
-        {m["attack_spec"] for m in judged if m is not focus
-         and _seconds_per_example(m) <= COME_ALONG * _seconds_per_example(focus)} - {focus["attack_spec"]})
+        {m["attack_spec"] for m in judged if m is not focus and m.get("analytic")
+         and _seconds_per_example(m) <= _seconds_per_example(focus) / 4} - {focus["attack_spec"]})
     q = significant.get((id(best), "recognizable" if grade == "recognizable" else "linkage"))
     evidence: Evidence = best["evidence"]
     return {"grade": grade, "grade_attack": attack_name(best), "tolerance": tolerance.to_dict(),

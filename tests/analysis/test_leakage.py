@@ -190,12 +190,16 @@ def test_the_sample_ladder_extends_only_the_attack_that_can_show_a_leak_beyond_t
     extended = _cell("ig-fresh", _cell_metrics([0.45, 0.7, 0.95, 0.8] * 4, 0), seed=1_000_003, rung=1)
     [entry] = strongest_attacks(study + [extended])
     assert entry["ladder_attacks"] == ["ig"]
-    # an attack that costs a tenth of the extended one's seconds per example or less (an
-    # analytic one) comes along: it may still show a stronger grade for next to nothing
-    rtf = [_cell(f"rtf-{seed}", _cell_metrics([0.2, 0.7, 0.4, 0.6], 0), seed=seed, attack="rtf", seconds=0.05)
+    # an analytic attack comes along: it may still show a stronger grade for next to nothing
+    rtf = [dataclasses.replace(_cell(f"rtf-{seed}", _cell_metrics([0.2, 0.7, 0.4, 0.6], 0), seed=seed,
+                                     attack="rtf", seconds=0.1),
+                               extras={"ladder": {"decision": "leak", "saturated": True, "iterations": 0}})
            for seed in range(2)]
     [entry] = strongest_attacks(study + rtf)
     assert entry["ladder_attacks"] == ["cpl", "rtf"]
+    # ... but not one whose judging costs more than a quarter of the extended attack's seconds
+    [entry] = strongest_attacks(study + [dataclasses.replace(c, seconds=0.5) for c in rtf])
+    assert entry["ladder_attacks"] == ["cpl"]
     # both near chance: a holds needs every attack bounded, so both are extended
     study = _study({name: [([0.2, 0.7, 0.4, 0.6], 0), ([0.9, 0.1, 0.5, 0.3], 0)] for name in ("ig", "cpl")})
     [entry] = strongest_attacks(study)
