@@ -165,7 +165,7 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
             break
         # the attacks the open verdicts name (gradleak.analysis.verdict: the one nearest to
         # showing a leak beyond the tolerance), or all of them
-        named = [e.get("ladder_attacks") for e in open_entries]
+        named: list[list[str]] = [e.get("ladder_attacks") or [] for e in open_entries]
         only = None if any(not n for n in named) else {a for n in named for a in n}
         per_seed = min(len(dataset), math.ceil(missing / len(seeds) / batch_size) * batch_size)
         for run_seed in seeds:
