@@ -198,9 +198,13 @@ class Evidence:
 
     def exceeds(self, tolerance: Tolerance) -> bool:
         """Whether these examples show a rate beyond the tolerance (its interval's lower end above it)."""
-        return bool(self.copies) or (self.examples > 0 and (
-            self.linkage_interval(tolerance.level)[0] > tolerance.linkage
-            or self.recognizable_interval(tolerance.level)[0] > tolerance.recognizable))
+        return bool(self.copies) or self.linkage_exceeds(tolerance) or (
+            self.examples > 0 and self.recognizable_interval(tolerance.level)[0] > tolerance.recognizable)
+
+    def linkage_exceeds(self, tolerance: Tolerance) -> bool:
+        """Whether these examples show the linkage AUC beyond the tolerance (its interval's lower
+        end above it)."""
+        return self.examples > 0 and self.linkage_interval(tolerance.level)[0] > tolerance.linkage
 
     def linkage_sd(self) -> float:
         n = self.examples
@@ -218,9 +222,8 @@ class Evidence:
         rate = self.recognizable / n
         if link >= tolerance.linkage or rate >= tolerance.recognizable:
             return 0
-        # the observed spread, floored at the null's: a few examples understate it
-        sd = max(math.sqrt(NULL_LINKAGE_VARIANCE), self.linkage_sd())
-        need = max(math.ceil((t_quantile(tolerance.level, 30) * sd / (tolerance.linkage - link)) ** 2), n + 1)
+        need = max(math.ceil((t_quantile(tolerance.level, 30) * self._planning_sd() / (tolerance.linkage - link)) ** 2),
+                   n + 1)
         bound = tolerance.recognizable
         while need < 10 ** 6 and binomial_interval(round(rate * need), need, tolerance.level)[1] > bound:
             need = math.ceil(need * 1.25)
@@ -233,9 +236,13 @@ class Evidence:
         link = self.linkage
         if link is None or link <= tolerance.linkage:
             return 0
-        sd = max(math.sqrt(NULL_LINKAGE_VARIANCE), self.linkage_sd())
-        need = (t_quantile(tolerance.level, 30) * sd / (link - tolerance.linkage)) ** 2
+        need = (t_quantile(tolerance.level, 30) * self._planning_sd() / (link - tolerance.linkage)) ** 2
         return max(math.ceil(min(need, 10.0 ** 6)), self.examples + 1)
+
+    def _planning_sd(self) -> float:
+        """The linkage's spread for planning how many examples a bound takes: the observed one,
+        floored at the null's (a few examples understate it)."""
+        return max(math.sqrt(NULL_LINKAGE_VARIANCE), self.linkage_sd())
 
     def summary(self, level: float = LEVEL) -> dict:
         link_low, link_high = self.linkage_interval(level)

@@ -114,7 +114,7 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
     linked = [m for m in judged if (id(m), "linkage") in significant]
     # linkable is a grade of leakage where it is beyond the tolerance (the interval's lower end
     # above it): an AUC the user accepts is no leak, one not yet placed is not shown
-    beyond = [m for m in linked if m["evidence"].linkage_interval(tolerance.level)[0] > tolerance.linkage]
+    beyond = [m for m in linked if m["evidence"].linkage_exceeds(tolerance)]
     meets = bool(judged) and len(judged) == len(members) and all(m["evidence"].meets(tolerance) for m in members)
     if copied:
         grade, best = "copies", max(copied, key=lambda m: m["evidence"].copies / max(m["evidence"].copies_of, 1))
@@ -148,6 +148,8 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
     extend = None if focus is None else [focus["attack_spec"]] + sorted(
         {m["attack_spec"] for m in judged if m is not focus and m.get("analytic")
          and _seconds_per_example(m) <= _seconds_per_example(focus) / 4} - {focus["attack_spec"]})
+    min_examples = min((m["evidence"].examples for m in members), default=0)
+    needed_examples = max((m["evidence"].examples_needed(tolerance) for m in members), default=0)
     q = significant.get((id(best), "recognizable" if grade == "recognizable" else "linkage"))
     evidence: Evidence = best["evidence"]
     return {"grade": grade, "grade_attack": attack_name(best), "tolerance": tolerance.to_dict(),
@@ -163,13 +165,11 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
             "copy_criterion": best.get("copy_criterion"),
             "identified": best.get("identified"), "identified_of": best.get("identified_of"),
             "reid_chance": best.get("reid_chance"),
-            "min_examples": min((m["evidence"].examples for m in members), default=0),
-            "needed_examples": max((m["evidence"].examples_needed(tolerance) for m in members), default=0),
+            "min_examples": min_examples, "needed_examples": needed_examples,
+            # what the sample ladder extends, from how many examples, towards how many
             "ladder_attacks": extend,
-            "ladder_have": focus["evidence"].examples if focus else
-            min((m["evidence"].examples for m in members), default=0),
-            "ladder_needed": focus["evidence"].examples_to_exceed(tolerance) if focus else
-            max((m["evidence"].examples_needed(tolerance) for m in members), default=0),
+            "ladder_have": focus["evidence"].examples if focus else min_examples,
+            "ladder_needed": focus["evidence"].examples_to_exceed(tolerance) if focus else needed_examples,
             "worst_linkage_high": max((m["evidence"].linkage_interval(tolerance.level)[1] for m in judged),
                                       default=None),
             "worst_linkage": max((m["evidence"].linkage for m in judged), default=None),
@@ -211,6 +211,6 @@ def still_open(entry: dict) -> bool:
         return True
     if entry.get("grade") == "recognizable" and not entry.get("borderline"):
         return False
-    if entry.get("grade") == "linkable" and entry.get("exceeds_tolerance") and not entry.get("borderline"):
+    if entry.get("grade") == "linkable" and not entry.get("borderline"):  # linkable is beyond the tolerance
         return False
     return bool(entry.get("reid_judged"))

@@ -157,9 +157,8 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
         open_entries = [e for e in entries if e.get("open")]
         if not open_entries:
             break
-        have = min(e.get("ladder_have") or e.get("min_examples") or 1 for e in open_entries)
-        target = sample_target(have, max(e.get("ladder_needed", e.get("needed_examples")) or 0
-                                         for e in open_entries), max_examples)
+        have = max(1, min(e["ladder_have"] for e in open_entries))
+        target = sample_target(have, max(e["ladder_needed"] for e in open_entries), max_examples)
         missing = target - have
         if missing <= 0 or len(dataset) < batch_size:
             break

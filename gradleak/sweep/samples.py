@@ -45,9 +45,8 @@ def extension_cells(grid_cells: list[Cell], entries: list[dict], examples_by_att
         if not entry.get("open"):
             continue
         setting = tuple(entry[k] for k in SCENARIO_KEYS[1:]) + (entry["defense"], entry["strength"])
-        have = max(1, entry.get("ladder_have") or entry.get("min_examples") or 1)
-        needed = entry.get("ladder_needed", entry.get("needed_examples")) or 0
-        target = sample_target(have, needed, ladder.max_examples)
+        have = max(1, entry["ladder_have"])
+        target = sample_target(have, entry["ladder_needed"], ladder.max_examples)
         if target <= have:
             continue
         attacks = entry.get("ladder_attacks")
