@@ -78,7 +78,8 @@ def _client(args, seed: int, test, gallery) -> dict:
     attack = make_attack(f"fedavg:iterations={args.iterations},distance={args.distance},replay={args.replay},"
                          f"lr={args.attack_lr},tv={args.tv},optimizer={args.attack_optimizer},"
                          f"restarts={args.restarts},label_trials={args.label_trials},"
-                         f"label_final_iterations={args.label_final_iterations}")
+                         f"label_final_iterations={args.label_final_iterations}"
+                         + (f",polish={args.polish}" if args.polish is not None else ""))
     if device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -118,6 +119,7 @@ def _client(args, seed: int, test, gallery) -> dict:
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks fedavg_scale")
     parser.add_argument("--case", choices=["lenet5", "sigmoid"], default="lenet5")
+    parser.add_argument("--model", default=None, help="the client model (default lenet5; lenet for --case sigmoid)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--images", type=int, default=None)
     parser.add_argument("--epochs", type=int, default=None)
@@ -135,6 +137,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--attack-lr", type=float, default=0.1)
     parser.add_argument("--attack-optimizer", choices=["signed-adam", "adam", "lbfgs"], default="signed-adam")
     parser.add_argument("--restarts", type=int, default=1)
+    parser.add_argument("--polish", type=int, default=None, help="fedavg's L-BFGS polish iterations (default: its own)")
     parser.add_argument("--tv", type=float, default=1e-4)
     parser.add_argument("--label-trials", choices=["off", "swaps"], default=None,
                         help="the attack's label search (default: swaps for sigmoid, off for lenet5)")
@@ -151,7 +154,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    args.model = "lenet" if sigmoid else "lenet5"
+    if args.model is None:
+        args.model = "lenet" if sigmoid else "lenet5"
     return args
 
 

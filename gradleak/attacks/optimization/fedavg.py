@@ -25,6 +25,7 @@ per example, which the order only perturbs at second order in the learning rate 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,12 +40,15 @@ from ...options import check
 from ...threat import Observation
 from ..base import AttackContext, Reconstruction, ResumableAttack
 from ..engine.candidates import ArrangedLabels, FixedLabels, Pixels
-from ..engine.engine import Engine, Optimizer, ScheduleKind
+from ..engine.engine import Engine, Optimizer, Outcome, ScheduleKind
 from ..engine.initialization import InitKind, observed_start
 from ..engine.objectives import Matching, Prior, Seen, TotalVariation
 from ..replay.epoch_replay import MAX_ORDER_SHARE, EpochReplay, applies, order_share, plain_training
 from ..replay.labels import label_candidates, recover_labels
 from ..replay.matching import UpdateSimulator
+
+# function evaluations per L-BFGS iteration of the polish (torch's default max_iter, as DLG's)
+POLISH_EVALUATIONS = 20
 
 
 @dataclass
@@ -87,6 +91,12 @@ class FedAvgOptions:
     label_trial_iterations: int = 40
     label_finalists: int = 3
     label_final_iterations: int = 0  # 0: the run's own iterations
+    # after every rung, L-BFGS (strong-Wolfe line search) on the matching distance alone from
+    # the rung's result, the labels fixed as arranged, and the better-matching of the two kept:
+    # signed Adam finds the basin but stalls in it (docs/client-training.md). Its budget, as a
+    # share of the rung's iterations in function evaluations: ceil(polish × iterations / 20)
+    # L-BFGS iterations of up to 20 evaluations each (50 at 2,000 iterations); 0: off
+    polish: float = 0.5
 
     def __post_init__(self):
         check(self.iterations >= 1, "attack 'fedavg': iterations must be >= 1")
@@ -94,6 +104,7 @@ class FedAvgOptions:
         check(self.tv >= 0, "attack 'fedavg': tv must be >= 0")
         check(self.order_prior >= 0, "attack 'fedavg': order_prior must be >= 0")
         check(self.restarts >= 1, "attack 'fedavg': restarts must be >= 1")
+        check(self.polish >= 0, "attack 'fedavg': polish must be >= 0")
         check(min(self.label_trial_iterations, self.label_finalists) >= 1 and self.label_final_iterations >= 0,
               "attack 'fedavg': label_trial_iterations and label_finalists must be >= 1, label_final_iterations >= 0")
         # the inverter draws one image per example, not the per-epoch copies this attack optimises
@@ -231,11 +242,35 @@ class FedAvgAttack(ResumableAttack):
         engine, layout, label_candidate, extras = self._engine(obs, labels, ctx, opt.iterations)
         flips = "flip" in obs.training.augment and modality_of(obs.modality).pixels  # only pictures flip
         for out in engine.start().doublings(opt.iterations):
-            inputs, slot_labels = combine_copies(out.inputs.cpu(), layout, label_candidate.hard().cpu(), flips)
+            rows, distance, polished = out.inputs, out.distance, None
+            if opt.polish:
+                result = self._polish(engine, out, obs.kind.pixels)
+                polished = {"distance_before": round(out.distance, 9), "evaluations": result.evaluations}
+                if result.distance < distance:
+                    rows, distance = result.inputs, result.distance
+            inputs, slot_labels = combine_copies(rows.cpu(), layout, label_candidate.hard().cpu(), flips)
             yield Reconstruction(inputs=inputs, labels=slot_labels, iterations=out.iterations,
-                                 final_distance=out.distance, **out.trace_fields(),
+                                 final_distance=distance, **out.trace_fields(),
                                  extras={"copies": layout.copies, "order": obs.training.order, **extras,
-                                         "label_trials": trials})
+                                         "label_trials": trials, "polish": polished})
+
+    def _polish(self, engine: Engine, out: Outcome, image: bool) -> Outcome:
+        """L-BFGS with a line search on the matching distance alone, from a rung's result with
+        its labels fixed (`polish`); the best point it evaluated. The rung's own run is untouched,
+        so the next rung resumes from where signed Adam left it."""
+        start = out.inputs
+        polish = Engine(matching=engine.matching, labels=FixedLabels(out.labels),
+                        candidates=lambda r: Pixels(start, box=image),
+                        optimizer=Optimizer("lbfgs", 1.0, inner=POLISH_EVALUATIONS, line_search=True,
+                                            tolerances=False),
+                        iterations=math.ceil(self.options.polish * out.iterations / POLISH_EVALUATIONS),
+                        box=image, keep_best=True, model=engine.model)
+        result = polish.run()
+        if not image:
+            return result
+        # the best point may be one the line search tried, before the step was projected
+        inside = result.inputs.clamp(0, 1)
+        return dataclasses.replace(result, inputs=inside, distance=polish._distance(Pixels(inside)))
 
     def _labels(self, obs: Observation, ctx: AttackContext) -> tuple[torch.Tensor, list[dict] | None]:
         """The recovered labels; with label_trials "swaps", the count estimate and its one-label
