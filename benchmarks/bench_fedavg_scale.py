@@ -16,6 +16,8 @@ its labels among the count estimate and its one-label swaps by matching (`label_
     python -m benchmarks fedavg_scale                      # a tiny CPU run (2 epochs, 10 images)
     python -m benchmarks fedavg_scale --device cuda --images 50 --epochs 10 --local-batch 5
     python -m benchmarks fedavg_scale --case sigmoid --seeds 10,11,12,13
+    python -m benchmarks fedavg_scale --case sigmoid --seeds 16 --polish 0   # without the L-BFGS polish
+    python -m benchmarks fedavg_scale --model lenet5:activation=relu          # another client model
 """
 from __future__ import annotations
 
