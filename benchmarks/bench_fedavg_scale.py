@@ -139,7 +139,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--attack-lr", type=float, default=0.1)
     parser.add_argument("--attack-optimizer", choices=["signed-adam", "adam", "lbfgs"], default="signed-adam")
     parser.add_argument("--restarts", type=int, default=1)
-    parser.add_argument("--polish", type=int, default=None, help="fedavg's L-BFGS polish iterations (default: its own)")
+    parser.add_argument("--polish", type=float, default=None,
+                        help="fedavg's L-BFGS polish, a share of the rung's iterations (default: its own; 0: off)")
     parser.add_argument("--tv", type=float, default=1e-4)
     parser.add_argument("--label-trials", choices=["off", "swaps"], default=None,
                         help="the attack's label search (default: swaps for sigmoid, off for lenet5)")
