@@ -9,9 +9,10 @@ import argparse
 import gc
 import json
 import os
+import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from ..errors import GradleakError, Terminated
 from ..options import output_dir, ranged
@@ -80,19 +81,15 @@ def run(args: argparse.Namespace) -> int:
         result = run_app(args.app, out=args.out, num_supernodes=args.num_supernodes,
                          run_config=_overrides(args.run_config), rounds=_rounds(args.rounds), clients=args.clients,
                          attacks=args.attack or None, budget=args.budget, threat=tuple(args.threat) or None,
-                         lpips=args.lpips, verbose=args.verbose, show_progress=not args.json)
+                         lpips=args.lpips, verbose=args.verbose, show_progress=not args.json,
+                         leave=_leave if _running_as_program() else None)
     except (KeyboardInterrupt, Terminated) as stop:
         # What finished is stored (each result is committed as it finishes). The interpreter's
         # teardown would spend seconds collecting the objects Flower, Ray and torch created
         # (docs/flower.md), and after a stop inside Flower's simulation it can wait forever on
         # a client thread blocked in Ray: the gradleak program leaves both to the OS.
         if _running_as_program():
-            word, code = ("interrupted", 130) if isinstance(stop, KeyboardInterrupt) else ("terminated", 143)
-            print(f"gradleak: {word}; what finished is stored, the same command resumes", file=sys.stderr)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            _end_own_job()
-            os._exit(code)
+            _leave(signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM)
         gc.freeze()
         raise
     if not result.store.is_file():
@@ -133,12 +130,20 @@ def _running_as_program() -> bool:
     return (spec is not None and spec.name == "gradleak.__main__") or Path(sys.argv[0]).name == "gradleak"
 
 
+def _leave(signum: int) -> NoReturn:
+    """End the gradleak program after Ctrl-C (130) or SIGTERM (143) with one line."""
+    word, code = ("interrupted", 130) if signum == signal.SIGINT else ("terminated", 143)
+    print(f"gradleak: {word}; what finished is stored, the same command resumes", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _end_own_job()
+    os._exit(code)
+
+
 def _end_own_job() -> None:
     """SIGKILL what is left of this command's own job (the process group it leads, as a
     terminal's job): Ray's helper processes, which a Ctrl-C that reached them mid-simulation
     can leave orphaned. Nothing when this process does not lead its group."""
-    import signal
-
     me = os.getpid()
     if os.getpgrp() != me or not Path("/proc").is_dir():
         return

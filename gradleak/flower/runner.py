@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,11 +79,14 @@ def run_app(app_dir: str | Path, *, out: str | Path = "gradleak-flower", num_sup
             run_config: dict[str, Any] | None = None, rounds: tuple[int, ...] | None = None,
             clients: int | None = None, attacks: Any = None, budget: str | None = None,
             threat: str | tuple[str, ...] | None = None, lpips: str | None = None, verbose: bool = False,
-            show_progress: bool = False) -> FlowerRun:
+            show_progress: bool = False, leave: Callable[[int], Any] | None = None) -> FlowerRun:
     """Simulate the app with its FlowerAudit hook capturing the audited updates, then attack
     them in this process, storing each result in `out` as it finishes; a rerun with the same
     `out` skips what is stored. The keyword arguments after `run_config` override the hook's
-    own settings; `show_progress` prints a line on stderr per client and attack."""
+    own settings; `show_progress` prints a line on stderr per client and attack. `leave`, if
+    given, is called with the signal number of a Ctrl-C or SIGTERM that arrives while Flower
+    simulates, in place of raising through Flower (the gradleak program ends the process there:
+    nothing of the audit is stored yet, and Flower's teardown of Ray races its client threads)."""
     app = read_app(app_dir)
     config = dict(app["config"])
     for key, value in (run_config or {}).items():
@@ -129,7 +133,7 @@ def run_app(app_dir: str | Path, *, out: str | Path = "gradleak-flower", num_sup
                 warnings.simplefilter("ignore")
             # but a declared training that does not reproduce a captured update is, every time
             warnings.filterwarnings("always", category=TrainingMismatchWarning)
-            _simulate(server_app, client_app, supernodes, config, root, verbose)
+            _simulate(server_app, client_app, supernodes, config, root, verbose, leave)
         flwr_logger.setLevel(level)
         # Flower has shut Ray down: the attacks run here, in the main thread, where Ctrl-C stops
         # them at once and each finished attack is already stored
@@ -147,7 +151,8 @@ def run_app(app_dir: str | Path, *, out: str | Path = "gradleak-flower", num_sup
     return FlowerRun(app["root"], out, time.perf_counter() - start, supernodes, config, captured, training, counts)
 
 
-def _simulate(server_app, client_app, supernodes: int, config: dict, root: str, verbose: bool) -> None:
+def _simulate(server_app, client_app, supernodes: int, config: dict, root: str, verbose: bool,
+              leave: Callable[[int], Any] | None = None) -> None:
     from flwr.app import Context, RecordDict
     from flwr.common.constant import RUN_ID_NUM_BYTES, SUPERLINK_NODE_ID, TASK_ID_NUM_BYTES
     from flwr.server.superlink.linkstate.utils import generate_rand_int_from_bytes
@@ -172,17 +177,20 @@ def _simulate(server_app, client_app, supernodes: int, config: dict, root: str, 
     backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                "init_args": {"num_cpus": max(1, min(2, os.cpu_count() or 1)), "logging_level": "ERROR",
                              "log_to_driver": verbose}}
-    with _interruptible(verbose):
+    with _interruptible(verbose, leave):
         _run_simulation(num_supernodes=supernodes, exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
                         client_app=client_app, server_app=server_app, backend_config=backend,
                         server_app_context=context, app_dir=root, run=run, is_app=True, verbose_logging=verbose)
 
 
 @contextlib.contextmanager
-def _interruptible(verbose: bool):
+def _interruptible(verbose: bool, leave: Callable[[int], Any] | None = None):
     """Ctrl-C or SIGTERM while Flower simulates: one line, not Flower's logs of every client
     whose Ray actor went down with the run, and no wait on the ServerApp thread Flower
-    started, which would wait for those clients' replies (and the interpreter for it)."""
+    started, which would wait for those clients' replies (and the interpreter for it).
+    With `leave`, the signal goes to it at once: raised through Flower, the stop runs
+    Flower's ray.shutdown while client threads still call into Ray, and Ray's core worker
+    then ends the process itself with exit code 1 (seen once in CI)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -193,6 +201,8 @@ def _interruptible(verbose: bool):
         def handler(signum, frame):
             if not verbose:
                 logging.getLogger("flwr").setLevel(logging.CRITICAL + 1)
+            if leave is not None:
+                leave(signum)
             previous(signum, frame)  # raises KeyboardInterrupt, or the command's Terminated
         return handler
 
