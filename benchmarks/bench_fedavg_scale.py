@@ -18,10 +18,15 @@ its labels among the count estimate and its one-label swaps by matching (`label_
     python -m benchmarks fedavg_scale --case sigmoid --seeds 10,11,12,13
     python -m benchmarks fedavg_scale --case sigmoid --seeds 16 --polish 0   # without the L-BFGS polish
     python -m benchmarks fedavg_scale --model lenet5:activation=relu          # another client model
+
+`--start-noise SIGMA` is a diagnostic, not an attack: the attack starts from the true batch
+(arranged as its recovered labels) plus Gaussian noise of that sd, clamped to [0, 1], to see
+whether its matching leads back to the truth from nearby (docs/client-training.md).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -67,6 +72,36 @@ def _class_means(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@contextlib.contextmanager
+def _started_near(x: torch.Tensor, y: torch.Tensor, sigma: float | None):
+    """`--start-noise`: fedavg's start replaced by the truth plus noise, each slot given an
+    unused true example of its recovered label (any unused one where the counts are off)."""
+    if sigma is None:
+        yield
+        return
+    import gradleak.attacks.optimization.fedavg as fedavg
+
+    own = fedavg.observed_start
+
+    def start(init, shape, generator, obs, labels, ctx):
+        if tuple(shape) != tuple(x.shape):
+            raise SystemExit("--start-noise: the attack optimises per-epoch copies here; use the epoch replay")
+        used: set[int] = set()
+        rows = []
+        for label in labels.tolist():
+            free = [i for i in range(len(y)) if i not in used]
+            i = next((i for i in free if int(y[i]) == label), free[0])
+            used.add(i)
+            rows.append(i)
+        return (x[rows] + sigma * torch.randn(x.shape, generator=generator)).clamp(0, 1)
+
+    fedavg.observed_start = start
+    try:
+        yield
+    finally:
+        fedavg.observed_start = own
+
+
 def _client(args, seed: int, test, gallery) -> dict:
     device = torch.device(args.device)
     pick = torch.randperm(len(test.labels), generator=torch.Generator().manual_seed(seed))[:args.images]
@@ -85,7 +120,8 @@ def _client(args, seed: int, test, gallery) -> dict:
     if device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
-    result = attack.reconstruct(obs, AttackContext(seed=seed, device=device))
+    with _started_near(x, y, args.start_noise):
+        result = attack.reconstruct(obs, AttackContext(seed=seed, device=device))
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
@@ -148,6 +184,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                         help="the label finalists' matching iterations (default 0: the attack's iterations)")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--start-noise", type=float, default=None,
+                        help="diagnostic: start the attack from the true batch plus noise of this sd (not an attack)")
     args = parser.parse_args(argv)
     sigmoid = args.case == "sigmoid"
     defaults = {"images": 4 if sigmoid else 10, "epochs": 2, "local_batch": 2 if sigmoid else 5,
