@@ -133,9 +133,13 @@ def _running_as_program() -> bool:
 def _leave(signum: int) -> NoReturn:
     """End the gradleak program after Ctrl-C (130) or SIGTERM (143) with one line."""
     word, code = ("interrupted", 130) if signum == signal.SIGINT else ("terminated", 143)
-    print(f"gradleak: {word}; what finished is stored, the same command resumes", file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, RuntimeError, ValueError):  # called from a signal handler mid-write: reentrant
+            pass
+    # written past Python's buffers, which a signal handler may have interrupted mid-write
+    os.write(2, f"gradleak: {word}; what finished is stored, the same command resumes\n".encode())
     _end_own_job()
     os._exit(code)
 
