@@ -6,6 +6,7 @@ report the leakage of the updates its server received.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -134,10 +135,9 @@ def _leave(signum: int) -> NoReturn:
     """End the gradleak program after Ctrl-C (130) or SIGTERM (143) with one line."""
     word, code = ("interrupted", 130) if signum == signal.SIGINT else ("terminated", 143)
     for stream in (sys.stdout, sys.stderr):
-        try:
+        # from a signal handler that interrupted a write, a flush is a reentrant call: skip it
+        with contextlib.suppress(OSError, RuntimeError, ValueError):
             stream.flush()
-        except (OSError, RuntimeError, ValueError):  # called from a signal handler mid-write: reentrant
-            pass
     # written past Python's buffers, which a signal handler may have interrupted mid-write
     os.write(2, f"gradleak: {word}; what finished is stored, the same command resumes\n".encode())
     _end_own_job()
