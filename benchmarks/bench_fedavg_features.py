@@ -42,10 +42,10 @@ from scipy.optimize import linear_sum_assignment
 from torch import nn
 from torch.func import functional_call
 
-from benchmarks.bench_fedavg_scale import GALLERY, _data, _judge
+from benchmarks.bench_fedavg_scale import _data, _judge
 from gradleak.attacks import AttackContext
 from gradleak.attacks.replay.labels import recover_labels
-from gradleak.data import DatasetSpec, load_dataset
+from gradleak.attacks.replay.matching import update_distance
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.models.references import build_named_model
 from gradleak.threat import make_threat_model, observe
@@ -87,12 +87,6 @@ def _error_signals(head, params, target, feats, labels, step, epochs):
     return total
 
 
-def _cosine(a: dict, b: dict) -> torch.Tensor:
-    x = torch.cat([a[n].flatten() for n in b])
-    y = torch.cat([b[n].flatten() for n in b])
-    return 1 - x @ y / (x.norm() * y.norm())
-
-
 def _feature_cosines(found: torch.Tensor, true: torch.Tensor, labels: torch.Tensor, true_labels) -> torch.Tensor:
     sim = nn.functional.normalize(found, dim=1) @ nn.functional.normalize(true, dim=1).T
     sim = sim.masked_fill(labels[:, None] != true_labels[None, :], -1.0)
@@ -129,7 +123,7 @@ def _match_features(head, params, target, basis, pinv, labels, step, epochs, see
         opt.zero_grad()
         raw = coords @ basis.T
         feats = raw.clamp(min=0)
-        loss = _cosine(_head_replay(head, params, feats, labels, step, epochs), target)
+        loss = update_distance(_head_replay(head, params, feats, labels, step, epochs), target, "cosine")
         loss = loss + 0.1 * raw.clamp(max=0).pow(2).sum() / raw.pow(2).sum()
         signals = _error_signals(head, params, target, feats, labels, step, epochs)
         loss = loss + 0.01 * (feats @ pinv @ signals.T - eye).pow(2).mean()
@@ -139,11 +133,11 @@ def _match_features(head, params, target, basis, pinv, labels, step, epochs, see
     return (coords @ basis.T).clamp(min=0).detach()
 
 
-def _vertices(body, basis, live, aux: torch.Tensor, zeros: int, rounds: int = 15):
+def _vertices(aux_features: torch.Tensor, basis, live, zeros: int, rounds: int = 15):
     """Null-vector vertices of {c : basis·c ≥ 0} reached from auxiliary digits' features: the
     vertices clamped at 0, the negative share each had before clamping, and σ_min/σ_2 of the
     last solve (small: the assumed zeros fit one direction well)."""
-    feats = body(aux).detach() @ basis @ basis.T
+    feats = aux_features @ basis @ basis.T
     cols = live.nonzero().flatten()
     for _ in range(rounds):
         scores = (feats / feats.abs().amax(1, keepdim=True))[:, cols]
@@ -191,7 +185,7 @@ def _summary(cos: torch.Tensor) -> dict:
             "above_0_99": int((cos > 0.99).sum())}
 
 
-def _client(args, seed: int, test, gallery, train) -> dict:
+def _client(args, seed: int, test, gallery, train, gallery_rows) -> dict:
     pick = torch.randperm(len(test.labels), generator=torch.Generator().manual_seed(seed))[:args.images]
     x, y = test.inputs[pick], test.labels[pick]
     model = build_named_model(args.model, (1, 28, 28), 10, seed=seed)
@@ -226,12 +220,12 @@ def _client(args, seed: int, test, gallery, train) -> dict:
     if args.aux:
         start = time.perf_counter()
         # auxiliary digits from the train split, the judge's gallery left out
-        drawn = torch.randperm(len(train.labels), generator=torch.Generator().manual_seed(99))  # as _data draws it
-        gallery_rows = set(drawn[:GALLERY].tolist())
+        kept_apart = set(gallery_rows.tolist())
         order = torch.randperm(len(train.labels), generator=torch.Generator().manual_seed(seed + 7)).tolist()
-        aux = torch.tensor([i for i in order if i not in gallery_rows][:args.aux])
+        aux = torch.tensor([i for i in order if i not in kept_apart][:args.aux])
+        aux_features = body(train.inputs[aux]).detach()
         live = target[first].norm(dim=0) > 1e-12 * target[first].norm()
-        found = [_vertices(body, basis, live, train.inputs[aux], int(z)) for z in args.zeros.split(",")]
+        found = [_vertices(aux_features, basis, live, int(z)) for z in args.zeros.split(",")]
         vertices, negative, ratio = (torch.cat(parts) for parts in zip(*found))
         best = (nn.functional.normalize(vertices, dim=1) @ nn.functional.normalize(true, dim=1).T).max(0).values
         bias = target[next(n for n in params if n.endswith("bias"))]
@@ -268,9 +262,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def run_with(argv: list[str]) -> dict:
     args = _parse(argv)
     torch.set_num_threads(args.threads)
-    test, gallery = _data()
-    train = load_dataset(DatasetSpec("mnist", split="train")) if args.aux else None
-    rows = [_client(args, int(s), test, gallery, train) for s in args.seeds.split(",")]
+    test, gallery, train, gallery_rows = _data(keep_train=True)
+    rows = [_client(args, int(s), test, gallery, train, gallery_rows) for s in args.seeds.split(",")]
     out: dict = {"setting": vars(args), "rows": rows}
     for part in ("true_features", "matched_features") + (("vertices",) if args.aux else ()):
         out[part] = {"recognizable_or_copied": sum(r[part]["recognizable_or_copied"] for r in rows),

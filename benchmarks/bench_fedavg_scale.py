@@ -49,11 +49,14 @@ from gradleak.threat import make_threat_model, observe
 GALLERY = 1000
 
 
-def _data():
+def _data(keep_train: bool = False):
+    """The clients' test split and the judge's gallery of train-split digits; with `keep_train`,
+    also the train split and the gallery's rows in it (for auxiliary data kept apart from them)."""
     test = load_dataset(DatasetSpec("mnist", split="test"))
     train = load_dataset(DatasetSpec("mnist", split="train"))
-    gallery = train.inputs[torch.randperm(len(train.labels), generator=torch.Generator().manual_seed(99))[:GALLERY]]
-    return test, Gallery(gallery, "train-split MNIST digits")
+    rows = torch.randperm(len(train.labels), generator=torch.Generator().manual_seed(99))[:GALLERY]
+    gallery = Gallery(train.inputs[rows], "train-split MNIST digits")
+    return (test, gallery, train, rows) if keep_train else (test, gallery)
 
 
 def _judge(x, y, reconstruction, labels, gallery) -> dict:
