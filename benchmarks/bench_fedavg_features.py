@@ -22,7 +22,10 @@ saw, then for images that produce them. Per seed:
   of V reaches such vertices. `covered_0_98` (`_0_99`) counts the true examples within that cosine of some
   vertex (an oracle measure). The rest needs no ground truth: the most trusted distinct vertices
   (`_select`), each scaled by the bias update and labelled by an assignment under the recovered
-  label counts, then inverted to pixels as above.
+  label counts, then inverted to pixels as above. With `--realizable K` (the default, 1,500) the
+  K most trusted distinct vertices are first inverted to pixels without a prior, and what the
+  convolutions cannot reproduce counts against a vertex (`--realizable 0`: the earlier, faster
+  selection; docs/client-training.md has both).
 
 Feature quality is the cosine of each recovered feature vector to its true one, matched within
 labels. Images are judged as in `fedavg_scale`.
@@ -112,6 +115,17 @@ def _invert(body, feats, seed: int, tv: float, iterations: int) -> torch.Tensor:
     return torch.sigmoid(logits).detach()
 
 
+def _residuals(body, feats, seed: int, iterations: int, chunk: int = 500) -> torch.Tensor:
+    """How far the convolutions are from producing `feats`: the relative L2 left after inverting
+    each to pixels without a prior."""
+    out = []
+    for a in range(0, len(feats), chunk):
+        part = feats[a:a + chunk]
+        images = _invert(body, part, seed, 0.0, iterations)
+        out.append((body(images) - part).pow(2).sum(1) / (part.pow(2).sum(1) + 1e-12))
+    return torch.cat(out)
+
+
 def _match_features(head, params, target, basis, pinv, labels, step, epochs, seed, iterations):
     n = len(labels)
     start = torch.rand((n, basis.shape[0]), generator=torch.Generator().manual_seed(seed)) * 0.07
@@ -149,7 +163,23 @@ def _vertices(aux_features: torch.Tensor, basis, live, zeros: int, rounds: int =
     return feats.clamp(min=0), negative, sv[:, -1] / sv[:, -2]
 
 
-def _select(vertices, ratio, negative, labels, scale_of, signals_of, pinv, merge: float = 0.96) -> torch.Tensor:
+def _distinct(unit: torch.Tensor, order: torch.Tensor, limit: int, same: float = 0.995) -> torch.Tensor:
+    """The first `limit` vertices of `order` that are not within cosine `same` of an earlier one."""
+    kept: list[int] = []
+    free = torch.ones(len(order), dtype=torch.bool)
+    ordered = unit[order]
+    for a in range(len(order)):
+        if not free[a]:
+            continue
+        kept.append(int(order[a]))
+        if len(kept) == limit:
+            break
+        free[a + 1:] &= ordered[a + 1:] @ ordered[a] <= same
+    return torch.tensor(kept, dtype=torch.long)
+
+
+def _select(vertices, ratio, negative, labels, scale_of, signals_of, pinv, merge: float = 0.96,
+            residual_of=None, pool: int = 1500, weight: float = 3.0) -> torch.Tensor:
     """The slots' features: the most trusted distinct vertices, then a label for each.
 
     Trust needs no ground truth: a vertex reached from many starts (within cosine 0.99), with
@@ -158,18 +188,28 @@ def _select(vertices, ratio, negative, labels, scale_of, signals_of, pinv, merge
     update (`scale_of`). Labels go to the vertices by an assignment under the recovered counts:
     a true example f with its label c satisfies f · ΔW⁺ · g(f, c) = 1, where g is its replayed
     error signal (`signals_of`); under a wrong label that product is near 0.
+
+    With `residual_of`, trust also asks whether images can produce the vertex: the `pool` most
+    trusted distinct vertices (no two within cosine 0.995) are inverted to pixels and their
+    relative residual enters the trust with `weight` (`--realizable`).
     """
     unit = nn.functional.normalize(vertices, dim=1)
     hits = torch.cat([(unit[i:i + 512] @ unit.T > 0.99).sum(1) for i in range(0, len(unit), 512)])
     trust = negative.clamp(min=1e-12).log() - hits.float().log() + ratio.clamp(min=1e-12).log()
     scales = scale_of(unit)
+    if residual_of is not None:
+        order = trust.argsort()
+        kept = _distinct(unit, order[scales[order] > 0], pool)
+        unit, scales = unit[kept], scales[kept]
+        trust = trust[kept] + weight * residual_of(unit * scales[:, None]).clamp(min=1e-12).log()
     picked: list[int] = []
-    for i in trust.argsort().tolist():
-        if scales[i] <= 0 or (picked and float((unit[i] @ unit[torch.tensor(picked)].T).max()) > merge):
-            continue
-        picked.append(i)
-        if len(picked) == len(labels):
-            break
+    for limit in (merge, 0.995):  # slots still empty once `merge` has excluded every vertex left
+        for i in trust.argsort().tolist():
+            if len(picked) == len(labels):
+                break
+            if scales[i] <= 0 or (picked and float((unit[i] @ unit[torch.tensor(picked)].T).max()) > limit):
+                continue
+            picked.append(i)
     feats = unit[picked] * scales[picked, None]
     classes = labels.unique().tolist()
     fit = torch.stack([((feats @ pinv) * signals_of(feats, torch.full((len(feats),), c))).sum(1) for c in classes], 1)
@@ -212,11 +252,12 @@ def _client(args, seed: int, test, gallery, train, gallery_rows) -> dict:
     row["true_features"] = _judge(x, y, _invert(body, true, seed, args.tv, args.invert_iterations), y, gallery)
     row["true_features"]["seconds"] = round(time.perf_counter() - start, 1)
     start = time.perf_counter()
-    found = _match_features(head, params, target, basis, pinv, labels, step, args.epochs, seed, args.iterations)
-    images = _invert(body, found, seed, args.tv, args.invert_iterations)
-    row["matched_features"] = {**_summary(_feature_cosines(found, true, labels, y)),
-                               **_judge(x, y, images, labels, gallery),
-                               "seconds": round(time.perf_counter() - start, 1)}
+    if args.matched:
+        found = _match_features(head, params, target, basis, pinv, labels, step, args.epochs, seed, args.iterations)
+        images = _invert(body, found, seed, args.tv, args.invert_iterations)
+        row["matched_features"] = {**_summary(_feature_cosines(found, true, labels, y)),
+                                   **_judge(x, y, images, labels, gallery),
+                                   "seconds": round(time.perf_counter() - start, 1)}
     if args.aux:
         start = time.perf_counter()
         # auxiliary digits from the train split, the judge's gallery left out
@@ -229,8 +270,10 @@ def _client(args, seed: int, test, gallery, train, gallery_rows) -> dict:
         vertices, negative, ratio = (torch.cat(parts) for parts in zip(*found))
         best = (nn.functional.normalize(vertices, dim=1) @ nn.functional.normalize(true, dim=1).T).max(0).values
         bias = target[next(n for n in params if n.endswith("bias"))]
+        residual_of = (lambda f: _residuals(body, f, seed, args.realizable_iterations)) if args.realizable else None
         chosen = _select(vertices, ratio, negative, labels, lambda unit: 1 / (unit @ pinv @ bias),
-                         lambda f, c: _error_signals(head, params, target, f, c, step, args.epochs), pinv)
+                         lambda f, c: _error_signals(head, params, target, f, c, step, args.epochs), pinv,
+                         merge=args.merge, residual_of=residual_of, pool=args.realizable or 1)
         images = _invert(body, chosen, seed, args.tv, args.invert_iterations)
         row["vertices"] = {"aux": args.aux, "covered_0_98": int((best > 0.98).sum()),
                            "covered_0_99": int((best > 0.99).sum()),
@@ -254,6 +297,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--aux", type=int, default=0, help="auxiliary digits that start the vertex search (0: off)")
     parser.add_argument("--zeros", default="65,80",
                         help="coordinates taken as zero per vertex step; several (65,80): a search per count, pooled")
+    parser.add_argument("--realizable", type=int, default=1500,
+                        help="vertices inverted to pixels to rank them by residual (0: off; chosen on seeds 100-101)")
+    parser.add_argument("--realizable-iterations", type=int, default=600)
+    parser.add_argument("--merge", type=float, default=0.96,
+                        help="vertices within this cosine of a chosen one count as the same example")
+    parser.add_argument("--matched", action=argparse.BooleanOptionalAction, default=True,
+                        help="the matched-features part (--no-matched: skip it)")
     parser.add_argument("--seeds", default="100")
     parser.add_argument("--threads", type=int, default=1)
     return parser.parse_args(argv)
@@ -265,7 +315,8 @@ def run_with(argv: list[str]) -> dict:
     test, gallery, train, gallery_rows = _data(keep_train=True)
     rows = [_client(args, int(s), test, gallery, train, gallery_rows) for s in args.seeds.split(",")]
     out: dict = {"setting": vars(args), "rows": rows}
-    for part in ("true_features", "matched_features") + (("vertices",) if args.aux else ()):
+    parts = ["true_features"] + ["matched_features"] * args.matched + ["vertices"] * bool(args.aux)
+    for part in parts:
         out[part] = {"recognizable_or_copied": sum(r[part]["recognizable_or_copied"] for r in rows),
                      "total": sum(r[part]["total"] for r in rows),
                      "psnr_median_of_seeds": round(median(r[part]["psnr_median"] for r in rows), 2)}
