@@ -273,7 +273,7 @@ def _client(args, seed: int, test, gallery, train, gallery_rows) -> dict:
         residual_of = (lambda f: _residuals(body, f, seed, args.realizable_iterations)) if args.realizable else None
         chosen = _select(vertices, ratio, negative, labels, lambda unit: 1 / (unit @ pinv @ bias),
                          lambda f, c: _error_signals(head, params, target, f, c, step, args.epochs), pinv,
-                         merge=args.merge, residual_of=residual_of, pool=args.realizable or 1)
+                         merge=args.merge, residual_of=residual_of, pool=args.realizable)
         images = _invert(body, chosen, seed, args.tv, args.invert_iterations)
         row["vertices"] = {"aux": args.aux, "covered_0_98": int((best > 0.98).sum()),
                            "covered_0_99": int((best > 0.99).sum()),
