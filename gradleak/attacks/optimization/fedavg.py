@@ -245,7 +245,7 @@ class FedAvgAttack(ResumableAttack):
             rows, distance, polished = out.inputs, out.distance, None
             if opt.polish:
                 result = self._polish(engine, out, obs.kind.pixels)
-                polished = {"distance_before": round(out.distance, 9), "evaluations": result.evaluations}
+                polished = {"distance_before": out.distance, "evaluations": result.evaluations}
                 if result.distance < distance:
                     rows, distance = result.inputs, result.distance
             inputs, slot_labels = combine_copies(rows.cpu(), layout, label_candidate.hard().cpu(), flips)
