@@ -172,7 +172,7 @@ def judge(originals: torch.Tensor, reconstructions: torch.Tensor, gallery: Galle
         linked = []
         for distance in wanted:
             to_gallery, to_original = _matrix(r, x, gallery, distance, backbone, pad_token, features)
-            to_gallery, to_original = _refine(r, x, gallery, distance, backbone, to_gallery, to_original, features)
+            to_gallery, to_original = _refine(r, x, gallery, distance, backbone, to_gallery, to_original)
             at_least_as_close, auc = rank_and_auc(to_gallery, to_original, ~duplicate)
             if distance in linkage:
                 linked.append((to_gallery, to_original))
@@ -289,9 +289,12 @@ def _gallery_lpips(gallery: Gallery, backbone: str) -> tuple[list[torch.Tensor],
 
 
 def _refine(recons, originals, gallery: Gallery, distance: str, backbone: str,
-            to_gallery: torch.Tensor, to_original: torch.Tensor, features=None) -> tuple[torch.Tensor, torch.Tensor]:
+            to_gallery: torch.Tensor, to_original: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Recompute by the per-pair reference (`_reference_distances`) the distances the fast
-    ones cannot order against the original's: pairs within REFINE_MARGIN of it."""
+    ones cannot order against the original's: pairs within REFINE_MARGIN of it. Each pair's
+    LPIPS features are computed afresh, one image at a time: the batch's own features can
+    differ from those in the last float bits (convolution kernels depend on the batch size
+    on some CPUs), which reorders a near-duplicate of the original."""
     if distance in ("tokens", "l2z"):  # already exact: computed as the reference computes them
         return to_gallery, to_original
     margin = REFINE_MARGIN * to_original.abs().clamp_min(1)
@@ -299,9 +302,8 @@ def _refine(recons, originals, gallery: Gallery, distance: str, backbone: str,
     to_gallery, to_original = to_gallery.clone(), to_original.clone()
     for k in close.any(1).nonzero().flatten().tolist():
         columns = close[k].nonzero().flatten()
-        mine = None if features is None else tuple([f[k:k + 1] for f in side] for side in features)
         to_original[k], to_gallery[k, columns] = _reference_pair(recons[k], originals[k], gallery, columns,
-                                                                 distance, backbone, mine)
+                                                                 distance, backbone)
     return to_gallery, to_original
 
 
@@ -343,10 +345,9 @@ def reid_summary(scores: list) -> dict:
 
 
 def _reference_pair(recon: torch.Tensor, original: torch.Tensor, gallery: Gallery, columns: torch.Tensor,
-                    distance: str, backbone: str, features=None) -> tuple[torch.Tensor, torch.Tensor]:
+                    distance: str, backbone: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Distances from one reconstruction to its original and to the gallery examples `columns`,
-    computed per pair as the definition reads (`_reference_distances`); `features`: the two
-    images' LPIPS unit features when computed already."""
+    computed per pair as the definition reads (`_reference_distances`)."""
     if distance != "lpips":  # one call: each pair's distance does not depend on the others
         values = _reference_distances(recon, torch.cat([original[None], gallery.inputs[columns].float()]),
                                       distance, backbone)
@@ -355,8 +356,7 @@ def _reference_pair(recon: torch.Tensor, original: torch.Tensor, gallery: Galler
 
     model = load_lpips(backbone)  # type: ignore[arg-type]
     with torch.no_grad():
-        mine, theirs = features if features is not None else (model.unit_features(recon[None]),
-                                                               model.unit_features(original[None]))
+        mine, theirs = model.unit_features(recon[None]), model.unit_features(original[None])
         return (model.feature_distance(mine, theirs)[0],
                 model.feature_distance(mine, [f[columns] for f in _gallery_features(gallery, backbone)]))
 
