@@ -163,17 +163,21 @@ def _vertices(aux_features: torch.Tensor, basis, live, zeros: int, rounds: int =
     return feats.clamp(min=0), negative, sv[:, -1] / sv[:, -2]
 
 
-def _distinct(unit: torch.Tensor, order: torch.Tensor, limit: int, same: float = 0.995) -> torch.Tensor:
-    """The first `limit` vertices of `order` that are not within cosine `same` of an earlier one."""
-    kept: list[int] = []
-    free = torch.ones(len(order), dtype=torch.bool)
+def _distinct(unit: torch.Tensor, order: torch.Tensor, limit: int, same: float = 0.995,
+              taken: torch.Tensor | None = None) -> torch.Tensor:
+    """`taken`, then the first vertices of `order` that are not within cosine `same` of one kept
+    earlier, up to `limit` in all."""
+    kept: list[int] = [] if taken is None else taken.tolist()
     ordered = unit[order]
+    free = torch.ones(len(order), dtype=torch.bool)
+    if kept:
+        free &= (ordered @ unit[kept].T).amax(1) <= same
     for a in range(len(order)):
+        if len(kept) >= limit:
+            break
         if not free[a]:
             continue
         kept.append(int(order[a]))
-        if len(kept) == limit:
-            break
         free[a + 1:] &= ordered[a + 1:] @ ordered[a] <= same
     return torch.tensor(kept, dtype=torch.long)
 
@@ -202,14 +206,11 @@ def _select(vertices, ratio, negative, labels, scale_of, signals_of, pinv, merge
         kept = _distinct(unit, order[scales[order] > 0], pool)
         unit, scales = unit[kept], scales[kept]
         trust = trust[kept] + weight * residual_of(unit * scales[:, None]).clamp(min=1e-12).log()
-    picked: list[int] = []
-    for limit in (merge, 0.995):  # slots still empty once `merge` has excluded every vertex left
-        for i in trust.argsort().tolist():
-            if len(picked) == len(labels):
-                break
-            if scales[i] <= 0 or (picked and float((unit[i] @ unit[torch.tensor(picked)].T).max()) > limit):
-                continue
-            picked.append(i)
+    order = trust.argsort()
+    order = order[scales[order] > 0]
+    picked = _distinct(unit, order, len(labels), merge)
+    # slots still empty once `merge` has excluded every vertex left: filled from distinct ones
+    picked = _distinct(unit, order, len(labels), taken=picked)
     feats = unit[picked] * scales[picked, None]
     classes = labels.unique().tolist()
     fit = torch.stack([((feats @ pinv) * signals_of(feats, torch.full((len(feats),), c))).sum(1) for c in classes], 1)
