@@ -26,6 +26,7 @@ ATTACKS: Registry = Registry("attack", {
     "tag": "gradleak.attacks.text.tag:TAG",
     "lamp": "gradleak.attacks.text.lamp:LAMP",
     "spear": "gradleak.attacks.analytic.spear:SPEAR",
+    "dense-vertices": "gradleak.attacks.analytic.dense_vertices:DenseVertices",
 })
 
 __all__ = ["ATTACKS", "Attack", "AttackContext", "Reconstruction", "make_attack"]

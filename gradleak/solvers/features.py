@@ -60,11 +60,16 @@ class FeatureInversionOptions:
     steps: int = 1000  # Adam steps (cosine-annealed learning rate)
     lr: float = 0.05
     tv: float = 0.01  # weight of the total-variation prior per image
+    # "box": pixels optimised directly and clamped to [0, 1], each row's error relative to its
+    # distance from a flat gray input's features; "sigmoid": pixels = sigmoid(logits), each row's
+    # error relative to its own norm (the dense-vertices attack's inversion, tuned with TV 0.1)
+    pixels: str = "box"
 
     def __post_init__(self):
         check(self.steps >= 1, "feature inversion: steps must be >= 1")
         check(self.lr > 0, "feature inversion: lr must be > 0")
         check(self.tv >= 0, "feature inversion: tv must be >= 0")
+        check(self.pixels in ("box", "sigmoid"), "feature inversion: pixels must be 'box' or 'sigmoid'")
 
 
 def invert_features(extract: FeatureExtractor, targets: torch.Tensor, input_shape: tuple[int, ...],
@@ -78,25 +83,33 @@ def invert_features(extract: FeatureExtractor, targets: torch.Tensor, input_shap
     """
     targets = targets.detach().float()
     batch = targets.shape[0]
-    with torch.no_grad():
-        gray = extract(torch.full((batch, *input_shape), 0.5))
-    unit = (targets - gray).pow(2).sum(1).clamp_min(1e-12)
-    x = (0.5 + 0.1 * torch.randn((batch, *input_shape), generator=generator)).clamp(0, 1)
-    x.requires_grad_(True)
-    optimizer = torch.optim.Adam([x], lr=options.lr)
+    if options.pixels == "sigmoid":
+        logits = (0.1 * torch.randn((batch, *input_shape), generator=generator)).requires_grad_(True)
+        unit = targets.pow(2).sum(1) + 1e-12
+        parameter, pixels = logits, lambda: torch.sigmoid(logits)
+    else:
+        with torch.no_grad():
+            gray = extract(torch.full((batch, *input_shape), 0.5))
+        unit = (targets - gray).pow(2).sum(1).clamp_min(1e-12)
+        x = (0.5 + 0.1 * torch.randn((batch, *input_shape), generator=generator)).clamp(0, 1)
+        x.requires_grad_(True)
+        parameter, pixels = x, lambda: x
+    optimizer = torch.optim.Adam([parameter], lr=options.lr)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda it: 0.5 * (1 + math.cos(math.pi * it / options.steps)))
     for _ in range(options.steps):
         optimizer.zero_grad(set_to_none=True)
-        features = extract(x)
+        image = pixels()
+        features = extract(image)
         if scale_known:
             distance = (features - targets).pow(2).sum(1) / unit
         else:
             distance = 1 - torch.nn.functional.cosine_similarity(features, targets, dim=1)
-        loss = (distance + options.tv * total_variation(x, per_image=True)).sum()
+        loss = (distance + options.tv * total_variation(image, per_image=True)).sum()
         loss.backward()
         optimizer.step()
         schedule.step()
-        with torch.no_grad():
-            x.clamp_(0, 1)
-    return x.detach()
+        if options.pixels == "box":
+            with torch.no_grad():
+                x.clamp_(0, 1)
+    return pixels().detach()

@@ -37,7 +37,8 @@ BATCH = 2
 # Small built-in models per modality, in the order an attack is tried on them: the first one
 # its `unsupported` accepts is attacked.
 MODEL_CANDIDATES = {
-    "image": ("lenet", "mlp:hidden=32", "twolayer:width=32,init=gaussian", "lenet5", "convnet:width=4"),
+    "image": ("lenet", "mlp:hidden=32", "twolayer:width=32,init=gaussian", "lenet5", "convnet:width=4",
+              "lenet5:activation=relu"),
     "tabular": ("mlp:hidden=32", "twolayer:width=32,init=gaussian"),
     "text": ("gpt2:width=32,heads=4",),
 }

@@ -18,6 +18,7 @@ extractor by optimisation (gradleak.solvers.features), as the Cocktail Party att
 """
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Iterator
@@ -67,10 +68,14 @@ class DenseReLU:
     on_input: bool  # sees the flattened input (else features behind convolutions)
 
 
-def locate_dense_relu(model: nn.Module, input_shape: tuple[int, ...], name: str = "") -> DenseReLU:
-    """The first nn.Linear whose next module (in registration order, which is the order
-    gradleak's sequential models run in) is a ReLU, or the one named."""
+def locate_dense_relu(model: nn.Module, input_shape: tuple[int, ...], name: str = "",
+                      attack: str = "spear") -> DenseReLU:
+    """The first nn.Linear followed by a ReLU, or the one named (`attack` names who asks, in the
+    refusals). Followed means: the next module in registration order (the order gradleak's
+    sequential models run in) is an nn.ReLU, or, for a ReLU applied in `forward` (`F.relu`, as
+    apps write it), a later module of a probe forward pass receives exactly ReLU of its output."""
     leaves = [(n, m) for n, m in model.named_modules() if not list(m.children())]
+    functional: set[str] | None = None
     behind = False
     for index, (layer_name, module) in enumerate(leaves):
         if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
@@ -79,17 +84,58 @@ def locate_dense_relu(model: nn.Module, input_shape: tuple[int, ...], name: str 
             continue
         follows = leaves[index + 1][1] if index + 1 < len(leaves) else None
         if not isinstance(follows, nn.ReLU):
+            if functional is None:
+                functional = _relu_in_forward(model, input_shape)
+            if layer_name in functional:
+                on_input = not behind and module.in_features == math.prod(input_shape)
+                return _with_bias(DenseReLU(layer_name, module, on_input), attack)
             if name:
-                raise GradleakError(f"attack 'spear': layer '{name}' is not followed by a ReLU")
+                raise GradleakError(f"attack '{attack}': layer '{name}' is not followed by a ReLU")
             continue
-        if module.bias is None:
-            raise GradleakError(f"attack 'spear': layer '{layer_name}' has no bias, whose gradient "
-                                "SPEAR needs for the examples' scales")
         on_input = not behind and module.in_features == math.prod(input_shape)
-        return DenseReLU(layer_name, module, on_input)
+        return _with_bias(DenseReLU(layer_name, module, on_input), attack)
     if name:
-        raise GradleakError(f"attack 'spear': the model has no linear layer '{name}'")
-    raise GradleakError("attack 'spear' needs a dense layer followed by ReLU (e.g. model mlp); this model has none")
+        raise GradleakError(f"attack '{attack}': the model has no linear layer '{name}'")
+    raise GradleakError(f"attack '{attack}' needs a dense layer followed by ReLU (e.g. model mlp); this model has none")
+
+
+def _with_bias(layer: DenseReLU, attack: str) -> DenseReLU:
+    if layer.module.bias is None:
+        raise GradleakError(f"attack '{attack}': layer '{layer.name}' has no bias, whose gradient "
+                            "it needs for the examples' scales")
+    return layer
+
+
+def _relu_in_forward(model: nn.Module, input_shape: tuple[int, ...]) -> set[str]:
+    """The nn.Linear layers whose output some later module receives as exactly its ReLU, on one
+    probe forward pass of a copy in eval mode (dropout off); none when the probe cannot run."""
+    probe = copy.deepcopy(model).eval()
+    calls: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
+
+    def record(layer_name):
+        def hook(module, inputs, output):
+            first = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
+            calls.append((layer_name, first, output if isinstance(module, nn.Linear) else None))
+        return hook
+
+    for layer_name, module in probe.named_modules():
+        if not list(module.children()):
+            module.register_forward_hook(record(layer_name))
+    x = torch.randn((2, *input_shape), generator=torch.Generator().manual_seed(0))
+    try:
+        with torch.no_grad():
+            probe(x)
+    except Exception:  # noqa: BLE001  (a model this probe cannot feed: the registration order decides)
+        return set()
+    found = set()
+    for index, (layer_name, _, output) in enumerate(calls):
+        if output is None or not bool((output < 0).any()):
+            continue
+        rectified = output.clamp(min=0)
+        if any(later is not None and later.shape == rectified.shape and torch.equal(later, rectified)
+               for _, later, _ in calls[index + 1:]):
+            found.add(layer_name)
+    return found
 
 
 class SPEAR(Attack):

@@ -97,3 +97,28 @@ def test_auto_runs_spear_only_where_a_dense_relu_layer_exists():
         assert any(s.startswith("spear") for s in selected) == runs
         if not runs:
             assert any(s.attack.startswith("spear") and "ReLU" in s.reason for s in skipped)
+
+
+class _FunctionalMLP(torch.nn.Module):
+    """An MLP as apps write it: the ReLU applied in forward (F.relu), no nn.ReLU module."""
+
+    def __init__(self, features, classes, activation):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(features, 256), torch.nn.Linear(256, classes)
+        self.activation = activation
+
+    def forward(self, x):
+        return self.fc2(self.activation(self.fc1(x.flatten(1))))
+
+
+def test_spear_finds_a_relu_applied_in_forward(adult):
+    x, y = _batch(adult, 8, 0)
+    torch.manual_seed(0)
+    model = _FunctionalMLP(x.shape[1], 2, torch.nn.functional.relu)
+    assert make_attack("spear").unsupported(model, tuple(x.shape[1:]), 2, "tabular") is None
+    rec = make_attack("spear").reconstruct(_observe(model, x, y, 2, "tabular"), AttackContext(seed=0))
+    errors, _, _ = _matched_errors(rec.inputs, x)
+    assert rec.converged and float(errors.max()) <= 1e-6, errors
+    # a sigmoid there is no ReLU: refused, as for a model without a dense layer
+    sigmoid = _FunctionalMLP(x.shape[1], 2, torch.sigmoid)
+    assert "followed by ReLU" in make_attack("spear").unsupported(sigmoid, tuple(x.shape[1:]), 2, "tabular")
