@@ -109,13 +109,17 @@ def _with_bias(layer: DenseReLU, attack: str) -> DenseReLU:
 def _relu_in_forward(model: nn.Module, input_shape: tuple[int, ...]) -> set[str]:
     """The nn.Linear layers whose output some later module receives as exactly its ReLU, on one
     probe forward pass of a copy in eval mode (dropout off); none when the probe cannot run."""
-    probe = copy.deepcopy(model).eval()
+    try:
+        probe = copy.deepcopy(model).eval()
+    except Exception:  # noqa: BLE001  (a model that cannot be copied is not run here)
+        return set()
     calls: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
 
     def record(layer_name):
         def hook(module, inputs, output):
             first = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
-            calls.append((layer_name, first, output if isinstance(module, nn.Linear) else None))
+            # a copy: an in-place ReLU after the layer would otherwise rewrite the output kept here
+            calls.append((layer_name, first, output.clone() if isinstance(module, nn.Linear) else None))
         return hook
 
     for layer_name, module in probe.named_modules():
