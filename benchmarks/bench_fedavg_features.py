@@ -33,7 +33,7 @@ from gradleak.attacks import AttackContext, make_attack
 from gradleak.attacks.analytic.dense_vertices import DenseVertices
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.models.references import build_named_model
-from gradleak.solvers.features import FeatureExtractor, FeatureInversionOptions, invert_features
+from gradleak.solvers.features import FeatureExtractor, invert_features
 from gradleak.threat import make_threat_model, observe
 
 
@@ -63,8 +63,8 @@ def _client(args, seed: int, test, gallery, train, gallery_rows) -> dict:
     extract = FeatureExtractor(model, attack._layer(model, (1, 28, 28)).name)
     true = extract(x).detach()
     start = time.perf_counter()
-    inversion = FeatureInversionOptions(args.invert_iterations, 0.05, args.tv, "sigmoid")
-    reference = invert_features(extract, true, (1, 28, 28), inversion, generator=AttackContext(seed=seed).generator(43))
+    reference = invert_features(extract, true, (1, 28, 28), attack.options.inversion(),
+                                generator=AttackContext(seed=seed).generator(43))
     row: dict = {"seed": seed, "true_features": {**_judge(x, y, reference, y, gallery),
                                                   "seconds": round(time.perf_counter() - start, 1)}}
     prior = None

@@ -79,7 +79,10 @@ class DenseVerticesOptions:
         check(self.realizable_steps >= 1, "attack 'dense-vertices': realizable_steps must be >= 1")
         check(0 < self.merge < 1, "attack 'dense-vertices': merge must be in (0, 1)")
         check(self.feature_steps >= 1, "attack 'dense-vertices': feature_steps must be >= 1")
-        FeatureInversionOptions(self.feature_steps, self.feature_lr, self.feature_tv, "sigmoid")
+        self.inversion()
+
+    def inversion(self) -> FeatureInversionOptions:
+        return FeatureInversionOptions(self.feature_steps, self.feature_lr, self.feature_tv, "sigmoid")
 
     def zero_counts(self) -> list[int]:
         try:
@@ -336,9 +339,8 @@ class DenseVertices(Attack):
             chosen = select(pooled, ratio, negative, labels, space, signals, merge=opt.merge,
                             residual_of=residual_of, pool=opt.realizable, weight=opt.realizable_weight)
             with torch.enable_grad():
-                images = invert_features(extract, chosen, tuple(obs.input_shape),
-                                         FeatureInversionOptions(opt.feature_steps, opt.feature_lr, opt.feature_tv,
-                                                                 "sigmoid"), generator=ctx.generator(43))
+                images = invert_features(extract, chosen, tuple(obs.input_shape), opt.inversion(),
+                                         generator=ctx.generator(43))
             extras = {"layer": layer.name, "starts": used, "zeros": counts, "start_source": source.name,
                       "vertices": len(pooled), "live": live,
                       "start_zeros_median": float((starts[:, space.live] <= 0).sum(1).float().median()),
@@ -364,11 +366,12 @@ class StartSource:
         self.name = "prior_data" if self.prior is not None else "public-photos"
 
     def take(self, start: int, count: int) -> torch.Tensor:
-        if self.prior is not None:
-            if start >= len(self.prior):  # past the held-out examples: the photographs continue the search
-                return self._photos(count)
-            return self.prior[start:start + count]
-        return self._photos(count)
+        """`count` starts from the `start`-th on: held-out examples while they last, then
+        photographs continue the search."""
+        held = self.prior[start:start + count] if self.prior is not None else torch.empty(0, *self.shape)
+        if len(held) == count:
+            return held
+        return torch.cat([held, self._photos(count - len(held))])
 
     def _photos(self, count: int) -> torch.Tensor:
         from ...data.auxiliary import public_images

@@ -86,24 +86,18 @@ def locate_dense_relu(model: nn.Module, input_shape: tuple[int, ...], name: str 
         if not isinstance(follows, nn.ReLU):
             if functional is None:
                 functional = _relu_in_forward(model, input_shape)
-            if layer_name in functional:
-                on_input = not behind and module.in_features == math.prod(input_shape)
-                return _with_bias(DenseReLU(layer_name, module, on_input), attack)
-            if name:
-                raise GradleakError(f"attack '{attack}': layer '{name}' is not followed by a ReLU")
-            continue
+            if layer_name not in functional:
+                if name:
+                    raise GradleakError(f"attack '{attack}': layer '{name}' is not followed by a ReLU")
+                continue
+        if module.bias is None:
+            raise GradleakError(f"attack '{attack}': layer '{layer_name}' has no bias, whose gradient "
+                                "it needs for the examples' scales")
         on_input = not behind and module.in_features == math.prod(input_shape)
-        return _with_bias(DenseReLU(layer_name, module, on_input), attack)
+        return DenseReLU(layer_name, module, on_input)
     if name:
         raise GradleakError(f"attack '{attack}': the model has no linear layer '{name}'")
     raise GradleakError(f"attack '{attack}' needs a dense layer followed by ReLU (e.g. model mlp); this model has none")
-
-
-def _with_bias(layer: DenseReLU, attack: str) -> DenseReLU:
-    if layer.module.bias is None:
-        raise GradleakError(f"attack '{attack}': layer '{layer.name}' has no bias, whose gradient "
-                            "it needs for the examples' scales")
-    return layer
 
 
 def _relu_in_forward(model: nn.Module, input_shape: tuple[int, ...]) -> set[str]:
