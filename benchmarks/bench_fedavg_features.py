@@ -10,7 +10,8 @@ lr 0.004, order unknown). Per seed:
 - `vertices`: the attack `dense-vertices` (gradleak/attacks/analytic/dense_vertices.py), which
   sees what an honest server sees plus, with `--starts-from prior` (the default), held-out
   train-split digits (the judge's gallery left out) to start its search; `--starts-from public`
-  starts it from public photographs, under the plain honest threat model. `covered_0_98`
+  starts it from pen strokes and photographs (the first `--refined` also moved in pixels), under
+  the plain honest threat model. `covered_0_98`
   (`_0_99`) counts the true examples within that cosine of some vertex the search reached (an
   oracle measure); feature quality is the cosine of each chosen feature vector to its true one,
   matched within labels. Images are judged as in `fedavg_scale`.
@@ -56,7 +57,8 @@ def _client(args, seed: int, test, gallery, train, gallery_rows) -> dict:
     client = TrainingSpec(lr=args.lr, local_epochs=args.epochs, local_batch_size=args.local_batch,
                           optimizer="sgd", shuffle="unknown", shuffle_seed=seed + 11)
     update = compute_update(model, x, y, client)
-    attack = make_attack(f"dense-vertices:starts={args.starts},zeros={args.zeros.replace(',', ';')},"
+    attack = make_attack(f"dense-vertices:starts={args.starts},refined={args.refined},"
+                         f"zeros={args.zeros.replace(',', ';')},"
                          f"realizable={args.realizable},realizable_steps={args.realizable_iterations},"
                          f"merge={args.merge},feature_steps={args.invert_iterations},feature_tv={args.tv}")
     assert isinstance(attack, DenseVertices)
@@ -99,7 +101,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.004)
     parser.add_argument("--starts", type=int, default=10000, help="start features of the vertex search")
     parser.add_argument("--starts-from", choices=("prior", "public"), default="prior",
-                        help="held-out train-split digits (prior_data granted) or public photographs")
+                        help="held-out train-split digits (prior_data granted), or pen strokes and photographs")
+    parser.add_argument("--refined", type=int, default=2000,
+                        help="synthetic starts also moved in pixels toward vertices (public starts only; 0: off)")
     parser.add_argument("--zeros", default="65,80",
                         help="coordinates taken as zero per vertex step; several (65,80): a search per count, pooled")
     parser.add_argument("--realizable", type=int, default=1500,

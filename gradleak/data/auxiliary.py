@@ -66,3 +66,34 @@ def public_images(input_shape: tuple[int, ...], count: int, generator: torch.Gen
                              align_corners=False)[0]
         out[i] = _to_channels(crop, channels).clamp(0, 1)
     return out
+
+
+def pen_strokes(input_shape: tuple[int, ...], count: int, generator: torch.Generator) -> torch.Tensor:
+    """`count` images of `input_shape` (C, H, W) in [0, 1], each one to four pen strokes: cubic
+    Bézier curves with random control points in the central five sevenths of the frame (where
+    MNIST centres its digits), white on black, of one random width (2–5 pixels at 28 × 28, scaled
+    with the frame), anti-aliased over one pixel. Synthetic, so no dataset's images are in them."""
+    if len(input_shape) != 3:
+        raise GradleakError(f"pen strokes are images; input shape {tuple(input_shape)} is not (C, H, W)")
+    channels, height, width = input_shape
+    scale = min(height, width) / 28
+    rows, cols = torch.meshgrid(torch.arange(height).float(), torch.arange(width).float(), indexing="ij")
+    pixels = torch.stack([rows.flatten(), cols.flatten()], 1)
+    steps = torch.linspace(0, 1, 24)
+    bernstein = torch.stack([(1 - steps) ** 3, 3 * (1 - steps) ** 2 * steps, 3 * (1 - steps) * steps ** 2,
+                             steps ** 3], 1)
+    frame = torch.tensor([height, width]).float()
+    out = torch.empty(count, channels, height, width)
+    most = 4
+    for a in range(0, count, 500):
+        n = min(500, count - a)
+        controls = (frame - 1) * (1 / 7 + 5 / 7 * torch.rand(n, most, 4, 2, generator=generator))
+        points = torch.einsum("sc,nkcd->nksd", bernstein, controls).reshape(n, most * len(steps), 2)
+        distance = torch.cdist(pixels.expand(n, -1, -1), points).reshape(n, -1, most, len(steps)).amin(3)
+        strokes = torch.randint(1, most + 1, (n,), generator=generator)
+        drawn = torch.arange(most)[None, None, :] < strokes[:, None, None]
+        distance = torch.where(drawn, distance, torch.full_like(distance, float("inf"))).amin(2)
+        radius = scale * (1.0 + 1.5 * torch.rand(n, 1, generator=generator))
+        image = (radius + 0.5 - distance).clamp(0, 1).reshape(n, 1, height, width)
+        out[a:a + n] = image.expand(n, channels, height, width)
+    return out

@@ -49,7 +49,7 @@ MODEL_CANDIDATES = {
 TINY_BUDGET: dict[str, Any] = {
     "iterations": 2, "restarts": 1, "inner": 2, "epochs": 1, "samples": 256, "feature_steps": 2,
     "starts": 1, "projections": 8, "refine": 0, "refine_steps": 0, "hidden": 16, "sketch": 64, "batch": 16,
-    "width": 64,
+    "width": 64, "refined": 16,
 }
 
 

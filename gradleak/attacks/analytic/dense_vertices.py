@@ -9,9 +9,12 @@ and a ReLU before the pool leaves each with dozens of exact zeros. So each f is,
 vertex of {c : V c ≥ 0} (V the row space): given its zero set, the null vector of those rows of V
 recovers it (SPEAR's sparsity argument, Dimitrov et al. NeurIPS 2024, on the layer's input side).
 
-- **Search.** From start features (held-out examples when `prior_data` is granted, else public
-  photographs, `gradleak.data.auxiliary`), alternate "the `zeros` smallest live coordinates are
-  zero" with the null vector of those rows, `rounds` times, once per zero count.
+- **Search.** From start features (held-out examples when `prior_data` is granted, else pen
+  strokes and photograph crops, `gradleak.data.auxiliary`), alternate "the `zeros` smallest live
+  coordinates are zero" with the null vector of those rows, `rounds` times, once per zero count.
+  Synthetic starts rarely lie near an example's vertex, so the first `refined` of them are also
+  moved in pixel space toward the vertex their features reach, `refine_rounds` times
+  (`pixel_search`), and searched again from where they end.
 - **Trust**, needing no ground truth: how many starts reach a vertex (within cosine 0.99), its
   negative mass before clamping, σ_min/σ_2 of its last solve, and, for the `realizable` most
   trusted distinct vertices, how closely the convolutions can produce it from pixels.
@@ -53,6 +56,7 @@ from .spear import DenseReLU, locate_dense_relu
 SAME = 0.995  # vertices this close (cosine) are one vertex
 HITS = 0.99  # starts whose vertices fall this close to one another reach "the same" vertex
 START_CHUNK = 10000  # start examples through the convolutions at a time (memory)
+REFINE_CHUNK = 1000  # refined starts at a time (memory: their activations keep gradients)
 
 
 @dataclass
@@ -60,6 +64,11 @@ class DenseVerticesOptions:
     starts: int = field(default=10000, metadata={"range": (100, 100_000)})  # start features at the first rung
     zeros: str = "65,80"  # coordinates assumed zero per solve; several: a search per count, pooled
     rounds: int = 15  # alternations of zero set and null vector per start
+    # synthetic starts (no prior_data) also moved in pixels toward their vertex (0: off)
+    refined: int = field(default=2000, metadata={"range": (0, 100_000)})
+    refine_rounds: int = field(default=10, metadata={"range": (1, 1000)})  # vertex targets per refined start
+    refine_steps: int = field(default=20, metadata={"range": (1, 1000)})  # Adam steps toward each target
+    refine_lr: float = 0.1
     realizable: int = field(default=1500, metadata={"range": (0, 100_000)})  # vertices checked against pixels (0: off)
     realizable_steps: int = 600  # Adam steps of that check (no prior)
     realizable_weight: float = 3.0  # weight of the log residual in the trust
@@ -75,6 +84,8 @@ class DenseVerticesOptions:
         check(bool(counts) and min(counts) >= 1, "attack 'dense-vertices': zeros must be positive integers, "
               "comma-separated (e.g. 65,80)")
         check(self.rounds >= 1, "attack 'dense-vertices': rounds must be >= 1")
+        check(self.refined >= 0, "attack 'dense-vertices': refined must be >= 0")
+        check(self.refine_lr > 0, "attack 'dense-vertices': refine_lr must be > 0")
         check(self.realizable >= 0, "attack 'dense-vertices': realizable must be >= 0")
         check(self.realizable_steps >= 1, "attack 'dense-vertices': realizable_steps must be >= 1")
         check(0 < self.merge < 1, "attack 'dense-vertices': merge must be in (0, 1)")
@@ -127,6 +138,27 @@ def vertices(start_features: torch.Tensor, space: RowSpace, zeros: int, rounds: 
         feats = feats * torch.sign(feats.sum(1, keepdim=True))
     negative = feats.clamp(max=0).norm(dim=1) / feats.norm(dim=1)
     return feats.clamp(min=0), negative, sv[:, -1] / sv[:, -2]
+
+
+def pixel_search(extract: FeatureExtractor, images: torch.Tensor, space: RowSpace, zeros: int, rounds: int,
+                 steps: int, lr: float) -> torch.Tensor:
+    """Start images moved until their features sit at vertices: in each of `rounds`, the vertex
+    nearest the current features (5 alternations), then `steps` Adam steps on the pixels (sigmoid)
+    pulling the features' direction toward it. A synthetic start rarely lies near an example's
+    vertex; moving its pixels keeps it something the convolutions produce, and example vertices
+    are such points where most other vertices are not."""
+    logits = torch.logit(images.clamp(0.02, 0.98)).requires_grad_(True)
+    optimizer = torch.optim.Adam([logits], lr=lr)
+    for _ in range(rounds):
+        with torch.no_grad():
+            target = nn.functional.normalize(vertices(extract(torch.sigmoid(logits)), space, zeros, 5)[0], dim=1)
+        for _ in range(steps):
+            optimizer.zero_grad()
+            with torch.enable_grad():
+                moved = nn.functional.normalize(extract(torch.sigmoid(logits)), dim=1)
+                (moved - target).pow(2).sum().backward()
+            optimizer.step()
+    return torch.sigmoid(logits).detach()
 
 
 def distinct(unit: torch.Tensor, order: torch.Tensor, limit: int, same: float = SAME,
@@ -267,8 +299,9 @@ class DenseVertices(Attack):
     uses = frozenset({"prior_data", "labels"})
     modalities = ("image",)
     iterative = True  # more starts can reach more vertices
-    budgets = {"quick": {"starts": 2000, "realizable": 300, "realizable_steps": 300, "feature_steps": 500},
-               "thorough": {"starts": 20000, "realizable": 3000}}
+    budgets = {"quick": {"starts": 2000, "refined": 500, "realizable": 300, "realizable_steps": 300,
+                         "feature_steps": 500},
+               "thorough": {"starts": 20000, "refined": 4000, "realizable": 3000}}
 
     def unsupported(self, model, input_shape, num_classes, modality):
         return (super().unsupported(model, input_shape, num_classes, modality)
@@ -324,11 +357,23 @@ class DenseVertices(Attack):
         source = StartSource(obs, ctx)
         found: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         target, used = opt.starts, 0
+        refined = 0
         while True:
-            with torch.no_grad():
-                for a in range(used, target, START_CHUNK):
-                    starts = extract(source.take(a, min(START_CHUNK, target - a)))
+            # the rung's share of refined starts: the first of its new starts
+            quota = min(opt.refined, opt.starts) * target // opt.starts - refined if source.refine else 0
+            for a in range(used, target, START_CHUNK):
+                images = source.take(a, min(START_CHUNK, target - a))
+                with torch.no_grad():
+                    starts = extract(images)
                     found += [vertices(starts, space, z, opt.rounds) for z in counts]
+                share = max(0, min(len(images), quota))
+                quota -= share
+                for b in range(0, share, REFINE_CHUNK):
+                    moved = pixel_search(extract, images[b:min(b + REFINE_CHUNK, share)], space, max(counts),
+                                         opt.refine_rounds, opt.refine_steps, opt.refine_lr)
+                    with torch.no_grad():
+                        found += [vertices(extract(moved), space, z, opt.rounds) for z in counts]
+                    refined += len(moved)
             used = target
             pooled, negative, ratio = (torch.cat(parts) for parts in zip(*found))
             residual_of = None
@@ -342,7 +387,7 @@ class DenseVertices(Attack):
                 images = invert_features(extract, chosen, tuple(obs.input_shape), opt.inversion(),
                                          generator=ctx.generator(43))
             extras = {"layer": layer.name, "starts": used, "zeros": counts, "start_source": source.name,
-                      "vertices": len(pooled), "live": live,
+                      "refined": refined, "vertices": len(pooled), "live": live,
                       "start_zeros_median": float((starts[:, space.live] <= 0).sum(1).float().median()),
                       "seconds": round(time.perf_counter() - started, 3)}
             yield Found(chosen, labels, pooled, images, extras)
@@ -351,7 +396,8 @@ class DenseVertices(Attack):
 
 class StartSource:
     """Where the vertex search starts: held-out examples when the threat model grants them, in
-    their order (the first `starts`), else public photographs."""
+    their order (the first `starts`), else synthetic images, pen strokes and photograph crops
+    alternately (`gradleak.data.auxiliary`), which the search also moves in pixels (`refine`)."""
 
     def __init__(self, obs: Observation, ctx: AttackContext):
         self.shape = tuple(obs.input_shape)
@@ -363,17 +409,21 @@ class StartSource:
                                     f"for a model of input shape {self.shape}")
             self.prior = prior.inputs.float()
         self.generator = ctx.generator(37)
-        self.name = "prior_data" if self.prior is not None else "public-photos"
+        self.name = "prior_data" if self.prior is not None else "strokes-and-photos"
+        self.refine = self.prior is None  # held-out examples start near the examples' vertices already
 
     def take(self, start: int, count: int) -> torch.Tensor:
         """`count` starts from the `start`-th on: held-out examples while they last, then
-        photographs continue the search."""
+        synthetic images continue the search."""
         held = self.prior[start:start + count] if self.prior is not None else torch.empty(0, *self.shape)
         if len(held) == count:
             return held
-        return torch.cat([held, self._photos(count - len(held))])
+        return torch.cat([held, self._synthetic(count - len(held))])
 
-    def _photos(self, count: int) -> torch.Tensor:
-        from ...data.auxiliary import public_images
+    def _synthetic(self, count: int) -> torch.Tensor:
+        from ...data.auxiliary import pen_strokes, public_images
 
-        return public_images(self.shape, count, self.generator)
+        out = torch.empty(count, *self.shape)
+        out[0::2] = pen_strokes(self.shape, len(out[0::2]), self.generator)
+        out[1::2] = public_images(self.shape, len(out[1::2]), self.generator)
+        return out
