@@ -362,14 +362,14 @@ class DenseVertices(Attack):
             # the rung's share of refined starts: the first of its new starts
             quota = min(opt.refined, opt.starts) * target // opt.starts - refined if source.refine else 0
             for a in range(used, target, START_CHUNK):
-                images = source.take(a, min(START_CHUNK, target - a))
+                start_images = source.take(a, min(START_CHUNK, target - a))
                 with torch.no_grad():
-                    starts = extract(images)
+                    starts = extract(start_images)
                     found += [vertices(starts, space, z, opt.rounds) for z in counts]
-                share = max(0, min(len(images), quota))
+                share = max(0, min(len(start_images), quota))
                 quota -= share
                 for b in range(0, share, REFINE_CHUNK):
-                    moved = pixel_search(extract, images[b:min(b + REFINE_CHUNK, share)], space, max(counts),
+                    moved = pixel_search(extract, start_images[b:min(b + REFINE_CHUNK, share)], space, max(counts),
                                          opt.refine_rounds, opt.refine_steps, opt.refine_lr)
                     with torch.no_grad():
                         found += [vertices(extract(moved), space, z, opt.rounds) for z in counts]
