@@ -103,17 +103,39 @@ def locate_dense_relu(model: nn.Module, input_shape: tuple[int, ...], name: str 
 def _relu_in_forward(model: nn.Module, input_shape: tuple[int, ...]) -> set[str]:
     """The nn.Linear layers whose output some later module receives as exactly its ReLU, on one
     probe forward pass of a copy in eval mode (dropout off); none when the probe cannot run."""
+    calls = _probe(model, input_shape)
+    return {name for name, receivers in _rectified_receivers(calls).items() if receivers}
+
+
+def head_after(model: nn.Module, input_shape: tuple[int, ...], layer_name: str) -> nn.Linear | None:
+    """The dense layer that alone takes `layer_name`'s ReLU output (through dropout or a flatten at
+    most), found by a probe forward pass; None when another module takes it too or the probe cannot
+    run. Then each example's ∂L/∂Z at `layer_name` is Hᵀδ masked by its ReLU pattern, δ the head's
+    output gradient: on its nonzero units, in the span of the head's k weight rows."""
+    receivers = _rectified_receivers(_probe(model, input_shape)).get(layer_name, [])
+    passing = (nn.Dropout, nn.Identity, nn.Flatten)
+    heads = [n for n, m in receivers if isinstance(m, nn.Linear)]
+    if len(heads) != 1 or not all(isinstance(m, (nn.Linear, *passing)) for _, m in receivers):
+        return None
+    head = dict(model.named_modules()).get(heads[0])
+    return head if isinstance(head, nn.Linear) else None
+
+
+def _probe(model: nn.Module, input_shape: tuple[int, ...]
+           ) -> list[tuple[str, nn.Module, torch.Tensor | None, torch.Tensor | None]]:
+    """One forward pass of a copy in eval mode: per leaf module call, its name, the module, its
+    first input and (for nn.Linear) a copy of its output; empty when the probe cannot run."""
     try:
         probe = copy.deepcopy(model).eval()
     except Exception:  # noqa: BLE001  (a model that cannot be copied is not run here)
-        return set()
-    calls: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
+        return []
+    calls: list[tuple[str, nn.Module, torch.Tensor | None, torch.Tensor | None]] = []
 
     def record(layer_name):
         def hook(module, inputs, output):
             first = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
             # a copy: an in-place ReLU after the layer would otherwise rewrite the output kept here
-            calls.append((layer_name, first, output.clone() if isinstance(module, nn.Linear) else None))
+            calls.append((layer_name, module, first, output.clone() if isinstance(module, nn.Linear) else None))
         return hook
 
     for layer_name, module in probe.named_modules():
@@ -124,15 +146,21 @@ def _relu_in_forward(model: nn.Module, input_shape: tuple[int, ...]) -> set[str]
         with torch.no_grad():
             probe(x)
     except Exception:  # noqa: BLE001  (a model this probe cannot feed: the registration order decides)
-        return set()
-    found = set()
-    for index, (layer_name, _, output) in enumerate(calls):
+        return []
+    return calls
+
+
+def _rectified_receivers(calls) -> dict[str, list[tuple[str, nn.Module]]]:
+    """Per nn.Linear call with negative outputs, the later module calls whose input is exactly
+    its ReLU (element for element, or flattened)."""
+    found: dict[str, list[tuple[str, nn.Module]]] = {}
+    for index, (layer_name, _, _, output) in enumerate(calls):
         if output is None or not bool((output < 0).any()):
             continue
         rectified = output.clamp(min=0)
-        if any(later is not None and later.shape == rectified.shape and torch.equal(later, rectified)
-               for _, later, _ in calls[index + 1:]):
-            found.add(layer_name)
+        found[layer_name] = [(name, module) for name, module, later, _ in calls[index + 1:]
+                             if later is not None and later.numel() == rectified.numel()
+                             and torch.equal(later.reshape(rectified.shape), rectified)]
     return found
 
 
@@ -196,17 +224,28 @@ class SPEAR(Attack):
             raise GradleakError(f"attack 'spear': only {dec.left.shape[0]} units of layer '{layer.name}' saw the "
                                 f"batch, too few for {dec.rank} examples")
         sampler = core.Sampler(dec, core.inactivity_estimate(dec, g_weight), core.min_zeros(dec, opt.min_sparsity),
-                               ctx.generator(31))
+                               ctx.generator(31), self._head_rows(obs, layer, dec))
         solution: core.Solution | None = None
         target = opt.samples
         while True:
             while sampler.drawn < target and not (solution is not None and solution.agreement >= 1.0):
-                if sampler.draw(min(CHUNK, target - sampler.drawn)) and len(sampler.pool) >= dec.rank:
+                # with r − 1 directions the last one comes from a scan (core.complete_last)
+                if sampler.draw(min(CHUNK, target - sampler.drawn)) and len(sampler.pool) >= dec.rank - 1:
                     solution = core.select(sampler) or solution
                 if ctx.progress is not None:
                     ctx.progress(sampler.drawn, target, float(len(sampler.pool)))
             yield layer, dec, sampler, solution
             target *= 2
+
+    @staticmethod
+    def _head_rows(obs: Observation, layer: DenseReLU, dec: core.Decomposition) -> torch.Tensor | None:
+        """The weight rows of the one dense layer that takes the ReLU output, on the live units, when
+        they constrain a column: at most a quarter as many as the live units."""
+        head = head_after(obs.model, obs.input_shape, layer.name)
+        live = int(dec.left.shape[0])
+        if head is None or head.in_features != len(dec.live) or 4 * head.out_features > live:
+            return None
+        return head.weight.detach().double().T[dec.live]
 
     def _result(self, obs: Observation, ctx: AttackContext, layer: DenseReLU, dec: core.Decomposition,
                 sampler: core.Sampler, solution: core.Solution | None, batch: int, seconds: float) -> Reconstruction:

@@ -48,6 +48,10 @@ DROP_EVERY = 8  # chunks between tries of dropping each chosen direction and com
 # the greedy choice stops after this many consecutive pooled directions failed the ReLU check (an
 # example active at most units can be less sparse than a hundred directions from cancellations)
 REJECTION_STREAK = 128
+# relative residual under which a direction's nonzero entries lie in the span of the head's weight
+# rows (an example's own column: 4e-8 to 5e-8 on adult B = 16 through mlp:hidden=256; a pair's
+# cancellation: 0.99 to 1.0)
+HEAD_TOLERANCE = 1e-4
 
 
 @dataclass
@@ -186,16 +190,23 @@ def relu_pattern_feasible(pre_map: torch.Tensor, bias: torch.Tensor, inactive: t
 class Sampler:
     """Draws row subsets in chunks and pools the kernel directions that pass the sparsity filter."""
 
-    def __init__(self, dec: Decomposition, inactivity: torch.Tensor, min_zeros: int, generator: torch.Generator):
+    def __init__(self, dec: Decomposition, inactivity: torch.Tensor, min_zeros: int, generator: torch.Generator,
+                 head: torch.Tensor | None = None):
         left = dec.left
         self.dec = dec
-        self.normed = left / left.norm(dim=1, keepdim=True)
+        self.left_norms = left.norm(dim=1)
+        self.normed = left / self.left_norms[:, None]
         self.rank = dec.rank
         self.prior = inactivity
         self.min_zeros = min_zeros
         self.generator = generator
         self.pool = Pool(self.rank, int(left.shape[0]))
         self.pre_map = dec.weight @ dec.right.T  # pre-activations of x = Rᵀa are pre_map a + b
+        # the head's weight rows on the live units (m_live × k), when one dense layer alone takes the
+        # ReLU output: an example's ∂L/∂Z is Hᵀδ on its active units, so a direction whose nonzeros
+        # leave that span mixes examples (with two classes all Hᵀδ are parallel, and the difference of
+        # two examples' columns cancels on every unit both activate: as sparse as either, or sparser)
+        self.head = head
         self.drawn = 0
         self.chunks = 0
         self.checks = 0  # linear programs solved
@@ -213,6 +224,12 @@ class Sampler:
     def draw(self, count: int) -> int:
         """Draw `count` subsets; return how many new directions entered the pool. Once enough
         directions are verified, every other chunk is conditioned on some of them."""
+        if self.head is not None:
+            # the head's span leaves (almost) only examples' own directions in the pool: check them
+            # now, so that draws conditioned on them start before r − 1 are found
+            for index, verdict in enumerate(self.pool.verdicts):
+                if verdict is None:
+                    self.verify(index)
         accepted = [i for i, v in enumerate(self.pool.verdicts) if v]
         if len(accepted) >= CONDITION_ON + 2 and self.chunks % 2 == 1:
             chosen = torch.randperm(len(accepted), generator=self.generator)[:CONDITION_ON].tolist()
@@ -270,7 +287,7 @@ class Sampler:
         q = q / q.norm(dim=1, keepdim=True)
         y = q @ self.normed.T
         zeros = y.abs() <= ZERO_TOLERANCE * y.abs().max(1, keepdim=True).values
-        passing = zeros.sum(1) >= self.min_zeros
+        passing = (zeros.sum(1) >= self.min_zeros) & self.in_head_span(y, zeros)
         q, zeros = q[passing], zeros[passing]
         fresh = ~self.pool.known(q)
         new = 0
@@ -279,13 +296,34 @@ class Sampler:
                 continue
             for found in kernel_directions(self.normed, zero):
                 pattern = zero_pattern(self.normed, found)
-                if int(pattern.sum()) >= self.min_zeros:
+                if int(pattern.sum()) >= self.min_zeros and self.spans(found, pattern):
                     new += self.pool.add(found, pattern)
         return new
+
+    def in_head_span(self, y: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+        """Per row of y = q Lᵀ (normalised rows of L), whether its nonzero entries lie in the span
+        of the head's weight rows there (all True without a head, or where fewer than twice the
+        head's width are nonzero: too few entries to tell)."""
+        if self.head is None or not len(y):
+            return torch.ones(len(y), dtype=torch.bool)
+        column = y * self.left_norms  # L q: undo the row normalisation
+        support = (~zeros).double()
+        weighted = self.head[None] * support[..., None]  # count × m × k
+        normal = weighted.transpose(1, 2) @ self.head  # count × k × k
+        rhs = weighted.transpose(1, 2) @ column[..., None]
+        coef, info = torch.linalg.solve_ex(normal, rhs)
+        residual = ((column - (self.head @ coef)[..., 0]) * support).norm(dim=1)
+        ok = (info == 0) & (residual <= HEAD_TOLERANCE * (column * support).norm(dim=1))
+        return ok | (support.sum(1) < 2 * self.head.shape[1])
+
+    def spans(self, q: torch.Tensor, zero: torch.Tensor) -> bool:
+        return bool(self.in_head_span((self.normed @ q)[None], zero[None])[0])
 
     def verify(self, index: int) -> bool:
         """Whether some input's ReLU pattern explains pooled direction `index` (checked once)."""
         verdict = self.pool.verdicts[index]
+        if verdict is None and not self.spans(self.pool.directions[index], self.pool.zeros[index]):
+            verdict = self.pool.verdicts[index] = False
         if verdict is None:
             inactive = torch.ones(len(self.dec.live), dtype=torch.bool)
             inactive[self.dec.live] = self.pool.zeros[index]
@@ -338,7 +376,7 @@ def select(sampler: Sampler) -> Solution | None:
     and while their ReLU agreement is below 1, further candidates swapped in one at a time."""
     dec, pool = sampler.dec, sampler.pool
     r = dec.rank
-    if len(pool) < r:
+    if len(pool) < r - 1:
         return None
     sizes = pool.zeros.sum(1)
     order = torch.argsort(sizes, descending=True, stable=True).tolist()
