@@ -35,7 +35,7 @@ RANKS: dict[str, int] = {
     "api": 17,
     "guard": 18,
     "flower": 19,
-    "commands": 20, "cli": 21, "__main__": 22, "__init__": 22,
+    "commands": 20, "testing": 20, "cli": 21, "__main__": 22, "__init__": 22,
 }
 
 # Rank of each family inside gradleak/attacks (its sub-package, or base.py; "__init__" is the

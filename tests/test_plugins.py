@@ -96,3 +96,77 @@ def test_register_checks_names():
     registry.register("halve", "gradleak.defenses.clip:UpdateClipping", replace=True)
     with pytest.raises(GradleakError, match="calls itself 'clip'"):
         registry.get("halve")
+
+
+CONTRACT_PLUGIN = '''
+import math
+from dataclasses import dataclass
+
+from torch import nn
+
+from gradleak.attacks.optimization.ig import IGOptions, InvertingGradients
+
+
+@dataclass
+class SmoothIGOptions(IGOptions):
+    tv: float = 1e-3  # a heavier total-variation prior than Inverting Gradients' own
+
+
+class SmoothIG(InvertingGradients):
+    """Inverting Gradients with a heavier total-variation prior."""
+
+    name = "smooth-ig"
+    Options = SmoothIGOptions
+
+
+def build_wide(spec):
+    """One wide ReLU layer on the flattened input."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(spec.input_shape), 64), nn.ReLU(),
+                         nn.Linear(64, spec.num_classes))
+'''
+
+BROKEN_MODEL = '''
+
+
+class Frozen(nn.Module):
+    """A layer the loss never reaches: the contract says which parameters it misses."""
+
+    def __init__(self, spec):
+        super().__init__()
+        self.head, self.unused = nn.Linear(math.prod(spec.input_shape), spec.num_classes), nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.head(x.flatten(1))
+
+
+def build_frozen(spec):
+    """A linear head beside a layer the loss never reaches."""
+    return Frozen(spec)
+'''
+
+
+def test_gradleak_testing_checks_plugins_registered_by_entry_points(tmp_path):
+    """A plugin package's own test: its attack, model and defense, found through entry points,
+    pass gradleak.testing's contract checks; a model that breaks the contract is named with
+    the part it breaks."""
+    (tmp_path / "gradleak_contract_plugin.py").write_text(CONTRACT_PLUGIN + BROKEN_MODEL)
+    (tmp_path / "gradleak_erase_plugin.py").write_text(PLUGIN)
+    info = tmp_path / "gradleak_contract_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gradleak-contract-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[gradleak.attacks]\nsmooth-ig = gradleak_contract_plugin:SmoothIG\n"
+        "[gradleak.models]\nwide = gradleak_contract_plugin:build_wide\n"
+        "frozen = gradleak_contract_plugin:build_frozen\n"
+        "[gradleak.defenses]\nerase = gradleak_erase_plugin:Erase\n")
+    script = (
+        "from gradleak.testing import ContractError, check_attack, check_defense, check_model\n"
+        "check_attack('smooth-ig'); check_model('wide'); check_defense('erase')\n"
+        "try:\n    check_model('frozen')\nexcept ContractError as exc:\n    print('broken:', exc)\n"
+        "else:\n    print('broken: passed')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "broken: parameters the loss does not reach: ['unused.weight', 'unused.bias']", \
+        proc.stdout

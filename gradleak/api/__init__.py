@@ -26,11 +26,10 @@ from ..fl.training_check import (
 )
 from .captured import audit_update
 from .result import AuditResult
-from .selection import BUDGET_DOUBLINGS, BUDGETS, SkippedAttack, select_attacks
-from .selection import _budget_options as _budget_options  # tests/contracts/test_attacks.py reads the presets
+from .selection import BUDGET_DOUBLINGS, BUDGETS, SkippedAttack, budget_options, select_attacks
 from .simulated import audit
 
 __all__ = ["audit", "audit_update", "AuditResult", "SkippedAttack", "select_attacks", "BUDGETS",
            "TrainingCheck", "TrainingMismatchWarning", "check_declared_training",
            # also importable from here, as before the split
-           "BUDGET_DOUBLINGS", "TRAINING_CHECK_TOLERANCE"]
+           "BUDGET_DOUBLINGS", "TRAINING_CHECK_TOLERANCE", "budget_options"]

@@ -57,7 +57,7 @@ def select_attacks(attacks: str | Sequence[str | Attack], model: nn.Module | Non
     selected, skipped = [], []
     for item in attacks:
         spec = parse_spec(component_text(item, "attack"), "attack")
-        options = {**_budget_options(spec.name, budget), **spec.options}
+        options = {**budget_options(spec.name, budget), **spec.options}
         text = str(ComponentSpec(spec.name, options))
         attack = make_attack(text)
         reason = refusal(attack, threat, modality, model, input_shape, num_classes)
@@ -70,7 +70,8 @@ def select_attacks(attacks: str | Sequence[str | Attack], model: nn.Module | Non
     return selected, skipped
 
 
-def _budget_options(name: str, budget: str) -> dict:
+def budget_options(name: str, budget: str) -> dict:
+    """The options the budget preset `budget` sets for attack `name` (none for "standard")."""
     return dict(getattr(ATTACKS.get(name), "budgets", {}).get(budget, {}))
 
 

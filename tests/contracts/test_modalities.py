@@ -3,7 +3,7 @@ that its record describes, a scorer that can be imported, headline scores that a
 batch gets and that rank the copy above noise, a copy criterion the copy meets, a clamp into
 its range, probe inputs a model of it reads, a re-identification distance, the terminal and
 report lines, and at least one attack and one built-in model for it. A new modality is checked
-by being added to MODALITIES (and to tests/contracts/probes.py MODALITY_DATA, which this
+by being added to MODALITIES (and to gradleak/testing/probes.py MODALITY_DATA, which this
 suite asks for)."""
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ from gradleak.metrics import score_batch, summarize
 from gradleak.metrics.reidentify import reid_distances
 from gradleak.models import MODELS
 from gradleak.models.references import build_named_model
-
-from .probes import MODALITY_DATA, modality_data, model_text
+from gradleak.testing.probes import MODALITY_DATA, modality_data, model_text
 
 NAMES = list(MODALITIES)
 

@@ -1,4 +1,4 @@
-"""What the contract tests run every registered component on: a few real examples of each
+"""What the contract checks run every registered component on: a few real examples of each
 modality, the small built-in models that take them, tiny budgets, and one attack run through
 the interface the pipeline uses (prepare_model, the client's update, observe, reconstruct)."""
 from __future__ import annotations
@@ -11,15 +11,16 @@ from typing import Any
 
 import torch
 
-from gradleak.attacks import ATTACKS, Attack, AttackContext, Reconstruction, make_attack
-from gradleak.data import DatasetSpec, load_dataset
-from gradleak.data.base import Dataset
-from gradleak.data.references import held_out_examples
-from gradleak.fl import TrainingSpec, compute_update
-from gradleak.knowledge import PRESETS
-from gradleak.models.references import build_named_model
-from gradleak.options import field_range
-from gradleak.threat import Observation, ThreatModel, capture_bn_statistics, observe
+from ..attacks import ATTACKS, Attack, AttackContext, Reconstruction, make_attack
+from ..data import DatasetSpec, load_dataset
+from ..data.base import Dataset
+from ..data.references import held_out_examples
+from ..errors import GradleakError
+from ..fl import TrainingSpec, compute_update
+from ..knowledge import PRESETS
+from ..models.references import build_named_model
+from ..options import field_range
+from ..threat import Observation, ThreatModel, capture_bn_statistics, observe
 
 # Real data of each modality, small: every modality in gradleak.data.modality needs a row here
 # (tests/contracts/test_modalities.py fails for one without).
@@ -155,8 +156,27 @@ def model_text(name: str) -> str:
     return f"{name}:{MODEL_OPTIONS[name]}" if name in MODEL_OPTIONS else name
 
 
+class ContractError(AssertionError):
+    """A component breaks gradleak's contract for its kind; the message says which part."""
+
+
+def require(condition: Any, message: str) -> None:
+    """Raise ContractError(message) unless `condition` (kept under `python -O`, unlike assert)."""
+    if not condition:
+        raise ContractError(message)
+
+
 def one_line(exc: BaseException | Any) -> str:
-    """The message of a refusal (an exception, or pytest's ExceptionInfo of one), asserted to be one line."""
+    """The message of a refusal (an exception, or pytest's ExceptionInfo of one), required to be one line."""
     message = str(getattr(exc, "value", exc))
-    assert message and "\n" not in message.strip(), f"not one line: {message!r}"
+    require(message and "\n" not in message.strip(), f"not one line: {message!r}")
     return message
+
+
+def refused(call, *args, **kwargs) -> str:
+    """The one-line message of the GradleakError that `call(*args, **kwargs)` must raise."""
+    try:
+        call(*args, **kwargs)
+    except GradleakError as exc:
+        return one_line(exc)
+    raise ContractError(f"{getattr(call, '__qualname__', call)} did not refuse with a GradleakError")
