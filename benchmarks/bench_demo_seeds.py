@@ -17,7 +17,7 @@ from pathlib import Path
 SEED_SETS = ([0, 1], [2, 3], [4, 5])
 
 
-def _row(entry: dict) -> dict:
+def seed_row(entry: dict) -> dict:
     return {"setting": f"{entry['threat']} b{entry['batch_size']} {entry['defense']} {entry['strength']}".strip(),
             "verdict": entry["verdict"], "grade": entry["grade"] or ("holds" if entry["verdict"] == "holds" else None),
             "attack": entry.get("grade_attack"),
@@ -65,7 +65,7 @@ def run(quick: bool = False) -> dict:
             entries = strongest_attacks(cells)
         results[str(seeds)] = {"seconds": round(time.perf_counter() - start, 1), "cells": summary["cells"],
                                "sample_cells": summary["sample_cells"],
-                               "settings": [{**_row(e), "sample_examples": sample_examples(cells, e)}
+                               "settings": [{**seed_row(e), "sample_examples": sample_examples(cells, e)}
                                             for e in entries],
                                "answers": {f"{a['threat']} b{a['batch_size']}": a["text"] for a in answer(entries)},
                                "answer_settings": {f"{a['threat']} b{a['batch_size']}":

@@ -29,7 +29,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import nn
 
-from benchmarks.bench_fedavg_scale import _data, _judge
+from benchmarks.bench_fedavg_scale import judge_reconstruction, mnist_client_data
 from gradleak.attacks import AttackContext, make_attack
 from gradleak.attacks.analytic.dense_vertices import DenseVertices
 from gradleak.fl import TrainingSpec, compute_update
@@ -67,7 +67,7 @@ def _client(args, seed: int, test, gallery, train, gallery_rows) -> dict:
     start = time.perf_counter()
     reference = invert_features(extract, true, (1, 28, 28), attack.options.inversion(),
                                 generator=AttackContext(seed=seed).generator(43))
-    row: dict = {"seed": seed, "true_features": {**_judge(x, y, reference, y, gallery),
+    row: dict = {"seed": seed, "true_features": {**judge_reconstruction(x, y, reference, y, gallery),
                                                   "seconds": round(time.perf_counter() - start, 1)}}
     prior = None
     if args.starts_from == "prior":
@@ -86,7 +86,7 @@ def _client(args, seed: int, test, gallery, train, gallery_rows) -> dict:
     row["vertices"] = {"starts_from": found.extras["start_source"], "covered_0_98": int((best > 0.98).sum()),
                        "covered_0_99": int((best > 0.99).sum()),
                        **_summary(_feature_cosines(found.features, true, found.labels, y)),
-                       **_judge(x, y, found.images, found.labels, gallery),
+                       **judge_reconstruction(x, y, found.images, found.labels, gallery),
                        "seconds": round(time.perf_counter() - start, 1)}
     print(row, file=sys.stderr, flush=True)
     return row
@@ -121,7 +121,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def run_with(argv: list[str]) -> dict:
     args = _parse(argv)
     torch.set_num_threads(args.threads)
-    test, gallery, train, gallery_rows = _data(keep_train=True)
+    test, gallery, train, gallery_rows = mnist_client_data(keep_train=True)
     rows = [_client(args, int(s), test, gallery, train, gallery_rows) for s in args.seeds.split(",")]
     out: dict = {"setting": vars(args), "rows": rows}
     for part in ("true_features", "vertices"):

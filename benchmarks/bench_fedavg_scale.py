@@ -49,7 +49,7 @@ from gradleak.threat import make_threat_model, observe
 GALLERY = 1000
 
 
-def _data(keep_train: bool = False):
+def mnist_client_data(keep_train: bool = False):
     """The clients' test split and the judge's gallery of train-split digits; with `keep_train`,
     also the train split and the gallery's rows in it (for auxiliary data kept apart from them)."""
     test = load_dataset(DatasetSpec("mnist", split="test"))
@@ -59,7 +59,7 @@ def _data(keep_train: bool = False):
     return (test, gallery, train, rows) if keep_train else (test, gallery)
 
 
-def _judge(x, y, reconstruction, labels, gallery) -> dict:
+def judge_reconstruction(x, y, reconstruction, labels, gallery) -> dict:
     scores, _ = score_batch(x, y, reconstruction.detach().cpu(), labels, gallery=gallery)
     summary = summarize(scores)
     return {"recognizable": sum(bool(s.recognizable) for s in scores), "copied": sum(bool(s.success) for s in scores),
@@ -134,13 +134,14 @@ def _client(args, seed: int, test, gallery) -> dict:
            "count_estimate_errors": int((counts(recover_labels(obs, "auto", AttackContext(seed=seed).generator(17)))
                                          - counts(y)).abs().sum()) // 2,
            "final_distance": round(result.final_distance, 6),
-           "label_trials": result.extras.get("label_trials"), **_judge(x, y, result.inputs, result.labels, gallery)}
+           "label_trials": result.extras.get("label_trials"),
+           **judge_reconstruction(x, y, result.inputs, result.labels, gallery)}
     if args.case == "lenet5":
         # ground-truth reference: each example replaced by its class's mean image
         # and the matching distances of the true batch and of that one, under the client's true
         # order (an oracle) and under the order-free replay the attack uses
         means = _class_means(x, y)
-        reference = {"class_means": _judge(x, y, means, y, gallery)}
+        reference = {"class_means": judge_reconstruction(x, y, means, y, gallery)}
         oracle = observe(update, model, make_threat_model("honest"), input_shape=(1, 28, 28), num_classes=10,
                          training=dataclasses.replace(client, shuffle="known"), batch_size=args.images, labels=y,
                          defenses=[])
@@ -206,7 +207,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def run_with(argv: list[str]) -> dict:
     args = _parse(argv)
     torch.set_num_threads(args.threads)
-    test, gallery = _data()
+    test, gallery = mnist_client_data()
     seeds = [int(s) for s in args.seeds.split(",")]
     optimizers = ["sgd", "sgd:momentum=0.9"] if args.case == "sigmoid" and "--optimizer" not in argv \
         else [args.optimizer]

@@ -91,7 +91,7 @@ def _best_ssim(store, cells, entry) -> float | None:
 
 
 def run(quick: bool = False, workers: int | None = None) -> dict:
-    from benchmarks.bench_demo_seeds import _row, sample_examples
+    from benchmarks.bench_demo_seeds import sample_examples, seed_row
     from gradleak.analysis import strongest_attacks
     from gradleak.store import ResultStore
     from gradleak.sweep import parse_sweep, run_sweep
@@ -106,7 +106,7 @@ def run(quick: bool = False, workers: int | None = None) -> dict:
         entries = [e for e in strongest_attacks(cells) if e["threat"] == "honest"]
         rows = []
         for entry in entries:
-            row = _row(entry)
+            row = seed_row(entry)
             row["best_ssim"] = _best_ssim(store, cells, entry)
             row["sample_examples"] = sample_examples(cells, entry)
             rows.append(row)

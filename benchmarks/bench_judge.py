@@ -181,11 +181,11 @@ def image_pools() -> dict[str, torch.Tensor]:
     import numpy as np
     from sklearn.datasets import load_digits
 
-    from gradleak.data.lfw import _faces
+    from gradleak.data.lfw import lfw_faces
     from gradleak.data.transforms import resize_images
 
     digits = torch.from_numpy(load_digits().images.astype(np.float32) / 16)[:, None]
-    faces = resize_images(torch.from_numpy(_faces())[:, None], 28)
+    faces = resize_images(torch.from_numpy(lfw_faces())[:, None], 28)
     photos = _photos()
     return {"digits": resize_images(digits, 28),
             "gray": torch.cat([faces, _tiles(photos, 28, gray=True)]),

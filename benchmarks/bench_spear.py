@@ -20,7 +20,7 @@ from gradleak.threat import make_threat_model, observe
 EXACT_MSE = 1e-6
 
 
-def _one(data, model_spec: ModelSpec, batch: int, seed: int, doublings: int, features: str | None) -> dict:
+def spear_batch(data, model_spec: ModelSpec, batch: int, seed: int, doublings: int, features: str | None) -> dict:
     index = torch.randperm(len(data.inputs), generator=torch.Generator().manual_seed(1000 + seed))[:batch]
     x, y = data.inputs[index].float(), data.labels[index]
     model = build_model(model_spec)
@@ -50,7 +50,7 @@ def _case(name: str, data, model_spec, batch: int, seeds: int, doublings: int, f
     for seed in range(seeds):
         spec = ModelSpec(model_spec.name, model_spec.input_shape, model_spec.num_classes, seed=seed,
                          options=model_spec.options, activation=model_spec.activation)
-        runs.append(_one(data, spec, batch, seed, doublings, features))
+        runs.append(spear_batch(data, spec, batch, seed, doublings, features))
     seconds = sorted(r["seconds"] for r in runs)
     return {"case": name, "batch": batch, "seeds": seeds,
             "exact_fraction": round(sum(r["exact"] for r in runs) / (batch * seeds), 4),

@@ -17,7 +17,7 @@ BATCH = 25
 def _seed(args: tuple[int, int]) -> dict:
     import torch
 
-    from benchmarks.bench_spear import _one
+    from benchmarks.bench_spear import spear_batch
     from gradleak.data import DatasetSpec, load_dataset
     from gradleak.models import ModelSpec
 
@@ -25,7 +25,7 @@ def _seed(args: tuple[int, int]) -> dict:
     seed, doublings = args
     adult = load_dataset(DatasetSpec("adult", split="test"))
     spec = ModelSpec("mlp", tuple(adult.inputs.shape[1:]), 2, seed=seed)
-    result = _one(adult, spec, BATCH, seed, doublings, None)
+    result = spear_batch(adult, spec, BATCH, seed, doublings, None)
     return {"seed": seed, **result, "seconds": round(result["seconds"], 1)}
 
 

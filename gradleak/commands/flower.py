@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     kinds = {c.key: stored_modality(c.modality) for c in cells}
     rounds = leakage_by_round(cells)
     rows = [{k: v for k, v in r.items() if k != 'key'} for r in rounds]
-    scores = [_scores(r, kinds[r["key"]]) for r in rounds]
+    scores = [score_words_of(r, kinds[r["key"]]) for r in rounds]
     verdicts = verdict_in_words(report["strongest"])
     if args.json:
         print(json.dumps({"html": report["html"], "seconds": round(result.seconds, 3),
@@ -162,7 +162,7 @@ def _end_own_job() -> None:
             continue
 
 
-def _scores(row: dict, kind: Modality) -> str:
+def score_words_of(row: dict, kind: Modality) -> str:
     """One audited update's leakage in its data's own scores (token sequences: with the share
     recovered exactly)."""
     line = kind.score_line(row)

@@ -20,7 +20,7 @@ N_FACES, N_TRAIN, N_GROUPS = 100, 80, 10
 CLASS_NAMES = [f"group {i}" for i in range(N_GROUPS)]
 
 
-def _faces() -> np.ndarray:
+def lfw_faces() -> np.ndarray:
     try:
         from skimage.data import lfw_subset
 
@@ -41,7 +41,7 @@ def _faces() -> np.ndarray:
 def load_lfw_faces(spec: DatasetSpec) -> Dataset:
     """100 LFW faces 1x25x25 with synthetic group labels (see module doc)."""
     check_split(spec.name, spec.split)
-    faces = _faces()
+    faces = lfw_faces()
     labels = np.arange(N_FACES, dtype=np.int64) % N_GROUPS
     part = slice(0, N_TRAIN) if spec.split == "train" else slice(N_TRAIN, N_FACES)
     inputs = torch.from_numpy(np.ascontiguousarray(faces[part])).unsqueeze(1)

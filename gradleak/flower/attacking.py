@@ -82,7 +82,7 @@ def attack_captured(audit: FlowerAudit, captured: list[CapturedUpdate], run_conf
         counts["ran"] += 1
         if show_progress and id(item.captured) not in kinds:
             kinds[id(item.captured)] = captured_data(audit, item.captured).modality
-        say(f"{what}: {_outcome(result, kinds.get(id(item.captured), 'image'))} "
+        say(f"{what}: {outcome_words(result, kinds.get(id(item.captured), 'image'))} "
             f"({time.perf_counter() - began:.0f} s)")
     counts["seconds"] = round(time.perf_counter() - start, 3)
     return counts
@@ -260,7 +260,7 @@ def _model_label(captured: CapturedUpdate) -> str:
     return type(captured.model).__name__
 
 
-def _outcome(result: "AuditResult", modality: str) -> str:
+def outcome_words(result: "AuditResult", modality: str) -> str:
     """The attack's result in a few words: its data's headline score (pictures and token
     sequences), how many examples were copied and re-identified."""
     from ..data.modality import MODALITIES

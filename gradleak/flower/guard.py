@@ -42,7 +42,8 @@ from ..errors import GradleakError
 from ..fl import TrainingSpec
 from ..guard import Guard, GuardConfig
 from ..guard.inbound import state_of
-from .hook import OUT_ENV, FlowerAudit, _is_train, _received_update, _server_round, sample_count
+from .hook import OUT_ENV, FlowerAudit
+from .messages import build_app_model, is_train, received_update, round_of, sample_count
 
 LOG_ENV = "GRADLEAK_GUARD_LOG"
 DEFAULT_LOG = "gradleak-guard.jsonl"
@@ -102,7 +103,7 @@ class FlowerGuard:
 
     def client_mod(self, msg, context, call_next):
         """Flower client mod: the inbound check, training, the outbound audit and ladder."""
-        if not _is_train(msg):
+        if not is_train(msg):
             return call_next(msg, context)
         try:  # a bad switch or guard-* key: one line to the server, before anything trains
             config = self.check(context.run_config)
@@ -111,7 +112,7 @@ class FlowerGuard:
         if config is None:
             return call_next(msg, context)
         try:
-            server_round = _server_round(msg)
+            server_round = round_of(msg)
             training = self.training(context, server_round)
             client = context.node_config.get("partition-id", context.node_id)
             guard = Guard(config, training=training, num_classes=self.num_classes, tokenizer=self.tokenizer,
@@ -133,13 +134,12 @@ class FlowerGuard:
         if reply.has_error():
             _save(guard, context.state)
             return reply
-        from .hook import _build_model
 
         # model_fn() or model_fn(run_config), as the audit hook builds it
-        model = training.prepare_model(_build_model(self.model_fn, context.run_config), config.seed)
+        model = training.prepare_model(build_app_model(self.model_fn, context.run_config), config.seed)
         model.load_state_dict(received, strict=len(received) == len(model.state_dict()))
         inputs, labels = self.examples(context, msg)
-        update = _received_update(model, received, reply, training, sample_count(reply) or len(inputs))
+        update = received_update(model, received, reply, training, sample_count(reply) or len(inputs))
         gallery = self.gallery(context) if self.gallery is not None else None
         decision = guard.outbound(model, update, (inputs, labels), gallery=gallery, server_round=server_round,
                                   training=training)

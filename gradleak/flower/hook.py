@@ -23,8 +23,6 @@ per round × client × attack, written as each finishes, skipped when a rerun fi
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import math
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -37,6 +35,7 @@ from torch import nn
 from ..errors import GradleakError
 from ..fl import TrainingSpec, Update
 from ..fl.training import AdamOptions, SGDOptions, training_field_names, training_field_types
+from .messages import build_app_model, is_train, load_sent_state, received_update, round_of, sample_count
 from .truth import read_truth as _read_truth
 from .truth import write_truth as _write_truth
 
@@ -179,8 +178,8 @@ class FlowerAudit:
 
     def client_mod(self, msg, context, call_next):
         """Flower client mod: record the audited clients' training examples, then train."""
-        if _is_train(msg):
-            server_round = _server_round(msg)
+        if is_train(msg):
+            server_round = round_of(msg)
             if server_round in self.rounds:
                 inputs, labels = self.ground_truth(context, msg)
                 partition = context.node_config.get("partition-id")
@@ -233,11 +232,11 @@ class FlowerAudit:
         on each, and attack them unless `defer_attacks`."""
         from ..fl.training_check import TrainingMismatchWarning, check_declared_training
 
-        model = _build_model(self.model_fn, run_config)
+        model = build_app_model(self.model_fn, run_config)
         # LoRA clients: the adapters on model_fn's base model (its weights stay; the sent arrays
         # are the adapters, whose draw here is overwritten)
         model = training.prepare_model(model, self.seed)
-        _load(model, sent)
+        load_sent_state(model, sent)
         # Audit the same clients in every run: by partition id (node ids are drawn anew per run).
         candidates = []
         for reply in replies:
@@ -258,7 +257,7 @@ class FlowerAudit:
                                     f"{len(inputs)} examples (check ground_truth)")
             client = partition if partition is not None else node
             client_training = self.client_training(training, run_config, server_round, client)
-            update = _received_update(model, sent, reply, client_training, samples or len(inputs))
+            update = received_update(model, sent, reply, client_training, samples or len(inputs))
             # a reply carrying the model's buffers (a whole state dict) sends them to the server
             client_training = dataclasses.replace(client_training, sends_buffers=bool(update.buffers))
             captured = CapturedUpdate(server_round, node, partition, sent, update, inputs, labels, client_training,
@@ -295,94 +294,6 @@ class FlowerAudit:
                                     f"{type(inputs).__name__}")
             self._gallery = inputs
         return self._gallery
-
-
-def _build_model(model_fn: Callable, run_config: Mapping[str, Any]) -> nn.Module:
-    """model_fn(), or model_fn(run_config) when it takes a required argument."""
-    try:
-        required = [p for p in inspect.signature(model_fn).parameters.values()
-                    if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    except (TypeError, ValueError):  # a builtin without a signature
-        required = []
-    model = model_fn(dict(run_config)) if required else model_fn()
-    if not isinstance(model, nn.Module):
-        raise GradleakError(f"FlowerAudit: model_fn returned {type(model).__name__}, not an nn.Module")
-    return model
-
-
-def _is_train(msg) -> bool:
-    return str(msg.metadata.message_type).split(".")[0] == "train"
-
-
-def _server_round(msg) -> int:
-    for record in msg.content.config_records.values():
-        if "server-round" in record:
-            return int(record["server-round"])
-    raise GradleakError("FlowerAudit: the train message carries no 'server-round' in its config "
-                        "(the app's strategy is not one of Flower's message-based strategies)")
-
-
-def _state_dict_of(reply) -> dict[str, torch.Tensor]:
-    records = list(reply.content.array_records.values())
-    if len(records) != 1:
-        raise GradleakError(f"FlowerAudit: a reply from node {reply.metadata.src_node_id} holds "
-                            f"{len(records)} array records; the hook audits apps that return one")
-    return {k: torch.as_tensor(v) for k, v in records[0].to_torch_state_dict().items()}
-
-
-def _load(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """The sent arrays into `model`: all of its state, or (LoRA) its trainable parameters, the
-    frozen rest being model_fn's own."""
-    expected = model.state_dict()
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    missing = [k for k in expected if k not in state]
-    extra = [k for k in state if k not in expected]
-    partial = any(not p.requires_grad for p in model.parameters()) and not trainable & set(missing)
-    if extra or (missing and not partial):
-        lora = " (LoRA clients: declare lora_rank in training_keys)" if extra and any(
-            k.endswith(("lora_A", "lora_B")) for k in extra) else ""
-        raise GradleakError(f"FlowerAudit: the arrays the server sends do not fit model_fn's model "
-                            f"(missing {missing[:3]}, unexpected {extra[:3]}){lora}")
-    for k in state:
-        if tuple(state[k].shape) != tuple(expected[k].shape):
-            raise GradleakError(f"FlowerAudit: array '{k}' has shape {tuple(state[k].shape)}, "
-                                f"the model's {tuple(expected[k].shape)}")
-    model.load_state_dict(state, strict=not missing)
-
-
-def _received_update(model: nn.Module, sent: dict[str, torch.Tensor], reply, training: TrainingSpec,
-                     samples: int) -> Update:
-    """sent - returned for every parameter: a FedAvg delta in gradleak's sign convention; the
-    returned buffers (batch-norm running statistics, num_batches_tracked) as they came back."""
-    returned = _state_dict_of(reply)
-    # every trainable parameter, and a frozen one only when the reply carries it (a LoRA
-    # client returns its adapters alone)
-    names = [n for n, p in model.named_parameters() if p.requires_grad or (n in returned and n in sent)]
-    buffers = {n: returned[n].detach().clone() for n, _ in model.named_buffers() if n in returned}
-    missing = [n for n in names if n not in returned]
-    if missing:
-        raise GradleakError(f"FlowerAudit: the reply from node {reply.metadata.src_node_id} lacks "
-                            f"parameter '{missing[0]}'")
-    tensors = {}
-    for n in names:
-        if tuple(returned[n].shape) != tuple(sent[n].shape):
-            raise GradleakError(f"FlowerAudit: parameter '{n}' came back with shape {tuple(returned[n].shape)}, "
-                                f"sent {tuple(sent[n].shape)}")
-        tensors[n] = (sent[n].float() - returned[n].float()).detach()
-    update = Update(tensors=tensors, kind="delta", lr=training.lr, steps=training.num_steps(samples),
-                    batch_size=training.step_batch_size(samples), samples=samples,
-                    epochs=training.local_epochs, buffers=buffers)
-    update.check_finite()
-    return update
-
-
-def sample_count(reply) -> int | None:
-    """The reply's `num-examples` metric (what FedAvg weights by), when it has one."""
-    for record in reply.content.metric_records.values():
-        if "num-examples" in record:
-            value = record["num-examples"]
-            return int(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
-    return None
 
 
 def _config_value(name: str, value: Any) -> Any:

@@ -20,13 +20,13 @@ from .reidentify import (
     Distance,
     Gallery,
     Judgement,
-    _batch_features,
-    _duplicates,
-    _gallery_features,
-    _matrix,
-    _reference_distances,
+    batch_features,
+    duplicate_pairs,
+    fast_distances,
+    gallery_features,
     gallery_scale,
     linkage_distances,
+    reference_distances,
 )
 
 
@@ -72,16 +72,16 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
         candidates = candidates[first]
         if lpips_features is not None:
             lpips_features = [f[first] for f in lpips_features[0]], lpips_features[1]
-    counted = ~_duplicates(originals, gallery.inputs.to(originals.dtype).cpu())
+    counted = ~duplicate_pairs(originals, gallery.inputs.to(originals.dtype).cpu())
     batch = Gallery(originals, "the attacked batch")
     ranks: list[dict[str, int]] = [{} for _ in range(n)]
     aucs: list[dict[str, float]] = [{} for _ in range(n)]
     linked = []
     if "lpips" in wanted and lpips_features is None:
-        lpips_features = _batch_features(candidates, originals, backbone, None, [])
+        lpips_features = batch_features(candidates, originals, backbone, None, [])
     for distance in wanted:
         mine = None if lpips_features is None else (lpips_features[0], lpips_features[0])
-        to_gallery, _ = _matrix(candidates, candidates, gallery, distance, backbone, pad_token, mine)
+        to_gallery, _ = fast_distances(candidates, candidates, gallery, distance, backbone, pad_token, mine)
         if distance == "l2z":  # in the gallery's units, not the batch's
             to_batch, _ = l2_matrix(candidates, candidates, originals, gallery_scale(gallery))
         elif distance == "lpips" and lpips_features is not None:
@@ -93,7 +93,7 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
             to_batch, _ = lpips_matrix(model, lpips_features[0], lpips_features[0], theirs,
                                        lpips_norms(model, theirs))
         else:
-            to_batch, _ = _matrix(candidates, candidates, batch, distance, backbone, pad_token)
+            to_batch, _ = fast_distances(candidates, candidates, batch, distance, backbone, pad_token)
         nearest_gallery, nearest_original = _exact_nearest(candidates, originals, gallery, distance, backbone,
                                                            to_gallery, to_batch, lpips_features)
         per_original = nearest_gallery[None].expand(n, -1)  # every original meets the same gallery side
@@ -128,7 +128,7 @@ def _exact_nearest(candidates, originals, gallery: Gallery, distance: str, backb
         from .lpips import load_lpips
 
         model = load_lpips(backbone)  # type: ignore[arg-type]
-        gallery_features = _gallery_features(gallery, backbone)
+        gallery_lpips = gallery_features(gallery, backbone)
 
     def exact_min(fast: torch.Tensor, other: torch.Tensor, other_features) -> torch.Tensor:
         """The exact nearest of the candidates to one image: only those whose fast distance lies
@@ -139,11 +139,11 @@ def _exact_nearest(candidates, originals, gallery: Gallery, distance: str, backb
                 exact = [model.feature_distance([f[r:r + 1] for f in features[0]], other_features)[0]
                          for r in rows.tolist()]
         else:
-            exact = [_reference_distances(candidates[r], other[None], distance, backbone)[0] for r in rows.tolist()]
+            exact = [reference_distances(candidates[r], other[None], distance, backbone)[0] for r in rows.tolist()]
         return torch.stack(exact).min().to(fast.dtype)
 
     for g in close.any(0).nonzero().flatten().tolist():
-        theirs = None if model is None else [f[g:g + 1] for f in gallery_features]
+        theirs = None if model is None else [f[g:g + 1] for f in gallery_lpips]
         nearest_gallery[g] = exact_min(to_gallery[:, g], gallery.inputs[g].float(), theirs)
     for i in close.any(1).nonzero().flatten().tolist():
         theirs = None if model is None else [f[i:i + 1] for f in features[1]]

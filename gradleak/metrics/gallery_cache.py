@@ -32,9 +32,9 @@ KEPT_BYTES = 512 * 2 ** 20
 def weights_digest(backbone: str) -> str:
     """What identifies the LPIPS weights of `backbone`: their file's path, size and modification
     time (a stat; hashing the 10 MB of AlexNet weights would cost a tenth of a judging)."""
-    from .lpips import _weights_path
+    from .lpips import lpips_weights_path
 
-    path = _weights_path(backbone)
+    path = lpips_weights_path(backbone)
     stat = path.stat()
     return hashlib.sha256(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
 

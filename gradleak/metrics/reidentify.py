@@ -165,13 +165,13 @@ def judge(originals: torch.Tensor, reconstructions: torch.Tensor, gallery: Galle
     if keep:
         x, r = originals[keep], reconstructions[keep]
         others = gallery.inputs.to(x.dtype)
-        duplicate = _duplicates(x, others)
+        duplicate = duplicate_pairs(x, others)
         features = None
         if "lpips" in wanted:
-            features = _batch_features(r, x, backbone, lpips_features, keep)
+            features = batch_features(r, x, backbone, lpips_features, keep)
         linked = []
         for distance in wanted:
-            to_gallery, to_original = _matrix(r, x, gallery, distance, backbone, pad_token, features)
+            to_gallery, to_original = fast_distances(r, x, gallery, distance, backbone, pad_token, features)
             to_gallery, to_original = _refine(r, x, gallery, distance, backbone, to_gallery, to_original)
             at_least_as_close, auc = rank_and_auc(to_gallery, to_original, ~duplicate)
             if distance in linkage:
@@ -196,7 +196,7 @@ def gallery_ranks(originals: torch.Tensor, reconstructions: torch.Tensor, galler
     return judge(originals, reconstructions, gallery, distances, (), backbone, pad_token).rank
 
 
-def _duplicates(originals: torch.Tensor, others: torch.Tensor) -> torch.Tensor:
+def duplicate_pairs(originals: torch.Tensor, others: torch.Tensor) -> torch.Tensor:
     """(R, G): gallery example g is identical to original r. Only pairs whose random
     projections agree are compared in full."""
     flat_x, flat_g = originals.flatten(1).double(), others.flatten(1).double()
@@ -209,7 +209,7 @@ def _duplicates(originals: torch.Tensor, others: torch.Tensor) -> torch.Tensor:
     return duplicate
 
 
-def _batch_features(recons, originals, backbone: str, given, keep: list[int]):
+def batch_features(recons, originals, backbone: str, given, keep: list[int]):
     """LPIPS unit features of the kept reconstructions and originals: the caller's, or computed
     (per image they do not depend on the batch they are computed in)."""
     if given is not None:
@@ -221,7 +221,7 @@ def _batch_features(recons, originals, backbone: str, given, keep: list[int]):
         return unit_features(model, recons), unit_features(model, originals)
 
 
-def _matrix(recons, originals, gallery: Gallery, distance: str, backbone: str, pad_token, features=None):
+def fast_distances(recons, originals, gallery: Gallery, distance: str, backbone: str, pad_token, features=None):
     """Fast distances (distance_matrix) of every reconstruction to the gallery and its original."""
     if distance == "tokens":
         to_gallery = torch.stack([token_overlap_distance(r, gallery.inputs.long().cpu(), pad_token) for r in recons])
@@ -249,7 +249,7 @@ def _matrix(recons, originals, gallery: Gallery, distance: str, backbone: str, p
     model = load_lpips(backbone)  # type: ignore[arg-type]
     with torch.no_grad():
         others, norms = _gallery_lpips(gallery, backbone)
-        mine, theirs = features if features is not None else _batch_features(recons, originals, backbone, None, [])
+        mine, theirs = features if features is not None else batch_features(recons, originals, backbone, None, [])
         return lpips_matrix(model, mine, theirs, others, norms)
 
 
@@ -266,7 +266,7 @@ def unit_features(model, images: torch.Tensor) -> list[torch.Tensor]:
     return [torch.cat(layer) for layer in zip(*chunks)]
 
 
-def _gallery_features(gallery: Gallery, backbone: str) -> list[torch.Tensor]:
+def gallery_features(gallery: Gallery, backbone: str) -> list[torch.Tensor]:
     return _gallery_lpips(gallery, backbone)[0]
 
 
@@ -290,7 +290,7 @@ def _gallery_lpips(gallery: Gallery, backbone: str) -> tuple[list[torch.Tensor],
 
 def _refine(recons, originals, gallery: Gallery, distance: str, backbone: str,
             to_gallery: torch.Tensor, to_original: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Recompute by the per-pair reference (`_reference_distances`) the distances the fast
+    """Recompute by the per-pair reference (`reference_distances`) the distances the fast
     ones cannot order against the original's: pairs within REFINE_MARGIN of it. Each pair's
     LPIPS features are computed afresh, one image at a time: the batch's own features can
     differ from those in the last float bits (convolution kernels depend on the batch size
@@ -347,9 +347,9 @@ def reid_summary(scores: list) -> dict:
 def _reference_pair(recon: torch.Tensor, original: torch.Tensor, gallery: Gallery, columns: torch.Tensor,
                     distance: str, backbone: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Distances from one reconstruction to its original and to the gallery examples `columns`,
-    computed per pair as the definition reads (`_reference_distances`)."""
+    computed per pair as the definition reads (`reference_distances`)."""
     if distance != "lpips":  # one call: each pair's distance does not depend on the others
-        values = _reference_distances(recon, torch.cat([original[None], gallery.inputs[columns].float()]),
+        values = reference_distances(recon, torch.cat([original[None], gallery.inputs[columns].float()]),
                                       distance, backbone)
         return values[0], values[1:]
     from .lpips import load_lpips
@@ -358,10 +358,10 @@ def _reference_pair(recon: torch.Tensor, original: torch.Tensor, gallery: Galler
     with torch.no_grad():
         mine, theirs = model.unit_features(recon[None]), model.unit_features(original[None])
         return (model.feature_distance(mine, theirs)[0],
-                model.feature_distance(mine, [f[columns] for f in _gallery_features(gallery, backbone)]))
+                model.feature_distance(mine, [f[columns] for f in gallery_features(gallery, backbone)]))
 
 
-def _reference_distances(recon: torch.Tensor, others: torch.Tensor, distance: Distance, backbone: str) -> torch.Tensor:
+def reference_distances(recon: torch.Tensor, others: torch.Tensor, distance: Distance, backbone: str) -> torch.Tensor:
     """Distance from one reconstruction to each of `others`."""
     if distance == "l2":
         return (others - recon).flatten(1).pow(2).sum(1)

@@ -16,7 +16,7 @@ import math
 from ..analysis.cells import SCENARIO_KEYS
 from ..knowledge import granted
 from ..leakage import SAMPLE_SEED_OFFSET, sample_target
-from .spec import Cell, SampleLadder, _canonical
+from .spec import Cell, SampleLadder, canonical_json
 
 
 def _setting(labels: dict) -> tuple:
@@ -74,7 +74,7 @@ def extension_cells(grid_cells: list[Cell], entries: list[dict], examples_by_att
         budget = (budgets or {}).get((setting, attack))
         for cell in cells:
             seed = int(cell.spec["seed"]) + SAMPLE_SEED_OFFSET * rung
-            spec = _canonical({**cell.spec, "seed": seed, "images": per_cell,
+            spec = canonical_json({**cell.spec, "seed": seed, "images": per_cell,
                                **(_at_budget(cell.spec["attack"], budget) if budget else {})})
             labels = {**cell.labels, "seed": seed, "sample_rung": rung}
             out.append(dataclasses.replace(cell, spec=spec, labels=labels, key=""))

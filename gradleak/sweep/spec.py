@@ -275,7 +275,7 @@ class _SweepParser:
                 for attack, overrides in attacks:
                     spec = self.build_spec({**fields, **overrides, "attack": attack, "defenses": tuple(chain)},
                                            where)
-                    cells.append(Cell("attack", _canonical(spec.to_dict()), attack_labels(spec), origin=where))
+                    cells.append(Cell("attack", canonical_json(spec.to_dict()), attack_labels(spec), origin=where))
         return cells
 
     def axis_value(self, fieldname: str, value, where: str) -> None:
@@ -400,7 +400,7 @@ class _SweepParser:
                     spec = spec_type(**fields)
                 except (GradleakError, TypeError, ValueError) as exc:
                     self.fail("utility.options", str(exc))
-                spec_dict = _canonical(dataclasses.asdict(spec))
+                spec_dict = canonical_json(dataclasses.asdict(spec))
                 # `model` is the attacked architecture the utility is reported against;
                 # `trained_model` what FedAvg trained, when utility.options names another one.
                 labels = {"dataset": dataset_label(dataset), "model": model,
@@ -433,7 +433,7 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def _canonical(value):
+def canonical_json(value):
     """JSON-shaped copy (tuples → lists) so the hash is stable across processes."""
     return json.loads(json.dumps(value, default=list))
 

@@ -60,9 +60,9 @@ def test_the_legacy_rule_reads_what_an_old_row_holds():
     ("tabular", {"mse": None}, "no score"),
 ])
 def test_a_federation_round_is_printed_in_its_data_scores(name, row, line):
-    from gradleak.commands.flower import _scores
+    from gradleak.commands.flower import score_words_of
 
-    assert _scores(row, modality(name)) == line
+    assert score_words_of(row, modality(name)) == line
 
 
 @pytest.mark.parametrize("name, metrics, words", [
@@ -73,7 +73,7 @@ def test_a_federation_round_is_printed_in_its_data_scores(name, row, line):
 def test_a_flower_attack_is_summed_up_in_its_data_headline(name, metrics, words):
     from types import SimpleNamespace
 
-    from gradleak.flower.attacking import _outcome
+    from gradleak.flower.attacking import outcome_words
 
     run = SimpleNamespace(metrics=metrics, per_example=[{}] * 4)
-    assert _outcome(SimpleNamespace(runs=[run], skipped=[]), name) == words
+    assert outcome_words(SimpleNamespace(runs=[run], skipped=[]), name) == words

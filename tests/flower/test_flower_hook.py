@@ -21,7 +21,8 @@ from gradleak.api import TrainingMismatchWarning, audit_update, check_declared_t
 from gradleak.errors import GradleakError  # noqa: E402
 from gradleak.fl import TrainingSpec, Update  # noqa: E402
 from gradleak.flower import FlowerAudit  # noqa: E402
-from gradleak.flower.hook import _received_update, _write_truth  # noqa: E402
+from gradleak.flower.messages import received_update  # noqa: E402
+from gradleak.flower.truth import write_truth  # noqa: E402
 
 MOMENTUM = "sgd:momentum=0.9,weight_decay=0.0005"
 ATTACK = "dlg:iterations=2"  # the attack is not what these tests look at: the cheapest one
@@ -65,7 +66,7 @@ def _momentum_update(epochs: int = 2, batch_size: int = 4, seed: int = 5):
     model = _bn_net()
     sent = {k: v.clone() for k, v in model.state_dict().items()}
     returned = _client_trains(model, x, y, lr=0.05, epochs=epochs, batch_size=batch_size, seed=seed)
-    update = _received_update(_bn_net(), sent, _reply(returned, len(x)), TrainingSpec(lr=0.05), len(x))
+    update = received_update(_bn_net(), sent, _reply(returned, len(x)), TrainingSpec(lr=0.05), len(x))
     return x, y, update, returned
 
 
@@ -92,7 +93,7 @@ def test_audit_round_confirms_a_shuffled_momentum_client(tmp_path):
     model = _bn_net()
     sent = {k: v.clone() for k, v in model.state_dict().items()}
     returned = _client_trains(model, x, y, lr=0.05, epochs=2, batch_size=4, seed=rule(config, 2, 4))
-    _write_truth(audit.truth_path(2, 7), x, y, partition=4)
+    write_truth(audit.truth_path(2, 7), x, y, partition=4)
     audit.audit_round(2, sent, [_reply(returned, len(x))], audit.training_from(config), config)
     (captured,) = audit.captured
     assert captured.training.shuffle_seed == 3024 and captured.training.sends_buffers
@@ -169,7 +170,7 @@ def test_training_keys_take_the_optimizer_options_of_a_run_config():
 def test_update_without_buffers_when_the_reply_has_none():
     model = nn.Linear(3, 2)
     sent = {k: v.clone() for k, v in model.state_dict().items()}
-    update = _received_update(model, sent, _reply(sent, 4), TrainingSpec(), 4)
+    update = received_update(model, sent, _reply(sent, 4), TrainingSpec(), 4)
     assert update.buffers == {} and isinstance(update, Update)
 
 
@@ -177,7 +178,7 @@ def test_lora_keys_and_adapter_arrays():
     """A run config's lora_rank (0: full fine-tuning) declares LoRA clients; the arrays the server
     sends may then be the adapters alone, and the update holds just those. Adapter arrays for a
     model the audit does not adapt are refused in one line that says what to declare."""
-    from gradleak.flower.hook import _load
+    from gradleak.flower.messages import load_sent_state
     from gradleak.models.gpt2 import GPT2
     from gradleak.models.lora import apply_lora
 
@@ -194,13 +195,13 @@ def test_lora_keys_and_adapter_arrays():
     adapters = {n: p.detach() + 0.5 for n, p in adapted.named_parameters() if p.requires_grad}
     model = training.prepare_model(GPT2(vocab=64, positions=8, layers=1, width=16, heads=2), 0)
     model.load_state_dict(adapted.state_dict())  # the same base weights
-    _load(model, adapters)
+    load_sent_state(model, adapters)
     assert torch.equal(model.blocks[0].attn.qkv.lora_A, adapters["blocks.0.attn.qkv.lora_A"])
     returned = {n: t - 0.25 for n, t in adapters.items()}
-    update = _received_update(model, adapters, _reply(returned, 2), training, 2)
+    update = received_update(model, adapters, _reply(returned, 2), training, 2)
     assert set(update.tensors) == set(adapters)
     assert all(torch.allclose(t, torch.full_like(t, 0.25)) for t in update.tensors.values())
     with pytest.raises(GradleakError, match="declare lora_rank in training_keys"):
-        _load(GPT2(vocab=64, positions=8, layers=1, width=16, heads=2), adapters)
+        load_sent_state(GPT2(vocab=64, positions=8, layers=1, width=16, heads=2), adapters)
     with pytest.raises(GradleakError, match="do not fit model_fn's model"):  # a trainable array missing
-        _load(model, {k: v for k, v in adapters.items() if not k.endswith("lora_B")})
+        load_sent_state(model, {k: v for k, v in adapters.items() if not k.endswith("lora_B")})

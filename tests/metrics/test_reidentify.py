@@ -87,14 +87,14 @@ def test_batched_ranks_equal_the_per_pair_reference_on_mnist(mnist_test):
     # the margin recomputed
     from gradleak.metrics.distance_matrix import REFINE_MARGIN
     from gradleak.metrics.lpips import load_lpips
-    from gradleak.metrics.reidentify import _gallery_features, _matrix
+    from gradleak.metrics.reidentify import fast_distances, gallery_features
 
-    fast, _ = _matrix(reconstructions, originals, gallery, "ssim", "alex", None)
+    fast, _ = fast_distances(reconstructions, originals, gallery, "ssim", "alex", None)
     exact = torch.stack([1 - ssim(r[None].expand(len(gallery), -1, -1, -1).clamp(0, 1), gallery.inputs)
                          for r in reconstructions])
     assert float((fast - exact).abs().max()) < REFINE_MARGIN / 10
-    model, features = load_lpips("alex"), _gallery_features(gallery, "alex")
-    fast, _ = _matrix(reconstructions, originals, gallery, "lpips", "alex", None)
+    model, features = load_lpips("alex"), gallery_features(gallery, "alex")
+    fast, _ = fast_distances(reconstructions, originals, gallery, "lpips", "alex", None)
     with torch.no_grad():
         exact = torch.stack([model.feature_distance(model.unit_features(r[None]), features) for r in reconstructions])
     assert float((fast - exact).abs().max()) < REFINE_MARGIN / 10
@@ -215,8 +215,8 @@ def test_near_ties_of_the_candidate_set_judge_are_recomputed_pair_by_pair(monkey
     from gradleak.metrics.image import ssim
 
     recomputed = []
-    per_pair = candidate_set._reference_distances
-    monkeypatch.setattr(candidate_set, "_reference_distances", lambda *a: recomputed.append(a[2]) or per_pair(*a))
+    per_pair = candidate_set.reference_distances
+    monkeypatch.setattr(candidate_set, "reference_distances", lambda *a: recomputed.append(a[2]) or per_pair(*a))
     g = torch.Generator().manual_seed(4)
     originals, others = torch.rand(3, 1, 28, 28, generator=g), torch.rand(30, 1, 28, 28, generator=g)
     noise = torch.rand(4, 1, 28, 28, generator=g)
@@ -251,10 +251,10 @@ def test_pearson_links_a_faint_smooth_trace_that_ssim_and_lpips_barely_read():
     """A faint blurred face under smooth clutter, the kind of partial reconstruction a gradient
     attack leaves: pixel correlation links it almost surely. On 5 seeds of this clutter: Pearson
     0.992–0.998, SSIM 0.80–0.83, LPIPS 0.61–0.64 (LFW, data the project does not report on)."""
-    from gradleak.data.lfw import _faces
+    from gradleak.data.lfw import lfw_faces
     from gradleak.data.transforms import resize_images
 
-    faces = resize_images(torch.from_numpy(_faces())[:, None], 28)
+    faces = resize_images(torch.from_numpy(lfw_faces())[:, None], 28)
     originals, gallery = faces[:40], Gallery(faces[40:], "lfw")
     clutter = torch.rand(originals.shape, generator=torch.Generator().manual_seed(0))
     verdict = judge(originals, 0.3 * _smooth(originals) + 0.7 * _smooth(clutter), gallery,

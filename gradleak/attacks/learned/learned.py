@@ -150,7 +150,7 @@ def auxiliary_updates(obs: Observation, pool_inputs: torch.Tensor, pool_labels: 
     inputs = pool_inputs[picks]  # (samples, clients, per_client, *shape)
     labels = pool_labels[picks] if pool_labels is not None else \
         torch.randint(obs.num_classes, (samples, clients, per_client), generator=draw)
-    sent = _client_updates(obs, chain, inputs.flatten(0, 1), labels.flatten(0, 1), seed, device)
+    sent = client_updates(obs, chain, inputs.flatten(0, 1), labels.flatten(0, 1), seed, device)
     features, images, slot_labels = [], [], []
     for i in range(samples):  # updates are sketched as they come: only a chunk is held at a time
         mine = [next(sent) for _ in range(clients)]
@@ -163,7 +163,7 @@ def auxiliary_updates(obs: Observation, pool_inputs: torch.Tensor, pool_labels: 
                             time.perf_counter() - start)
 
 
-def _client_updates(obs: Observation, chain, inputs: torch.Tensor, labels: torch.Tensor, seed: int,
+def client_updates(obs: Observation, chain, inputs: torch.Tensor, labels: torch.Tensor, seed: int,
                     device: torch.device | None = None) -> Iterator:
     """The update of each client `i` training on (inputs[i], labels[i]), in order, as
     `compute_update` sends it. One FedSGD step of the plain loss, defended only at the update,

@@ -145,14 +145,14 @@ def test_the_optimisation_attacks_start_from_the_kept_inverter(tmp_path):
 
 @pytest.mark.parametrize("defenses", [(), ("topk:sparsity=0.9",), ("noise:sigma=0.01",)])
 def test_the_batched_fedsgd_path_sends_what_the_client_sends(mnist_test, defenses):
-    from gradleak.attacks.learned.learned import _client_updates
+    from gradleak.attacks.learned.learned import client_updates
     from gradleak.defenses import DefenseChain
 
     x, y = mnist_test.inputs[:3], mnist_test.labels[:3]
     obs = _observation(x, y, defenses=defenses)
     chain = DefenseChain(list(obs.get("defenses")))
     inputs, labels = mnist_test.inputs[10:22].view(4, 3, 1, 28, 28), mnist_test.labels[10:22].view(4, 3)
-    batched = list(_client_updates(obs, chain, inputs, labels, seed=5))
+    batched = list(client_updates(obs, chain, inputs, labels, seed=5))
     assert len(batched) == 4
     for i, update in enumerate(batched):
         own = compute_update(obs.model, inputs[i], labels[i], obs.training, chain,
