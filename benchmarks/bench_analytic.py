@@ -11,10 +11,10 @@ from scipy.optimize import linear_sum_assignment
 
 from gradleak.attacks import AttackContext, make_attack
 from gradleak.data import DatasetSpec, load_dataset
-from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.metrics import score_batch
 from gradleak.models import ModelSpec, build_model
+from gradleak.run.experiment import AttackRunSpec, run_attack
 from gradleak.solvers import tensor_features, tensor_features_from_first_layer
 from gradleak.threat import make_threat_model, observe
 

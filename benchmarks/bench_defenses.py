@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from gradleak.attacks import ATTACKS
-from gradleak.experiment import AttackRunSpec, run_attack
+from gradleak.run.experiment import AttackRunSpec, run_attack
 from gradleak.utility import UtilitySpec, run_utility
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from gradleak.experiment import AttackRunSpec, run_attack
+from gradleak.run.experiment import AttackRunSpec, run_attack
 
 
 def _run(attack: str, threat: str, iterations: int, batch: int) -> dict:

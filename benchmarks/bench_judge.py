@@ -93,9 +93,9 @@ def speed(batch_size: int = 100) -> dict:
     import tempfile
 
     from gradleak.data.references import resolve_data
-    from gradleak.experiment import AttackRunSpec, run_scenario, scenario_data, scenario_model
     from gradleak.metrics.reidentify import Gallery
-    from gradleak.scenario.gallery import split_gallery
+    from gradleak.run.experiment import AttackRunSpec, run_scenario, scenario_data, scenario_model
+    from gradleak.run.scenario.gallery import split_gallery
 
     torch.set_num_threads(1)
     spec = AttackRunSpec(dataset="mnist", model="lenet5", attack="mkor", threat="malicious", batch_size=batch_size)
@@ -373,7 +373,7 @@ def _cli_child(argv: list[str]) -> None:
     import contextlib
     import io
 
-    import gradleak.experiment as experiment
+    import gradleak.run.experiment as experiment
     from gradleak.cli import main
 
     torch.set_num_threads(1)

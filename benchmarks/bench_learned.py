@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from gradleak.experiment import AttackRunSpec, run_attack
+from gradleak.run.experiment import AttackRunSpec, run_attack
 
 DEFENSES = ("none", "noise:sigma=0.01", "noise:sigma=0.1", "sign", "prune:ratio=0.9", "prune:ratio=0.99",
             "topk:sparsity=0.95", "quantize:bits=3")

@@ -13,10 +13,10 @@ from __future__ import annotations
 import torch
 
 from gradleak.attacks.malicious.mkor_decoding import sampled_pixels
-from gradleak.batch_attack import attack_batch, one_per_class
 from gradleak.data import load_dataset
 from gradleak.data.references import dataset_spec
 from gradleak.metrics.image import psnr
+from gradleak.run.batch_attack import attack_batch, one_per_class
 
 
 def sampled_pixel_psnr(result, x: torch.Tensor) -> float:

@@ -12,10 +12,10 @@ from statistics import mean, stdev
 import torch
 
 from gradleak.attacks.replay.matching import UpdateSimulator, update_distance
-from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.fl.local import local_update, model_state
 from gradleak.models import ModelSpec, build_model
+from gradleak.run.experiment import AttackRunSpec, run_attack
 from gradleak.threat import make_threat_model, observe
 
 

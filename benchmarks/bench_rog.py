@@ -38,11 +38,11 @@ from gradleak.attacks import AttackContext, make_attack
 from gradleak.attacks.replay.matching import UpdateSimulator
 from gradleak.data import DatasetSpec, load_dataset
 from gradleak.defenses import make_chain
-from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.metrics import score_batch, summarize
 from gradleak.models import ModelSpec, build_model
 from gradleak.postprocess import enhance, load_enhancer
+from gradleak.run.experiment import AttackRunSpec, run_attack
 from gradleak.threat import make_threat_model, observe
 
 MODEL = "lenet:init=default"

@@ -161,7 +161,7 @@ def summarize(steps: list[dict]) -> dict:
         "api_entries": entries(lambda r: r == "api.py" or r.startswith("api/")),
         "api_entries_by_file": {r: entries(lambda x, r=r: x == r)
                                 for r in sorted({s["room"] for s in stays if s["room"].startswith("api")})},
-        "experiment_entries": entries(lambda r: r == "experiment.py"),
+        "experiment_entries": entries(lambda r: r in ("experiment.py", "run/experiment.py")),
         "walk": [f"{s['room']} (floor {s['floor']}, {s['steps']} step{'s' if s['steps'] > 1 else ''})" for s in stays],
     }
 

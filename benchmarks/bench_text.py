@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from gradleak.experiment import AttackRunSpec, run_attack
+from gradleak.run.experiment import AttackRunSpec, run_attack
 
 ATTACKS = ("dager", "tag", "lamp")
 DEFENSES = ("none", "noise:sigma=0.001", "topk:sparsity=0.95")

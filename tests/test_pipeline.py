@@ -230,7 +230,7 @@ def test_bn_mode_eval_uses_running_statistics_and_attacks_replay_it(steps):
 
 
 def test_bn_mode_bad_value_is_one_line(tmp_path):
-    from gradleak.experiment import AttackRunSpec
+    from gradleak.run.experiment import AttackRunSpec
     from gradleak.utility import UtilitySpec
 
     # checked when the spec is built, so a sweep refuses it before running any cell
@@ -244,7 +244,7 @@ def test_bn_mode_bad_value_is_one_line(tmp_path):
 def test_a_model_whose_output_ignores_its_input_is_named(mnist_test):
     # A sigmoid LeNet driven into saturation gives every digit the same output: its update
     # carries nothing about the data, and a low attack score would wrongly read as safety.
-    from gradleak.experiment import output_ignores_input
+    from gradleak.run.experiment import output_ignores_input
 
     model = build_model(ModelSpec("lenet", (1, 28, 28), 10, seed=0))
     inputs = mnist_test.inputs[:8]

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from gradleak import experiment
-from gradleak.experiment import AttackRunSpec, run_attack
+from gradleak.run import experiment
+from gradleak.run.experiment import AttackRunSpec, run_attack
 from gradleak.seeding import stream, stream_seed
 
 

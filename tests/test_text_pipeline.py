@@ -15,9 +15,9 @@ from gradleak.cli import main
 from gradleak.data import DatasetSpec, load_dataset
 from gradleak.data import text as text_data
 from gradleak.errors import GradleakError
-from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.metrics import score_batch, summarize
 from gradleak.models import ModelSpec, build_model
+from gradleak.run.experiment import AttackRunSpec, run_attack
 from gradleak.threat import make_threat_model
 
 SMALL_GPT2 = "gpt2:width=128,heads=4"  # 4 × 8 tokens sit far below DAGER's limit of width − 20

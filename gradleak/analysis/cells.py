@@ -23,7 +23,7 @@ def scenario_label(labels: dict, key: str):
 
 
 def cell_ladder(cell: CellRecord) -> dict:
-    """The budget ladder an attack cell climbed (gradleak.ladder); {} for cells stored
+    """The budget ladder an attack cell climbed (gradleak.run.ladder); {} for cells stored
     without one."""
     ladder = cell.extras.get("ladder") if isinstance(cell.extras, dict) else None
     return ladder if isinstance(ladder, dict) else {}

@@ -17,15 +17,15 @@ from ..data import Dataset
 from ..data.base import data_digest
 from ..defenses import make_chain
 from ..errors import GradleakError
-from ..experiment import attack_observations
 from ..fl import TrainingSpec
 from ..fl.training_check import TrainingMismatchWarning, check_declared_training
 from ..fl.update import Update, check_update_fits
 from ..metrics.reidentify import Gallery
 from ..models.base import model_digest
+from ..models.model_check import warn_if_output_ignores_input
 from ..models.references import fit_classes
-from ..scenario.model_check import warn_if_output_ignores_input
-from ..scenario.spec import AttackRunResult, AttackRunSpec, pick_device, training_fields
+from ..run.experiment import attack_observations
+from ..run.scenario.spec import AttackRunResult, AttackRunSpec, pick_device, training_fields
 from ..threat import ThreatModel, capture_bn_statistics, expected_view, make_threat_model, observe
 from .inputs import artifacts_folder, defense_labels, gallery_inputs
 from .result import AuditResult

@@ -9,8 +9,8 @@ from pathlib import Path
 from ..fl.training_check import TrainingCheck
 from ..leakage import Tolerance
 from ..options import parse_spec
-from ..scenario.outputs import result_record
-from ..scenario.spec import AttackRunResult
+from ..run.scenario.outputs import result_record
+from ..run.scenario.spec import AttackRunResult
 from .selection import SkippedAttack
 
 

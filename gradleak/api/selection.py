@@ -13,8 +13,8 @@ from ..attacks import ATTACKS, Attack, make_attack
 from ..attacks.base import refusal
 from ..errors import GradleakError
 from ..fl import TrainingSpec
-from ..ladder import LADDER_DOUBLINGS
 from ..options import ComponentSpec, parse_spec
+from ..run.ladder import LADDER_DOUBLINGS
 from ..threat import ThreatModel
 
 # Budget presets: "quick" fits a laptop CPU in minutes, "standard" is each

@@ -18,7 +18,6 @@ from ..data.base import data_digest
 from ..data.references import resolve_data, run_order
 from ..defenses import make_chain
 from ..errors import GradleakError
-from ..experiment import run_scenario
 from ..fl import TrainingSpec
 from ..leakage import SAMPLE_SEED_OFFSET, parse_tolerance, sample_target
 from ..metrics.reidentify import Gallery
@@ -26,8 +25,9 @@ from ..models.base import model_digest
 from ..models.references import parse_model_reference, resolve_model
 from ..options import parse_spec
 from ..progress import attack_progress
-from ..scenario.gallery import GALLERY_SIZE, resolved_gallery, with_extra
-from ..scenario.spec import AttackRunResult, AttackRunSpec, training_fields
+from ..run.experiment import run_scenario
+from ..run.scenario.gallery import GALLERY_SIZE, resolved_gallery, with_extra
+from ..run.scenario.spec import AttackRunResult, AttackRunSpec, training_fields
 from ..threat import expected_view, make_threat_model
 from .inputs import artifacts_folder, audit_seeds, defense_labels, gallery_inputs
 from .result import AuditResult

@@ -7,9 +7,9 @@ import json
 import sys
 
 from ..data.modality import modality
-from ..experiment import AttackRunSpec, run_attack, training_fields, write_outputs
 from ..fl.training import AUGMENTATIONS, BN_MODES, SHUFFLE_MODES, TrainingSpec, scenario_fields, training_from_scenario
 from ..options import RUN_SPEC_BOUNDS, device_name, output_dir, ranged
+from ..run.experiment import AttackRunSpec, run_attack, training_fields, write_outputs
 from ..threat import KNOWLEDGE, PRESETS
 
 

@@ -12,9 +12,9 @@ from ..attacks.base import AttackContext
 from ..data import load_dataset
 from ..data.references import dataset_spec
 from ..errors import GradleakError
-from ..experiment import AttackRunSpec, build_scenario_model
 from ..inspect import format_report, inspect_model
 from ..options import MAX_BATCH, MAX_IMAGE_SIDE, MIN_IMAGE_SIDE, parse_spec, ranged
+from ..run.experiment import AttackRunSpec, build_scenario_model
 from .attack import seed_type
 
 

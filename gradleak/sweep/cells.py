@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..experiment import AttackRunSpec, jsonable
+from ..run.experiment import AttackRunSpec, jsonable
 
 
 def utility_spec_type():
@@ -61,7 +61,7 @@ def utility_run_spec(spec: dict):
 
 
 def _execute_attack(spec: dict, progress, artifacts: Path | None) -> dict:
-    from ..experiment import result_record, run_attack
+    from ..run.experiment import result_record, run_attack
 
     run_spec = attack_run_spec(spec)
     return result_record(run_attack(run_spec, progress, artifacts))

@@ -95,7 +95,7 @@ class ProcessExecutor:
         ctx = multiprocessing.get_context(method)
         if method == "forkserver":
             # Workers fork from a server that already imported torch and the pipeline.
-            ctx.set_forkserver_preload(["torch", "gradleak.experiment", "gradleak.sweep.cells"])
+            ctx.set_forkserver_preload(["torch", "gradleak.run.experiment", "gradleak.sweep.cells"])
         queue = ctx.Queue()
         by_key = {c.key: c for c in cells}
         pool = ProcessPoolExecutor(max_workers=min(self.workers, len(cells)), mp_context=ctx,

@@ -1,8 +1,8 @@
 """How a cell is named in tables: dataset, model, defense chain and strength, attack."""
 from __future__ import annotations
 
-from ..experiment import AttackRunSpec
 from ..options import parse_spec
+from ..run.experiment import AttackRunSpec
 
 
 def is_dataset_path(text: str) -> bool:

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import GradleakError, InputFileError
-from ..experiment import AttackRunSpec
-from ..ladder import LADDER_DOUBLINGS
 from ..leakage import Tolerance, parse_tolerance
 from ..options import MAX_SWEEP_CELLS, check_device, parse_spec, path_kind
+from ..run.experiment import AttackRunSpec
+from ..run.ladder import LADDER_DOUBLINGS
 from .cells import attack_run_spec, utility_run_spec, utility_spec_type
 from .labels import attack_labels, dataset_label, defense_label, is_dataset_path, strength_label
 
@@ -208,7 +208,7 @@ class _SweepParser:
             done.add(cell.kind + seedless)
             try:
                 if cell.kind == "attack":
-                    from ..experiment import validate_run_spec
+                    from ..run.experiment import validate_run_spec
 
                     validate_run_spec(attack_run_spec(cell.spec), load, built)
                 else:

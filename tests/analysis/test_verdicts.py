@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradleak.experiment import AttackRunSpec, run_attack
-from gradleak.ladder import Rung, rung_decision
+from gradleak.run.experiment import AttackRunSpec, run_attack
+from gradleak.run.ladder import Rung, rung_decision
 
 
 def test_a_readable_reconstruction_is_graded_identifies():
@@ -25,7 +25,7 @@ def test_a_readable_reconstruction_is_graded_identifies():
 def test_random_images_reidentify_at_chance(mnist_test):
     from gradleak.data.references import dataset_spec
     from gradleak.metrics.reidentify import chance_rate, gallery_ranks, reid_distances
-    from gradleak.scenario.gallery import split_gallery
+    from gradleak.run.scenario.gallery import split_gallery
     from gradleak.stats import above_chance, binomial_interval
 
     gallery = split_gallery(dataset_spec("mnist", "train", None))

@@ -14,9 +14,9 @@ from torch import nn
 
 import gradleak
 from gradleak.cli import main
-from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.models import ModelSpec, build_model
+from gradleak.run.experiment import AttackRunSpec, run_attack
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

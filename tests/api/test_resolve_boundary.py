@@ -9,7 +9,7 @@ import gradleak
 from gradleak.data.references import resolve_data, run_order
 from gradleak.errors import GradleakError
 from gradleak.models.references import ModelReference, build_named_model, parse_model_reference, resolve_model
-from gradleak.scenario.gallery import GALLERY_SIZE, examples_gallery, resolved_gallery
+from gradleak.run.scenario.gallery import GALLERY_SIZE, examples_gallery, resolved_gallery
 
 
 def test_a_model_reference_is_parsed_once_into_what_building_takes(mnist_test):

@@ -7,10 +7,10 @@ from scipy.optimize import linear_sum_assignment
 
 from gradleak.attacks import AttackContext, make_attack
 from gradleak.errors import GradleakError
-from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.metrics import score_batch, summarize
 from gradleak.models import ModelSpec, build_model
+from gradleak.run.experiment import AttackRunSpec, run_attack
 from gradleak.solvers import tensor_features, tensor_features_from_first_layer
 from gradleak.solvers.fc import locate_first_linear
 from gradleak.solvers.features import FeatureExtractor

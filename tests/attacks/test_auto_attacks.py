@@ -86,7 +86,7 @@ def test_built_in_models(name, shape, expected_ok, expected_skip):
 ])
 def test_check_and_run_time_agree(attack, model):
     """An attack the check rules out stops with the same reason when forced."""
-    from gradleak.experiment import AttackRunSpec, run_attack
+    from gradleak.run.experiment import AttackRunSpec, run_attack
 
     built = build_model(ModelSpec(model, (1, 28, 28), 10))
     reason = make_attack(attack).unsupported(built, (1, 28, 28), 10, "image")

@@ -10,8 +10,8 @@ from gradleak.api import select_attacks
 from gradleak.attacks import make_attack
 from gradleak.attacks.base import AttackRefused, refusal
 from gradleak.data.tensors import dataset_from_tensors
-from gradleak.experiment import AttackRunSpec, check_scenario
 from gradleak.models import ModelSpec, build_model
+from gradleak.run.experiment import AttackRunSpec, check_scenario
 from gradleak.threat import make_threat_model
 
 

@@ -8,9 +8,9 @@ import torch
 
 from gradleak.defenses import make_chain, make_defense
 from gradleak.errors import GradleakError
-from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.models import ModelSpec, build_model
+from gradleak.run.experiment import AttackRunSpec, run_attack
 from gradleak.utility import UtilitySpec, dirichlet_partition, run_utility
 
 FEDSGD = TrainingSpec()

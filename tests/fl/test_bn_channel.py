@@ -14,10 +14,10 @@ import gradleak
 from gradleak.attacks import make_attack
 from gradleak.defenses import make_chain
 from gradleak.errors import GradleakError
-from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.fl import TrainingSpec, aggregate_updates, compute_update
 from gradleak.fl.buffers import statistics_from_buffers, why_no_batch_statistics
 from gradleak.models import ModelSpec, build_model
+from gradleak.run.experiment import AttackRunSpec, run_attack
 from gradleak.threat import capture_bn_statistics, expected_view, make_threat_model, observe
 
 SHAPE = (3, 16, 16)

@@ -76,9 +76,9 @@ def test_an_optimizer_gradleak_does_not_model_is_one_line(capsys, text, said):
 @pytest.mark.slow
 def test_an_attack_that_replays_the_clients_momentum_recovers_what_plain_sgd_replay_cannot():
     from gradleak.attacks import AttackContext, make_attack
-    from gradleak.experiment import AttackRunSpec, build_scenario_model, scenario_data
-    from gradleak.ladder import climb_budget_ladder
     from gradleak.metrics import summarize
+    from gradleak.run.experiment import AttackRunSpec, build_scenario_model, scenario_data
+    from gradleak.run.ladder import climb_budget_ladder
     from gradleak.threat import make_threat_model, observe
 
     spec = AttackRunSpec(dataset="mnist", model="lenet", attack="cpl:iterations=50", lpips="none")

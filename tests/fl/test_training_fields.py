@@ -9,8 +9,8 @@ import inspect
 import pytest
 
 from gradleak.api import audit
-from gradleak.experiment import AttackRunSpec
 from gradleak.fl.training import SCENARIO_NAMES, TrainingSpec, training_field_names, training_field_types
+from gradleak.run.experiment import AttackRunSpec
 
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainingSpec)}
 

@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import torch
 
-from gradleak.experiment import AttackRunSpec, run_attack
+from gradleak.run.experiment import AttackRunSpec, run_attack
 
 
 def test_rog_sign_from_a_flat_start_equalises_nothing_and_scores():

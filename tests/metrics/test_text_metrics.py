@@ -54,7 +54,7 @@ def test_text_recoveries_are_re_identified_by_their_words_not_their_order(news):
     train split's sequences; one holding random tokens does not (chance 1 / (gallery + 1))."""
     from gradleak.data.references import dataset_spec
     from gradleak.metrics.text import score_sequences
-    from gradleak.scenario.gallery import split_gallery
+    from gradleak.run.scenario.gallery import split_gallery
 
     inputs, labels = batch(news[16], 4, seed=0)
     gallery = split_gallery(dataset_spec("news", "train", None))

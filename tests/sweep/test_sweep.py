@@ -314,7 +314,7 @@ def test_threat_models_get_separate_verdicts_and_weaker_servers_attacks_count_fo
     ([0.5] * 5, None),                                  # too short to tell
 ])
 def test_still_improving(trace, expected):
-    from gradleak.ladder import still_improving
+    from gradleak.run.ladder import still_improving
 
     assert still_improving(trace) is expected
 

@@ -129,7 +129,7 @@ def test_it_reconstructs_under_signsgd_where_gradient_matching_does_not(tmp_path
 
 @pytest.mark.slow
 def test_the_optimisation_attacks_start_from_the_kept_inverter(tmp_path):
-    from gradleak.experiment import AttackRunSpec, run_attack
+    from gradleak.run.experiment import AttackRunSpec, run_attack
 
     def psnr(attack: str) -> float:
         spec = AttackRunSpec(dataset="mnist", model="lenet", attack=attack, defenses=("sign",), seed=0, lpips="none")

@@ -8,13 +8,13 @@ import torch
 from gradleak.attacks import ATTACKS
 from gradleak.attacks.malicious.mkor import MKOROptions
 from gradleak.attacks.malicious.mkor_decoding import sampled_pixels
-from gradleak.batch_attack import attack_batch, one_per_class
 from gradleak.commands.inspect_model import inspect_attack
 from gradleak.data import load_dataset
 from gradleak.data.references import dataset_spec
 from gradleak.errors import GradleakError
-from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.metrics.image import psnr
+from gradleak.run.batch_attack import attack_batch, one_per_class
+from gradleak.run.experiment import AttackRunSpec, run_attack
 
 
 def mnist_batch(mnist, seed: int, size: int = 100):

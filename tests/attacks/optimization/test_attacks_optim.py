@@ -7,10 +7,10 @@ import torch
 from gradleak.attacks import AttackContext, make_attack
 from gradleak.attacks.engine.initialization import initial_inputs, observed_start
 from gradleak.errors import GradleakError
-from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.metrics import score_batch
 from gradleak.models import ModelSpec, build_model
+from gradleak.run.experiment import AttackRunSpec, run_attack
 from gradleak.threat import ThreatModel, make_threat_model, observe
 
 

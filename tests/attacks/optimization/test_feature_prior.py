@@ -13,9 +13,9 @@ from gradleak.attacks.optimization.feature_probe import (
 )
 from gradleak.data import DatasetSpec, load_dataset
 from gradleak.errors import GradleakError
-from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.models import ModelSpec, build_model
+from gradleak.run.experiment import AttackRunSpec, run_attack
 from gradleak.threat import make_threat_model, observe
 
 

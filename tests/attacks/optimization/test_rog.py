@@ -12,10 +12,10 @@ from gradleak.attacks import AttackContext, make_attack
 from gradleak.data import DatasetSpec, load_dataset
 from gradleak.defenses import make_chain
 from gradleak.errors import GradleakError
-from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.metrics import psnr, score_batch, summarize
 from gradleak.models import ModelSpec, build_model
+from gradleak.run.experiment import AttackRunSpec, run_attack
 from gradleak.threat import make_threat_model, observe
 
 

@@ -9,9 +9,9 @@ from torch import nn
 
 from gradleak.attacks.replay import factored
 from gradleak.attacks.replay.matching import UpdateSimulator, update_distance
-from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.models import ModelSpec, build_model
+from gradleak.run.experiment import AttackRunSpec, run_attack
 from gradleak.threat import make_threat_model, observe
 
 CASES = {  # name -> (model, input shape, activation)

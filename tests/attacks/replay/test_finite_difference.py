@@ -10,9 +10,9 @@ from torch import nn
 
 from gradleak.attacks.replay import finite_difference
 from gradleak.attacks.replay.matching import UpdateSimulator, update_distance
-from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.models import MODELS, ModelSpec, build_model
+from gradleak.run.experiment import AttackRunSpec, run_attack
 from gradleak.threat import make_threat_model, observe
 
 SHAPES = {"lenet": (1, 16, 16), "lenet5": (1, 28, 28), "lenet-rog": (3, 32, 32), "mlp": (1, 12, 12),

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from gradleak.errors import GradleakError
-from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.models.gpt2 import GPT2
 from gradleak.models.lora import LoRALinear, apply_lora, is_adapter_name
+from gradleak.run.experiment import AttackRunSpec, run_attack
 
 
 @pytest.fixture(autouse=True)

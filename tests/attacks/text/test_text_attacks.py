@@ -9,8 +9,8 @@ from gradleak.attacks import ATTACKS, make_attack
 from gradleak.attacks.text.lamp import BigramLanguage, BigramPrior, TokenScorer, rearrangement
 from gradleak.attacks.text.tag import EmbeddingGradients
 from gradleak.errors import GradleakError
-from gradleak.experiment import AttackRunSpec, run_attack
 from gradleak.models.gpt2 import GPT2
+from gradleak.run.experiment import AttackRunSpec, run_attack
 
 SMALL_GPT2 = "gpt2:width=128,heads=4"
 
@@ -165,8 +165,8 @@ def _news_observation(seed: int = 0):
     """The server's view of one FedSGD step of a small gpt2 on two news windows of 8 tokens."""
     import copy
 
-    from gradleak.experiment import check_scenario, scenario_data, scenario_model
     from gradleak.fl import compute_update
+    from gradleak.run.experiment import check_scenario, scenario_data, scenario_model
     from gradleak.seeding import stream
     from gradleak.threat import observe
 

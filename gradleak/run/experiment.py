@@ -17,13 +17,21 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from .attacks import Attack, AttackContext, Reconstruction
-from .data import Dataset
-from .data.references import held_out_examples, resolve_data, run_order
-from .fl import aggregate_updates, compute_update
+from ..attacks import Attack, AttackContext, Reconstruction
+from ..data import Dataset
+from ..data.references import held_out_examples, resolve_data, run_order
+from ..fl import aggregate_updates, compute_update
+from ..metrics import summarize
+from ..metrics.reidentify import Gallery
+from ..models.model_check import (
+    BLIND_CHECK_EXAMPLES,
+    BLIND_MODEL_MESSAGE,
+    output_ignores_input,
+    warn_if_output_ignores_input,
+)
+from ..seeding import stream
+from ..threat import Observation, capture_bn_statistics, observe
 from .ladder import climb_budget_ladder, convergence_summary, ladder_summary
-from .metrics import summarize
-from .metrics.reidentify import Gallery
 from .scenario.assembly import (
     build_scenario_model,
     check_scenario,
@@ -34,16 +42,8 @@ from .scenario.assembly import (
     validate_run_spec,
 )
 from .scenario.gallery import GALLERY_SIZE, examples_gallery, resolved_gallery
-from .scenario.model_check import (
-    BLIND_CHECK_EXAMPLES,
-    BLIND_MODEL_MESSAGE,
-    output_ignores_input,
-    warn_if_output_ignores_input,
-)
 from .scenario.outputs import result_record, sequence_pairs_text, write_outputs
 from .scenario.spec import AttackRunResult, AttackRunSpec, jsonable, pick_device, training_fields
-from .seeding import stream
-from .threat import Observation, capture_bn_statistics, observe
 
 __all__ = [
     "AttackRunSpec", "AttackRunResult", "training_fields", "pick_device", "jsonable",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..data.modality import modality
+from ...data.modality import modality
 from .spec import AttackRunResult, jsonable
 
 
@@ -17,7 +17,7 @@ def result_record(result: AttackRunResult, images: bool = True) -> dict:
     as text in `extras["sequences"]`."""
     import io
 
-    from ..viz import image_grid
+    from ...viz import image_grid
 
     def png(image) -> bytes:
         buf = io.BytesIO()
@@ -64,7 +64,7 @@ def _numeric(score: dict) -> dict:
 def write_outputs(result: AttackRunResult, out: str | Path) -> dict[str, Path]:
     """result.json and, for images, grid.png in `out` (for token sequences, sequences.txt:
     each original beside its recovery), each written atomically."""
-    from ..viz import save_grid
+    from ...viz import save_grid
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

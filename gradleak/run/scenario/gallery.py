@@ -6,9 +6,9 @@ import functools
 
 import torch
 
-from ..data import Dataset, DatasetSpec, load_dataset
-from ..data.references import other_examples
-from ..metrics.reidentify import Gallery
+from ...data import Dataset, DatasetSpec, load_dataset
+from ...data.references import other_examples
+from ...metrics.reidentify import Gallery
 
 # Re-identification compares each reconstruction with this many other examples when the
 # data has them (Gallery, gradleak.metrics.reidentify).

@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .attacks import Attack, AttackContext, Reconstruction
-from .metrics import score_batch
-from .metrics.reidentify import Gallery
-from .threat import Observation
+from ..attacks import Attack, AttackContext, Reconstruction
+from ..metrics import score_batch
+from ..metrics.reidentify import Gallery
+from ..threat import Observation
 
 # A doubling that raised the batch's PSNR (of its mean MSE; for other data the same dB of
 # MSE) by at most this much, and re-identified or recognised no more examples, leaves the
@@ -105,7 +105,7 @@ def climb_budget_ladder(attack: Attack, obs: Observation, x: torch.Tensor, y: to
 
 def score_rung(rec: Reconstruction, scores: list, budget: int | None, seconds: float,
                judge_seconds: float = 0.0) -> Rung:
-    from .metrics.image import psnr_from_mse
+    from ..metrics.image import psnr_from_mse
 
     errors = [getattr(s, "mse", None) for s in scores]
     mse = sum(errors) / len(errors) if errors and None not in errors else None

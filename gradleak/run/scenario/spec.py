@@ -7,11 +7,11 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..data.modality import modality as modality_record
-from ..errors import GradleakError
-from ..fl import TrainingSpec
-from ..fl.training import check_bn_mode, scenario_fields, training_from_scenario
-from ..options import RUN_SPEC_BOUNDS, check_device, check_range
+from ...data.modality import modality as modality_record
+from ...errors import GradleakError
+from ...fl import TrainingSpec
+from ...fl.training import check_bn_mode, scenario_fields, training_from_scenario
+from ...options import RUN_SPEC_BOUNDS, check_device, check_range
 
 
 @dataclass(frozen=True)

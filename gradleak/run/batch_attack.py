@@ -13,13 +13,13 @@ from typing import Any, Literal
 
 import torch
 
-from .attacks import Attack, AttackContext, Reconstruction, make_attack
+from ..attacks import Attack, AttackContext, Reconstruction, make_attack
+from ..fl import TrainingSpec, compute_update
+from ..fl.training import scenario_fields
+from ..models.references import build_named_model
+from ..threat import make_threat_model, observe
 from .experiment import attack_observations
-from .fl import TrainingSpec, compute_update
-from .fl.training import scenario_fields
-from .models.references import build_named_model
 from .scenario.spec import AttackRunSpec
-from .threat import make_threat_model, observe
 
 
 @dataclass

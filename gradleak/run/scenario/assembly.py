@@ -6,15 +6,15 @@ from typing import Callable
 
 from torch import nn
 
-from ..attacks import Attack, make_attack
-from ..attacks.base import check_fits
-from ..data import Dataset, DatasetSpec, load_dataset
-from ..data.references import dataset_spec
-from ..defenses import DefenseChain, make_chain
-from ..errors import GradleakError
-from ..models.references import build_named_model
-from ..options import ComponentSpec, parse_spec
-from ..threat import ThreatModel, expected_view, make_threat_model
+from ...attacks import Attack, make_attack
+from ...attacks.base import check_fits
+from ...data import Dataset, DatasetSpec, load_dataset
+from ...data.references import dataset_spec
+from ...defenses import DefenseChain, make_chain
+from ...errors import GradleakError
+from ...models.references import build_named_model
+from ...options import ComponentSpec, parse_spec
+from ...threat import ThreatModel, expected_view, make_threat_model
 from .spec import AttackRunSpec
 
 
@@ -30,7 +30,7 @@ def scenario_model(spec: AttackRunSpec, data: Dataset) -> nn.Module:
     """The attacked model as `run_attack` builds it, with its checkpoint (before pre-training)."""
     model = build_scenario_model(spec, data.input_shape, data.num_classes, data.modality)
     if spec.checkpoint:
-        from ..models.checkpoint import load_checkpoint
+        from ...models.checkpoint import load_checkpoint
         load_checkpoint(model, spec.checkpoint)
     return model
 
@@ -83,7 +83,7 @@ def pretraining_data(spec: AttackRunSpec, load: Callable[[DatasetSpec], Dataset]
 
 
 def pretrained(model, spec: AttackRunSpec):
-    from ..models.training import pretrain
+    from ...models.training import pretrain
 
     pretrain(model, pretraining_data(spec), steps=spec.pretrain_steps, seed=spec.seed)
     return model
