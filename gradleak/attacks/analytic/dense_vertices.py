@@ -57,6 +57,10 @@ SAME = 0.995  # vertices this close (cosine) are one vertex
 HITS = 0.99  # starts whose vertices fall this close to one another reach "the same" vertex
 START_CHUNK = 10000  # start examples through the convolutions at a time (memory)
 REFINE_CHUNK = 1000  # refined starts at a time (memory: their activations keep gradients)
+# logit levels the feature inversions start from (mid-gray, dark, bright), the best kept per image:
+# a gray start alone stalls where the first layer is dead on a gray background (solvers/features.py)
+INVERSION_STARTS = (0.0, -3.0, 3.0)
+RESIDUAL_STARTS = (0.0, -3.0)  # the realizable check's inversions: gray and dark (each start a full run)
 
 
 @dataclass
@@ -93,7 +97,8 @@ class DenseVerticesOptions:
         self.inversion()
 
     def inversion(self) -> FeatureInversionOptions:
-        return FeatureInversionOptions(self.feature_steps, self.feature_lr, self.feature_tv, "sigmoid")
+        return FeatureInversionOptions(self.feature_steps, self.feature_lr, self.feature_tv, "sigmoid",
+                                       starts=INVERSION_STARTS)
 
     def zero_counts(self) -> list[int]:
         try:
@@ -279,7 +284,7 @@ def residuals(extract: FeatureExtractor, feats: torch.Tensor, input_shape: tuple
               generator_of: Callable[[], torch.Generator], chunk: int = 500) -> torch.Tensor:
     """How far the convolutions are from producing `feats`: the relative squared error left after
     inverting each to pixels without a prior."""
-    options = FeatureInversionOptions(steps, 0.05, 0.0, "sigmoid")
+    options = FeatureInversionOptions(steps, 0.05, 0.0, "sigmoid", starts=RESIDUAL_STARTS)
     out = []
     for a in range(0, len(feats), chunk):
         part = feats[a:a + chunk]
