@@ -21,6 +21,7 @@ ATTACKS: Registry = Registry("attack", {
     "rog": "gradleak.attacks.optimization.rog:ROG",
     "rog-sign": "gradleak.attacks.optimization.rog:ROGSign",
     "fedavg": "gradleak.attacks.optimization.fedavg:FedAvgAttack",
+    "fedleak": "gradleak.attacks.optimization.fedleak:FedLeak",
     "learned": "gradleak.attacks.learned.learned:LearnedInverter",
     "dager": "gradleak.attacks.text.dager_attack:DAGER",
     "tag": "gradleak.attacks.text.tag:TAG",

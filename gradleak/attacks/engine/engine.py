@@ -10,7 +10,9 @@ An attack is a configuration of it (the design of breaching, Geiping et al.):
   with labels guessed from the candidate as it goes (`GuessedLabels`);
 - an **objective**: `Matching` — the distance between the update the client would
   send for the candidate and the observed one (L2, cosine, weighted or per-layer
-  cosine, or an attack's own, e.g. ROG's sign matching);
+  cosine, FedLeak's partial matching `PartialDistance`, or an attack's own, e.g. ROG's
+  sign matching), optionally with FedLeak's `GradientRegularisation` of each step (a
+  second gradient at a probe point mixed into the step's);
 - **priors** added to it with their weights: `TotalVariation`, `BNStatistics`,
   `L2Norm`, `GroupConsistency`, `LabelConfidence`, `EmbeddingNorm` (LAMP), or an
   attack's own `Prior` (feature matching);
@@ -43,9 +45,10 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from ...errors import GradleakError
 from ..replay.matching import finite_or_inf, registered_mean
 from .candidates import Candidate, FixedLabels, Pixels
-from .objectives import GroupConsistency, Matching, Prior, Seen
+from .objectives import GradientRegularisation, GroupConsistency, Matching, Prior, Seen
 
 Tensors = Mapping[str, torch.Tensor]
 OptimizerKind = Literal["signed-adam", "adam", "sgd", "lbfgs"]
@@ -166,7 +169,9 @@ class Engine:
     restarts whose final distance is ≤ `mean_within` × the best. `threshold` > 0
     stops as soon as the distance is ≤ it (converged). `keep_best`: return the
     best point evaluated rather than the last (line searches and Adam can step past
-    it). `model`: the simulator's model, whose layers priors may watch."""
+    it). `model`: the simulator's model, whose layers priors may watch. `regulariser`:
+    FedLeak's gradient regularisation of each step (`GradientRegularisation`; not with
+    L-BFGS)."""
 
     matching: Matching
     labels: FixedLabels
@@ -193,6 +198,7 @@ class Engine:
     progress_total: int | None = None
     started: float | None = None  # time.perf_counter() the trace's seconds count from (default: this run's start)
     box: bool = False  # clamp the registered mean to [0, 1]
+    regulariser: GradientRegularisation | None = None
 
     def run(self) -> Outcome:
         """The configured run: `iterations` per restart."""
@@ -256,7 +262,9 @@ class Engine:
         offset = group.steps
         track_best = self.keep_best and len(group.members) == 1
 
-        def closure() -> torch.Tensor:
+        def closure(probe: bool = False) -> torch.Tensor:
+            """The objective's gradient at the current point; `probe`: at a look-ahead point of
+            the gradient regularisation, whose distances are not the members' own."""
             optimizer.zero_grad(set_to_none=True)
             grouped = any(isinstance(p, GroupConsistency) and offset + steps >= int(p.start * self.iterations)
                           for p in self._priors)
@@ -267,9 +275,11 @@ class Engine:
                 loss, distance = self._evaluate(candidate, offset + steps, mean)
                 # not the simulator's weights; members no longer running keep no gradient, so Adam skips them
                 loss.backward(inputs=candidate.variables() + self.labels.variables())
-                distances[i] = finite_or_inf(distance)
                 value = finite_or_inf(loss)
                 total_loss = loss.detach() if total_loss is None else total_loss + loss.detach()
+                if probe:
+                    continue
+                distances[i] = finite_or_inf(distance)
                 if track_best and value < best[0]:
                     best[0], best[1], best[2] = value, distances[i], [candidate.snapshot()]
             return total_loss
@@ -294,9 +304,9 @@ class Engine:
                     group.converged = True
                     break  # the current point already meets the stop rule: no further step
                 if signed:
-                    for v in variables:
-                        if v.grad is not None:
-                            v.grad.sign_()
+                    _sign(variables)
+                if self.regulariser is not None and self.regulariser.weight > 0:
+                    self._regularise(optimizer, variables, active, closure, signed)
                 optimizer.step()
                 if schedule is not None:
                     schedule.step()
@@ -328,6 +338,47 @@ class Engine:
             group.converged = reached(self._distance(active[0])) if len(active) == 1 else False
         group.steps += steps
         return steps
+
+    def _regularise(self, optimizer: torch.optim.Optimizer, variables: list[torch.Tensor],
+                    active: list[Candidate], closure: Callable[..., torch.Tensor], signed: bool) -> None:
+        """Replace the gradients in `variables` (those at the current point v) by FedLeak's mix
+        (1 − w)·g(v) + w·g(v + Δ) (see `GradientRegularisation`), leaving v and the
+        optimizer's state as they were, so that the one real step that follows is the only one
+        its moments and the schedule count."""
+        reg = self.regulariser
+        assert reg is not None
+        here = [v.detach().clone() for v in variables]
+        grads = [None if v.grad is None else v.grad.detach().clone() for v in variables]
+        if reg.probe == "step":
+            # the step the optimizer would take: taken on a copy of its state, then undone
+            state = {v: {k: s.clone() if torch.is_tensor(s) else s for k, s in optimizer.state[v].items()}
+                     for v in variables if v in optimizer.state}
+            optimizer.step()
+            for v in variables:
+                if v in state:
+                    optimizer.state[v] = state[v]
+                else:
+                    optimizer.state.pop(v, None)
+        else:
+            norm = math.sqrt(sum(float(g.pow(2).sum()) for g in grads if g is not None)) or 1.0
+            with torch.no_grad():
+                for v, g in zip(variables, grads):
+                    if g is not None:
+                        v.add_(g, alpha=reg.radius / norm)
+        for candidate in active:
+            candidate.project()  # the probe stays where candidates may be (pixels in [0, 1])
+        closure(probe=True)
+        if signed:
+            _sign(variables)
+        with torch.no_grad():
+            for v, start, g in zip(variables, here, grads):
+                v.copy_(start)
+                if g is None:
+                    continue
+                mixed = g.mul_(1 - reg.weight)
+                if v.grad is not None:
+                    mixed.add_(v.grad, alpha=reg.weight)
+                v.grad = mixed
 
     # the result -------------------------------------------------------------------
     def _choose(self, members: list[Candidate], traces: list[list[TracePoint]], steps: int,
@@ -378,6 +429,9 @@ class EngineRun:
         self.engine = engine
         engine._evaluations, engine._start = 0, engine.started if engine.started is not None else time.perf_counter()
         engine._priors = [p for p in engine.priors if p.weight]
+        if engine.regulariser is not None and engine.regulariser.weight > 0 and engine.optimizer.kind == "lbfgs":
+            # L-BFGS evaluates its own points inside a step: there is no single gradient to mix
+            raise GradleakError("gradient regularisation needs a first-order optimizer, not lbfgs")
         engine._layer_inputs = {}
         self.groups: list[_Group] = []
 
@@ -423,6 +477,12 @@ class EngineRun:
         if group.converged or group.diverged:
             return
         self.engine._optimise(group, iterations, total)
+
+
+def _sign(variables: list[torch.Tensor]) -> None:
+    for v in variables:
+        if v.grad is not None:
+            v.grad.sign_()
 
 
 def _recorder(store: list[torch.Tensor]):
