@@ -31,10 +31,19 @@ class Defense:
     # (sparsifying compressors); a server that knows the protocol then compares
     # only the sent entries.
     withholds_entries: bool = False
+    # The option that orders this defense's settings by strength, and its direction: +1 when a
+    # larger value is stronger, -1 when a smaller one is (the guard's defense ladder checks
+    # that each rung is stronger than the one below); None: its settings have no such order.
+    strength: ClassVar[tuple[str, int] | None] = None
 
     def __init__(self, options: Any = None):
         self.options = options if options is not None else (self.Options() if self.Options else None)
 
+
+    def strength_axis(self) -> tuple[str, int] | None:
+        """The strength order of this setting: `strength`, or None where these options leave
+        the defense without one."""
+        return self.strength
     def transform_model(self, model: nn.Module) -> nn.Module:
         return model
 

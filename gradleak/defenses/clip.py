@@ -19,6 +19,7 @@ class UpdateClipping(Defense):
     """Scales the update down to L2 norm `bound` when it is larger."""
 
     name = "clip"
+    strength = ("bound", -1)
     Options = ClipOptions
 
     def transform_update(self, update, ctx: DefenseContext):

@@ -26,6 +26,7 @@ class DGC(Defense):
     """Withholds θ% smallest entries per tensor, accumulating them locally for later rounds."""
 
     name = "dgc"
+    strength = ("theta", 1)
     withholds_entries = True
     Options = DGCOptions
 

@@ -57,6 +57,7 @@ class DPSGD(Defense):
     """Per-example clipping of the whole gradient to C, Gaussian noise σC, every local step."""
 
     name = "dpsgd"
+    strength = ("sigma", 1)
     Options = DPSGDOptions
     places = ("gradient",)
 

@@ -16,6 +16,7 @@ class FedCDP(DPSGD):
     """DP-SGD with each parameter tensor of each example clipped separately."""
 
     name = "fedcdp"
+    strength = ("sigma", 1)
     Options = DPSGDOptions
 
     tensors_clipped: int = 0

@@ -42,7 +42,12 @@ class GaussianNoise(Defense):
     """Gaussian noise N(0, sigma²) added to every update coordinate."""
 
     name = "noise"
+    strength = ("sigma", 1)
     Options = NoiseOptions
+
+    def strength_axis(self) -> tuple[str, int] | None:
+        # noise set by its SNR scales with the update: sigma no longer orders it
+        return None if self.options.snr_db is not None else self.strength
 
     def sample(self, shape: torch.Size, generator: torch.Generator) -> torch.Tensor:
         """Unit-scale noise (std 1 for Gaussian)."""

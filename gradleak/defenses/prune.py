@@ -23,6 +23,7 @@ class GradientPruning(Defense):
     """Zeroes the smallest-magnitude `ratio` of every layer's update entries."""
 
     name = "prune"
+    strength = ("ratio", 1)
     withholds_entries = True
     Options = PruneOptions
 

@@ -17,6 +17,7 @@ class QSGD(Defense):
     """Stochastic unbiased b-bit quantizer of every update tensor (Yue et al. eq. 7)."""
 
     name = "qsgd"
+    strength = ("bits", -1)
     Options = QSGDOptions
 
     def transform_update(self, update, ctx: DefenseContext):

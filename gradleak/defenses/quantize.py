@@ -51,6 +51,7 @@ class Quantize(Defense):
     """Deterministic b-bit uniform quantizer of every update tensor (Yue et al. eq. 6)."""
 
     name = "quantize"
+    strength = ("bits", -1)
     Options = QuantizeOptions
 
     def transform_update(self, update, ctx: DefenseContext):

@@ -21,6 +21,7 @@ class TopK(Defense):
     """Sends only the largest (1 - sparsity) share of update entries."""
 
     name = "topk"
+    strength = ("sparsity", 1)
     withholds_entries = True
     Options = TopKOptions
 

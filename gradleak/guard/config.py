@@ -5,8 +5,8 @@ A ladder is a list of rungs, weakest first; a rung is one defense or a chain of 
 defenses joined by `+` (`clip:bound=1+noise:sigma=0.01`). In one text (a Flower run
 config) the rungs are separated by `;`. Every rung must be stronger than the one below:
 the same defenses in the same order, each at least as strong on its strength option
-(`STRENGTH`) and one of them strictly stronger; a defense without a strength option must
-keep its options.
+(each defense's `strength`, `Defense.strength_axis`) and one of them strictly stronger; a
+defense without a strength option must keep its options.
 """
 from __future__ import annotations
 
@@ -19,12 +19,6 @@ from ..errors import GradleakError
 from ..leakage import Tolerance, parse_tolerance
 from ..options import ComponentSpec, options_dict, parse_spec
 
-# defense → (option, +1 when a larger value is stronger, -1 when a smaller one is)
-STRENGTH: dict[str, tuple[str, int]] = {
-    "noise": ("sigma", 1), "laplace": ("sigma", 1), "dpsgd": ("sigma", 1), "fedcdp": ("sigma", 1),
-    "clip": ("bound", -1), "prune": ("ratio", 1), "topk": ("sparsity", 1), "dgc": ("theta", 1),
-    "quantize": ("bits", -1), "qsgd": ("bits", -1),
-}
 DEFAULT_LADDER = ("noise:sigma=0.0001", "noise:sigma=0.001", "noise:sigma=0.01")
 ON_CRAFTED = ("refuse", "safe_copy")
 
@@ -162,8 +156,8 @@ def _not_stronger(lower: Rung, upper: Rung) -> str | None:
     stronger = False
     for a, b in zip(low, high):
         before, after = options_dict(a.options), options_dict(b.options)
-        axis = STRENGTH.get(a.name)
-        if axis is None or (a.name in ("noise", "laplace") and (before.get("snr_db") or after.get("snr_db"))):
+        axis = a.strength_axis()
+        if axis is None or b.strength_axis() != axis:
             if before != after:
                 return f"'{a.name}' has no strength order; keep its options on every rung"
             continue

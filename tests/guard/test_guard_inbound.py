@@ -155,6 +155,39 @@ def test_increasing_ladders_are_accepted():
     Guard(dp, training=TrainingSpec(lr=0.1))
 
 
+def test_a_defense_from_outside_orders_its_own_rungs(monkeypatch):
+    """A new defense declares its strength in its own class: the guard's ladder orders it with
+    nothing else edited (as it does noise, whose strength an SNR setting takes away)."""
+    from dataclasses import dataclass
+
+    from gradleak.defenses import DEFENSES
+    from gradleak.defenses.base import Defense
+
+    @dataclass
+    class ShrinkOptions:
+        keep: float = 1.0
+
+    class Shrink(Defense):
+        """Scales the update by `keep` (smaller keeps less)."""
+
+        name = "shrink-for-guard-test"
+        Options = ShrinkOptions
+        strength = ("keep", -1)
+
+        def transform_update(self, update, ctx):
+            return update.map(lambda _, t: t * self.options.keep)
+
+    DEFENSES.names()  # the installed plugins read, then the registry restored after this test
+    monkeypatch.setattr(DEFENSES, "_paths", dict(DEFENSES._paths))
+    DEFENSES.register(Shrink.name, Shrink)
+    rungs = GuardConfig(ladder=[f"{Shrink.name}:keep=0.5", f"{Shrink.name}:keep=0.1"]).rungs
+    assert [r.text for r in rungs] == [f"{Shrink.name}:keep=0.5", f"{Shrink.name}:keep=0.1"]
+    with pytest.raises(GradleakError, match="keep goes from 0.1 to 0.5, a weaker setting"):
+        GuardConfig(ladder=[f"{Shrink.name}:keep=0.1", f"{Shrink.name}:keep=0.5"])
+    with pytest.raises(GradleakError, match="'noise' has no strength order"):
+        GuardConfig(ladder=["noise:snr_db=20", "noise:snr_db=10"])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("app", ["images", "text"])
 def test_no_false_alarm_over_20_honest_rounds_of_each_example(app, monkeypatch):
