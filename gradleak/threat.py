@@ -149,15 +149,20 @@ def observe(update: Update, model: nn.Module, threat: ThreatModel, *, input_shap
             num_classes: int, training: TrainingSpec, batch_size: int, labels: torch.Tensor,
             defenses: Sequence[Any], modality: str = "image",
             bn_statistics: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-            prior_data: Any = None, server_secrets: Any = None, tokenizer: str | None = None) -> Observation:
+            prior_data: Any = None, server_secrets: Any = None, tokenizer: str | None = None,
+            inputs: torch.Tensor | None = None) -> Observation:
     """Build the server's view, keeping only what `threat` grants. `defenses` are
     the client's defenses, as objects or `name:k=v` strings (their names and options
-    are what a server that chose the protocol knows). An update that carries batch-norm
-    buffers gives the server its batch's statistics when they can be derived exactly
-    (`gradleak.fl.buffers`): the observation's threat model then sees `bn_statistics`
-    (unless it declares them), and they replace any given from the ground truth."""
+    are what a server that chose the protocol knows). `inputs`, the client's batch, is read
+    only for what a threat model declares as granted: the batch-norm statistics of `model` on
+    it (`bn_statistics`, unless given). An update that carries batch-norm buffers gives the
+    server its batch's statistics when they can be derived exactly (`gradleak.fl.buffers`):
+    the observation's threat model then sees `bn_statistics` (unless it declares them), and
+    they replace any given from the ground truth."""
     from .defenses import make_defense
 
+    if bn_statistics is None and inputs is not None and threat.declares("bn_statistics"):
+        bn_statistics = capture_bn_statistics(model, inputs)
     unavailable: dict[str, str] = {}
     if update.buffers:
         sent = statistics_from_buffers(model, update.buffers, training, update.samples, tuple(input_shape),

@@ -26,7 +26,7 @@ from ..models.model_check import warn_if_output_ignores_input
 from ..models.references import fit_classes
 from ..run.experiment import attack_observations
 from ..run.scenario.spec import AttackRunResult, AttackRunSpec, pick_device, training_fields
-from ..threat import ThreatModel, capture_bn_statistics, expected_view, make_threat_model, observe
+from ..threat import ThreatModel, expected_view, make_threat_model, observe
 from .inputs import artifacts_folder, defense_labels, gallery_inputs
 from .result import AuditResult
 from .selection import BUDGET_DOUBLINGS, SkippedAttack, check_budget, select_attacks
@@ -114,10 +114,9 @@ def _attack_captured(spec: AttackRunSpec, attack: Attack, model: nn.Module, upda
     x, y = data.inputs, data.labels
     sent = copy.deepcopy(model).to("cpu")
     # declared knowledge comes from the ground truth; an update with buffers gives its own (observe)
-    bn = capture_bn_statistics(sent, x) if threat.declares("bn_statistics") else None
     obs = observe(update, sent, threat, input_shape=data.input_shape, num_classes=data.num_classes,
                   training=training, batch_size=update.samples, labels=y,
                   defenses=make_chain(spec.defenses).defenses,
-                  modality=data.modality, bn_statistics=bn, tokenizer=data.tokenizer)
+                  modality=data.modality, tokenizer=data.tokenizer, inputs=x)
     return attack_observations(spec, attack, [(obs, x, y)], gallery, device, artifacts=artifacts, started=start)
 

@@ -182,7 +182,8 @@ def _malicious_run(audit: FlowerAudit, item: PlannedAttack, data, progress):
     update = compute_update(crafted, x, y, training)
     obs = observe(update, copy.deepcopy(crafted), threat, input_shape=data.input_shape,
                   num_classes=data.num_classes, training=training, batch_size=len(x), labels=y,
-                  defenses=(), modality=data.modality, tokenizer=data.tokenizer, server_secrets=prepared.secrets)
+                  defenses=(), modality=data.modality, tokenizer=data.tokenizer, server_secrets=prepared.secrets,
+                  inputs=x)
     gallery = audit.gallery_inputs()
     judge = Gallery(gallery.to(x.dtype), "examples given as the gallery") if gallery is not None else None
     # the one run pipeline, on the one observed (replayed) update

@@ -36,7 +36,7 @@ def attack_batch(attack: Attack | str, model: str, x: torch.Tensor, y: torch.Ten
                  lpips: Literal["alex", "vgg", "none"] = "none") -> BatchAttackResult:
     """Run `attack` (an Attack or `name:k=v`) against the update of built-in or user
     model `model` (`name[:k=v]`, seeded with `seed`) on the batch (x, y), through the one run
-    pipeline (`gradleak.experiment.attack_observations`) at the attack's own budget."""
+    pipeline (`gradleak.run.experiment.attack_observations`) at the attack's own budget."""
     label = attack if isinstance(attack, str) else attack.name
     attack = make_attack(attack) if isinstance(attack, str) else attack
     input_shape = tuple(x.shape[1:])
@@ -51,7 +51,8 @@ def attack_batch(attack: Attack | str, model: str, x: torch.Tensor, y: torch.Ten
     threat_model = make_threat_model(threat or ("malicious" if attack.malicious else "honest"))
     threat_model.check(attack.name, attack.needs())
     obs = observe(update, net, threat_model, input_shape=input_shape, num_classes=num_classes,
-                  training=training, batch_size=x.shape[0], labels=y, defenses=[], server_secrets=secrets)
+                  training=training, batch_size=x.shape[0], labels=y, defenses=[], server_secrets=secrets,
+                  inputs=x)
     spec = AttackRunSpec(dataset="batch", model=model, attack=label, batch_size=x.shape[0],
                          **scenario_fields(training), seed=seed, threat=threat_model.name, lpips=lpips, device="cpu")
     kept: list[Reconstruction] = []

@@ -30,7 +30,7 @@ from ..models.model_check import (
     warn_if_output_ignores_input,
 )
 from ..seeding import stream
-from ..threat import Observation, capture_bn_statistics, observe
+from ..threat import Observation, observe
 from .ladder import climb_budget_ladder, convergence_summary, ladder_summary
 from .scenario.assembly import (
     build_scenario_model,
@@ -125,11 +125,10 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
                                                   chain, stream(spec.seed, "client", "other", b, k)))
                 update = aggregate_updates(updates)
                 batch_total = update.samples
-            bn = capture_bn_statistics(model, x) if threat.declares("bn_statistics") else None
             obs = observe(update, copy.deepcopy(model), threat, input_shape=data.input_shape,
                           num_classes=data.num_classes, training=training, batch_size=batch_total,
                           labels=y, defenses=chain.defenses, modality=data.modality, tokenizer=data.tokenizer,
-                          bn_statistics=bn, prior_data=prior, server_secrets=server_secrets)
+                          prior_data=prior, server_secrets=server_secrets, inputs=x)
             yield obs, x, y
 
     return attack_observations(spec, attack, batches(), judge, device, progress, artifacts, start)

@@ -20,7 +20,7 @@ from ..fl import TrainingSpec, compute_update
 from ..knowledge import PRESETS
 from ..models.references import build_named_model
 from ..options import field_range
-from ..threat import Observation, ThreatModel, capture_bn_statistics, observe
+from ..threat import Observation, ThreatModel, observe
 
 # Real data of each modality, small: every modality in gradleak.data.modality needs a row here
 # (tests/contracts/test_modalities.py fails for one without).
@@ -131,10 +131,9 @@ def observation(attack: Attack, model_text: str, modality: str, threat: ThreatMo
         model, secrets = prepared.model, prepared.secrets
     training = TrainingSpec()
     update = compute_update(model, x, y, training, generator=torch.Generator().manual_seed(seed))
-    bn = capture_bn_statistics(model, x) if "bn_statistics" in threat.grants else None
     obs = observe(update, copy.deepcopy(model), threat, input_shape=data.input_shape, num_classes=data.num_classes,
                   training=training, batch_size=BATCH, labels=y, defenses=[], modality=modality,
-                  tokenizer=data.tokenizer, bn_statistics=bn, prior_data=prior, server_secrets=secrets)
+                  tokenizer=data.tokenizer, prior_data=prior, server_secrets=secrets, inputs=x)
     return obs, ctx
 
 

@@ -197,3 +197,15 @@ def test_gradinversion_reconstructs_better_with_the_sent_statistics():
 
     gains = [psnr(seed, 1, True) - psnr(seed, 0, False) for seed in range(3)]
     assert sum(gains) / len(gains) >= 0.5, gains
+
+
+def test_an_informed_server_is_given_the_batch_statistics_on_every_path():
+    """observe captures the granted statistics itself from the client's batch, so every path
+    that builds the server's view grants them alike: here the in-memory batch path."""
+    from gradleak.data import DatasetSpec, load_dataset
+    from gradleak.run.batch_attack import attack_batch
+
+    data = load_dataset(DatasetSpec("mnist", split="test", resize=16))
+    result = attack_batch("gradinversion:iterations=2", "convnet:width=8", data.inputs[:2], data.labels[:2], 10,
+                          threat="informed")
+    assert result.metrics["examples"] == 2
