@@ -13,13 +13,9 @@ import gradleak
 from gradleak.api import select_attacks
 from gradleak.attacks import make_attack
 from gradleak.attacks.base import AttackContext
-from gradleak.attacks.learned.learned import (
-    LearnedInversion,
-    LearnedOptions,
-    UpdateSketch,
-    auxiliary_updates,
-    matched_mse,
-)
+from gradleak.attacks.learned.learned import LearnedInversion, LearnedOptions
+from gradleak.attacks.learned.training import matched_mse
+from gradleak.attacks.learned.updates import UpdateSketch, auxiliary_updates
 from gradleak.data.auxiliary import public_images
 from gradleak.defenses import make_chain
 from gradleak.errors import GradleakError
@@ -145,7 +141,7 @@ def test_the_optimisation_attacks_start_from_the_kept_inverter(tmp_path):
 
 @pytest.mark.parametrize("defenses", [(), ("topk:sparsity=0.9",), ("noise:sigma=0.01",)])
 def test_the_batched_fedsgd_path_sends_what_the_client_sends(mnist_test, defenses):
-    from gradleak.attacks.learned.learned import client_updates
+    from gradleak.attacks.learned.updates import client_updates
     from gradleak.defenses import DefenseChain
 
     x, y = mnist_test.inputs[:3], mnist_test.labels[:3]
