@@ -31,6 +31,9 @@ Defaults were chosen on MNIST, ReLU LeNet-5, 50 images, 10 epochs × 10 mini-bat
 among the live coordinates (LeNet-5 on MNIST: median 68) and is the option to set for another
 model (`extras["start_zeros_median"]` reports the starts' own count). Each count is clipped to
 what a vertex can have: at least B − 1, and fewer than the live coordinates.
+
+Over 400 lines: one attack, whose steps (starts, vertex search, trust, labels, inversion)
+share the layer's factorisation and are read together.
 """
 from __future__ import annotations
 
