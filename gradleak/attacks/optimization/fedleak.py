@@ -35,13 +35,11 @@ from ...fl.training import TrainingSpec
 from ...options import check
 from ...threat import Observation
 from ..base import AttackContext, Reconstruction, ResumableAttack
-from ..engine.candidates import FixedLabels, Pixels
-from ..engine.engine import Engine, Optimizer, ScheduleKind
-from ..engine.initialization import InitKind, observed_start
-from ..engine.objectives import GradientRegularisation, Matching, PartialDistance, TotalVariation
-from ..learned.learned import learned_start
-from ..replay.labels import recover_labels
-from ..replay.matching import SecondOrder, UpdateSimulator
+from ..engine.engine import ScheduleKind
+from ..engine.initialization import InitKind
+from ..engine.objectives import GradientRegularisation, PartialDistance
+from ..replay.matching import SecondOrder
+from .ig import pixel_rungs
 
 AUTO_FROM_BATCH = 16  # the smallest batch per local step at which attacks="auto" runs it
 
@@ -104,24 +102,6 @@ class FedLeak(ResumableAttack):
 
     def rungs(self, obs: Observation, ctx: AttackContext) -> Iterator[Reconstruction]:
         opt = self.options
-        sim = UpdateSimulator(obs, ctx.device, second_order=opt.second_order)
-        labels = recover_labels(obs, opt.label_method, ctx.generator(17)).to(ctx.device)
-        shape = (obs.batch_size, *obs.input_shape)
-        image = obs.kind.pixels
-        engine = Engine(
-            matching=Matching(sim, sim.target, PartialDistance(opt.keep, opt.select, opt.distance)),
-            labels=FixedLabels(labels),
-            candidates=lambda r: Pixels(
-                observed_start(opt.init, shape, ctx.generator(r), obs, labels, ctx, learned=learned_start)
-                .to(ctx.device), box=image),
-            optimizer=Optimizer("signed-adam" if opt.signed else "adam", opt.lr, schedule=opt.schedule),
-            priors=[TotalVariation(opt.tv if image else 0.0)],
-            regulariser=GradientRegularisation(opt.regularise, opt.probe, opt.radius),
-            iterations=opt.iterations, restarts=opt.restarts, final=opt.final, mean_within=opt.mean_within,
-            box=image, model=sim.model, progress=ctx.progress)
-        for out in engine.start().doublings(opt.iterations):
-            yield Reconstruction(inputs=out.inputs.cpu(), labels=labels.cpu(), iterations=out.iterations,
-                                 final_distance=out.distance, **out.trace_fields(),
-                                 extras={"restart_distances": out.restart_distances,
-                                         "restarts_averaged": out.restarts_averaged,
-                                         "evaluations": out.evaluations})
+        yield from pixel_rungs(obs, ctx, opt, PartialDistance(opt.keep, opt.select, opt.distance),
+                               regulariser=GradientRegularisation(opt.regularise, opt.probe, opt.radius),
+                               extras=("evaluations",))

@@ -24,7 +24,7 @@ from ..base import AttackContext, Reconstruction, ResumableAttack
 from ..engine.candidates import FixedLabels, Pixels
 from ..engine.engine import Engine, Optimizer, ScheduleKind
 from ..engine.initialization import InitKind, observed_start
-from ..engine.objectives import Matching, TotalVariation
+from ..engine.objectives import GradientRegularisation, Matching, TotalVariation
 from ..learned.learned import learned_start
 from ..replay.labels import recover_labels
 from ..replay.matching import SecondOrder, UpdateSimulator
@@ -74,22 +74,33 @@ class InvertingGradients(ResumableAttack):
 
     def rungs(self, obs: Observation, ctx: AttackContext) -> Iterator[Reconstruction]:
         opt = self.options
-        sim = UpdateSimulator(obs, ctx.device, second_order=opt.second_order)
-        labels = recover_labels(obs, opt.label_method, ctx.generator(17)).to(ctx.device)
-        shape = (obs.batch_size, *obs.input_shape)
-        image = obs.kind.pixels
-        engine = Engine(
-            matching=Matching(sim, sim.target, opt.distance), labels=FixedLabels(labels),
-            candidates=lambda r: Pixels(
-                observed_start(opt.init, shape, ctx.generator(r), obs, labels, ctx, learned=learned_start)
-                .to(ctx.device), box=image),
-            optimizer=Optimizer("signed-adam" if opt.signed else "adam", opt.lr,
-                                schedule=opt.schedule),
-            priors=[TotalVariation(opt.tv if image else 0.0)], iterations=opt.iterations, restarts=opt.restarts,
-            final=opt.final, mean_within=opt.mean_within, joint=bool(opt.halving), halving=opt.halving, box=image,
-            model=sim.model, progress=ctx.progress)
-        for out in engine.start().doublings(opt.iterations):
-            yield Reconstruction(inputs=out.inputs.cpu(), labels=labels.cpu(), iterations=out.iterations,
-                                 final_distance=out.distance, **out.trace_fields(),
-                                 extras={"restart_distances": out.restart_distances,
-                                         "restarts_averaged": out.restarts_averaged})
+        yield from pixel_rungs(obs, ctx, opt, opt.distance, halving=opt.halving)
+
+
+def pixel_rungs(obs: Observation, ctx: AttackContext, opt, distance, *, halving: tuple[float, ...] = (),
+                regulariser: GradientRegularisation | None = None, extras: tuple[str, ...] = ()
+                ) -> Iterator[Reconstruction]:
+    """Inverting Gradients' run — pixels in [0, 1] from `opt.init`, TV, signed Adam, restarts —
+    matched by `distance` (a name of `update_distance` or a distance object), one
+    Reconstruction per rung; shared with the attacks that change only the matching or the step
+    (`fedleak`). `extras`: further Outcome fields reported per rung."""
+    sim = UpdateSimulator(obs, ctx.device, second_order=opt.second_order)
+    labels = recover_labels(obs, opt.label_method, ctx.generator(17)).to(ctx.device)
+    shape = (obs.batch_size, *obs.input_shape)
+    image = obs.kind.pixels
+    engine = Engine(
+        matching=Matching(sim, sim.target, distance), labels=FixedLabels(labels),
+        candidates=lambda r: Pixels(
+            observed_start(opt.init, shape, ctx.generator(r), obs, labels, ctx, learned=learned_start)
+            .to(ctx.device), box=image),
+        optimizer=Optimizer("signed-adam" if opt.signed else "adam", opt.lr,
+                            schedule=opt.schedule),
+        priors=[TotalVariation(opt.tv if image else 0.0)], iterations=opt.iterations, restarts=opt.restarts,
+        final=opt.final, mean_within=opt.mean_within, joint=bool(halving), halving=halving, box=image,
+        model=sim.model, progress=ctx.progress, regulariser=regulariser)
+    for out in engine.start().doublings(opt.iterations):
+        yield Reconstruction(inputs=out.inputs.cpu(), labels=labels.cpu(), iterations=out.iterations,
+                             final_distance=out.distance, **out.trace_fields(),
+                             extras={"restart_distances": out.restart_distances,
+                                     "restarts_averaged": out.restarts_averaged,
+                                     **{key: getattr(out, key) for key in extras}})
