@@ -52,6 +52,7 @@ REJECTION_STREAK = 128
 # rows (an example's own column: 4e-8 to 5e-8 on adult B = 16 through mlp:hidden=256; a pair's
 # cancellation: 0.99 to 1.0)
 HEAD_TOLERANCE = 1e-4
+HEAD_CHUNK = 1 << 24  # numbers of the masked head copies held at once (128 MiB in float64)
 
 
 @dataclass
@@ -306,10 +307,16 @@ class Sampler:
         head's width are nonzero: too few entries to tell)."""
         if self.head is None or not len(y):
             return torch.ones(len(y), dtype=torch.bool)
+        m, k = self.head.shape
+        rows = max(1, HEAD_CHUNK // (m * k))  # the masked heads below hold rows × m × k numbers
+        return torch.cat([self._in_head_span(y[a:a + rows], zeros[a:a + rows]) for a in range(0, len(y), rows)])
+
+    def _in_head_span(self, y: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+        assert self.head is not None
         column = y * self.left_norms  # L q: undo the row normalisation
         support = (~zeros).double()
-        weighted = self.head[None] * support[..., None]  # count × m × k
-        normal = weighted.transpose(1, 2) @ self.head  # count × k × k
+        weighted = self.head[None] * support[..., None]  # rows × m × k
+        normal = weighted.transpose(1, 2) @ self.head  # rows × k × k
         rhs = weighted.transpose(1, 2) @ column[..., None]
         coef, info = torch.linalg.solve_ex(normal, rhs)
         residual = ((column - (self.head @ coef)[..., 0]) * support).norm(dim=1)

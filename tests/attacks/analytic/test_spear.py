@@ -164,3 +164,17 @@ def test_the_head_is_found_only_when_it_alone_takes_the_relu_output():
             return self.a(h) + self.b(h)
 
     assert head_after(TwoReaders(), (12,), "fc1") is None
+
+
+def test_the_head_span_check_gives_the_same_answer_in_chunks(monkeypatch):
+    # a wide layer with a wide head holds rows × units × classes numbers: checked in chunks
+    from gradleak.attacks.analytic import spear_core
+
+    data = load_dataset(DatasetSpec("breast-cancer", split="test"))
+    x, y = _batch(data, 8, 3)
+    model = build_model(ModelSpec("mlp", tuple(x.shape[1:]), 2, seed=3, options={"hidden": (64,)}))
+    whole = make_attack("spear").reconstruct(_observe(model, x, y, 2, "tabular"), AttackContext(seed=3))
+    monkeypatch.setattr(spear_core, "HEAD_CHUNK", 1)  # one row at a time
+    chunked = make_attack("spear").reconstruct(_observe(model, x, y, 2, "tabular"), AttackContext(seed=3))
+    assert whole.converged and chunked.converged and whole.iterations == chunked.iterations
+    assert torch.equal(whole.inputs, chunked.inputs)
