@@ -39,11 +39,11 @@ class Defense:
     def __init__(self, options: Any = None):
         self.options = options if options is not None else (self.Options() if self.Options else None)
 
-
     def strength_axis(self) -> tuple[str, int] | None:
         """The strength order of this setting: `strength`, or None where these options leave
         the defense without one."""
         return self.strength
+
     def transform_model(self, model: nn.Module) -> nn.Module:
         return model
 

@@ -3,7 +3,7 @@ malicious attack), the client computes its update on (x, y), the server
 reconstructs from its observation, and the result is scored against (x, y).
 
 For research scripts and benchmarks that study an attack on chosen examples;
-scenarios over datasets, defenses and seeds go through `gradleak.experiment`. Both attack and
+scenarios over datasets, defenses and seeds go through `gradleak.run.experiment`. Both attack and
 score through the same pipeline (`experiment.attack_observations`).
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ data + model → fl client (with defenses) → Observation (threat model) →
 attack.reconstruct → metrics (Hungarian-matched) → result.
 
 The scenario's spec and result, its assembly from names, its gallery and its result files
-live in `gradleak.scenario`; they are importable from here as before.
+live in `gradleak.run.scenario`; they are importable from here as before.
 """
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
     targets (`data.references.run_order`; default: up to GALLERY_SIZE non-target examples
     of `data`); `artifacts` the folder where attacks keep what they
     train once per setting (None: nothing is kept). An iterative attack climbs its budget
-    ladder (gradleak.ladder) up to `spec.doublings` doublings."""
+    ladder (gradleak.run.ladder) up to `spec.doublings` doublings."""
     start = time.perf_counter()
     device = pick_device(spec.device)
     attack, chain, threat = check_scenario(spec, data, model)
@@ -141,7 +141,7 @@ def attack_observations(spec: AttackRunSpec, attack: Attack, batches: Iterable[t
                         started: float | None = None, attack_seed: Callable[[int, int], int] | None = None,
                         reconstructions: list[Reconstruction] | None = None) -> AttackRunResult:
     """The one run pipeline: attack each observed update (simulated by `run_scenario` or
-    `gradleak.batch_attack`, or captured from a real client, `gradleak.api.audit_update`) up its
+    `gradleak.run.batch_attack`, or captured from a real client, `gradleak.api.audit_update`) up its
     budget ladder, score it against the batch it came from, and gather the result. `batches`
     yields (observation, inputs, labels); `attack_seed(seed, batch)` is the attack's own seed
     for each batch (default `batch_attack_seed`); each batch's final `Reconstruction` is

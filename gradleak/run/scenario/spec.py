@@ -54,7 +54,7 @@ class AttackRunSpec:
     lpips: str = "alex"
     device: str = "auto"
     # how many times the auditor may double an iterative attack's budget while its verdict is
-    # undecided (gradleak.ladder); 0: the attack runs once at its own budget
+    # undecided (gradleak.run.ladder); 0: the attack runs once at its own budget
     doublings: int = 0
 
     def __post_init__(self):
