@@ -63,7 +63,9 @@ def attack_rows(cells: list[CellRecord]) -> list[dict]:
                    and ld.get("iterations")]
         row = {**{k: scenario_label(lab, k) for k in SCENARIO_KEYS}, "defense": lab["defense"],
                "strength": lab["strength"], "attack": lab["attack"], "attack_spec": lab["attack_spec"],
-               "init": lab.get("init"), "seeds": len({m.labels.get("seed", m.key) for m in members}),
+               "init": lab.get("init"),
+               # repeats: distinct seeds, and in a Flower audit distinct clients (independent data and draws)
+               "seeds": len({(m.labels.get("seed", m.key), m.labels.get("client")) for m in members}),
                "cells": len(members), "seconds": average([m.seconds for m in members]),
                "saturated": all(cell_saturated(m) for m in grid),
                # no iterations to climb (the ladder's decision may still be "leak")

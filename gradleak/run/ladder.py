@@ -26,6 +26,16 @@ from ..threat import Observation
 SATURATION_MARGIN_DB = 0.5
 # the same for token sequences, on the batch's mean ROUGE-1 (a word in 50 of the batch's)
 SATURATION_MARGIN_ROUGE = 0.02
+# On a batch of at least this many judged examples the judged measures decide saturation as
+# rates: the mean linkage AUC (what a "holds" is decided by) must also have risen by at most
+# SATURATION_MARGIN_LINKAGE (its null sd is 0.029 over 100 examples, 0.014 over 400), and the
+# re-identified and recognizable counts by at most SATURATION_MARGIN_RATE of the examples (at a
+# 300-image gallery's 0.66% chance, 400 examples re-identify 2.6 by chance, sd 1.6: a count that
+# moves by one or two between doublings is that noise, not a gain). On fewer examples any rise
+# in a count blocks saturation and the linkage is left out: it moves by chance more than a gain.
+LINKAGE_SATURATION_MIN_EXAMPLES = 100
+SATURATION_MARGIN_LINKAGE = 0.02
+SATURATION_MARGIN_RATE = 0.01
 # The doublings sweeps, `gradleak.audit` and the Flower audit allow an attack by default.
 LADDER_DOUBLINGS = 3
 # A batch whose recognizable examples are this unlikely at the chance level ends its ladder
@@ -132,8 +142,11 @@ def rung_decision(rungs: list[Rung], analytic: bool, converged: bool | None, cha
     'stop rule' — the attack met its own stop rule (CPL's distance threshold);
     'saturated' — the last doubling raised neither PSNR by more than SATURATION_MARGIN_DB
     (for token sequences: the copies, nor ROUGE-1 by more than SATURATION_MARGIN_ROUGE) nor
-    the number re-identified or recognizable, at a budget of at least `floor` iterations (the
-    attack's `saturation_floor`). One rung of an iterative attack is never saturated."""
+    the number re-identified or recognizable — on a batch of at least
+    LINKAGE_SATURATION_MIN_EXAMPLES judged examples: neither rate by more than
+    SATURATION_MARGIN_RATE nor the mean linkage AUC by more than SATURATION_MARGIN_LINKAGE —
+    at a budget of at least `floor` iterations (the attack's `saturation_floor`). One rung of
+    an iterative attack is never saturated."""
     last = rungs[-1]
     if last.copies or _recognised_beyond_chance(last, chance):
         return "leak"
@@ -144,14 +157,25 @@ def rung_decision(rungs: list[Rung], analytic: bool, converged: bool | None, cha
     if len(rungs) < 2 or (last.budget or 0) < floor:
         return None
     before = rungs[-2]
-    more_found = ((last.identified or 0) > (before.identified or 0)
-                  or (last.recognizable or 0) > (before.recognizable or 0))
+    more_found = _judged_gain(before, last)
     if last.mse is None or before.mse is None:  # token sequences: copies, ROUGE-1 and re-identification
         gained = (last.copies > before.copies or more_found
                   or (last.rouge1 or 0.0) - (before.rouge1 or 0.0) > SATURATION_MARGIN_ROUGE)
         return None if gained else "saturated"
     gain_db = 10 * math.log10(max(before.mse, 1e-12) / max(last.mse, 1e-12))
     return "saturated" if gain_db <= SATURATION_MARGIN_DB and not more_found else None
+
+
+def _judged_gain(before: Rung, last: Rung) -> bool:
+    """Whether the last doubling found more than the one before by the judged measures
+    (re-identified, recognizable; on large batches as rates, and the mean linkage AUC)."""
+    large = last.examples >= LINKAGE_SATURATION_MIN_EXAMPLES
+    allowed = int(SATURATION_MARGIN_RATE * last.examples) if large else 0
+    counts = ((last.identified or 0) - (before.identified or 0) > allowed
+              or (last.recognizable or 0) - (before.recognizable or 0) > allowed)
+    linkage = (large and last.linkage is not None and before.linkage is not None
+               and last.linkage - before.linkage > SATURATION_MARGIN_LINKAGE)
+    return counts or linkage
 
 
 def _recognised_beyond_chance(rung: Rung, chance: float | None) -> bool:

@@ -98,6 +98,26 @@ def test_saturation_on_a_ladder_that_keeps_improving_and_one_that_has_flattened(
     assert rung_decision(ladder(6.0), False, True, chance) == "stop rule"
 
 
+def test_a_large_batch_is_saturated_by_its_judged_rates():
+    def ladder(*linkages, examples=400, psnr=(6.0, 6.2), identified=(0, 0)):
+        return [Rung(iterations=400 * 2 ** i, budget=400 * 2 ** i, seconds=1.0, mse=10 ** (-p / 10), psnr=p,
+                     examples=examples, copies=0, identified=k, recognizable=k, linkage=link)
+                for i, (p, k, link) in enumerate(zip(psnr, identified, linkages))]
+
+    chance = 2 / 1001
+    # PSNR flat and no example recognised, but the measure a "holds" rests on still rising
+    assert rung_decision(ladder(0.50, 0.53), False, None, chance, floor=312) is None
+    assert rung_decision(ladder(0.50, 0.51), False, None, chance, floor=312) == "saturated"
+    # on a small batch a doubling's linkage moves by chance: the PSNR and counts decide
+    assert rung_decision(ladder(0.40, 0.60, examples=4), False, None, 0.5, floor=312) == "saturated"
+    # 400 examples against a gallery of 300 under three distances: two more re-identified is
+    # chance's noise, five (over 1%) a gain
+    chance = 3 / 301
+    assert rung_decision(ladder(0.55, 0.55, identified=(2, 4)), False, None, chance, floor=312) == "saturated"
+    assert rung_decision(ladder(0.55, 0.55, identified=(2, 7)), False, None, chance, floor=312) is None
+    assert rung_decision(ladder(0.40, 0.40, examples=4, identified=(0, 1)), False, None, 0.5, floor=312) is None
+
+
 def test_a_real_attack_flattens_under_pruning_and_keeps_climbing_without_a_defense():
     # CPL (L-BFGS) against 99% pruning: 20 → 40 iterations changes the batch by 0.07 dB (seed 0)
     pruned = run_attack(AttackRunSpec(dataset="mnist", model="lenet", attack="cpl:iterations=20", lpips="none",
