@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from .data.modality import MODALITIES, legacy_modality
+from .data.modality import legacy_modality
 from .errors import StoreError
+from .modalities import MODALITIES
 from .options import path_kind
 
 # "GLK1": lets us tell our file from any other SQLite database.

@@ -18,13 +18,13 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from .data.modality import Modality
-from .data.modality import modality as modality_of
 from .errors import GradleakError
 from .fl.buffers import batchnorm_layers, statistics_from_buffers, why_no_batch_statistics
 from .fl.training import TrainingSpec
 from .fl.update import Update
 from .knowledge import KNOWLEDGE, PRESETS  # noqa: F401  (re-exported: the threat model's vocabulary)
+from .modalities import Modality
+from .modalities import modality as modality_of
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class Observation:
 
     @property
     def kind(self) -> Modality:
-        """What the data is (gradleak.data.modality): whether inputs are pixels, features or tokens."""
+        """What the data is (gradleak.modalities): pictures, feature rows or token sequences."""
         return modality_of(self.modality)
 
     @property

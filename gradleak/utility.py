@@ -215,7 +215,7 @@ def run_utility(spec: UtilitySpec, progress: Callable[[int, int, dict], None] | 
             idx = shards[client]
             generator = stream(spec.seed, "utility", "client", rnd, client)
             updates.append(compute_update(model, train.inputs[idx], train.labels[idx], training, chain,
-                                          generator, client_state.setdefault(client, {})))
+                                          generator, client_state.setdefault(client, {}), train.modality))
             dp_steps[client] += training.num_steps(len(idx))
         aggregate = aggregate_updates(updates)
         scale = aggregate.lr if aggregate.kind == "gradient" else 1.0

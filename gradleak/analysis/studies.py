@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..data.modality import stored_modality
+from ..modalities import stored_modality
 from ..store import CellRecord
 from .cells import average, sortable
 from .rows import attack_rows

@@ -104,10 +104,10 @@ class Attack(ABC):
         """Why this attack cannot run on this architecture (one line), judged on the
         model's modules; None when it can. Knowledge the attack needs is the threat
         model's business (`needs`), not this check's."""
-        from ..data.modality import MODALITIES
+        from ..modalities import MODALITIES
 
-        kind = MODALITIES.get(modality)
-        return kind.refuses(self) if kind is not None else f"does not handle {modality} data"
+        return MODALITIES.get(modality).refuses(self) if modality in MODALITIES else \
+            f"does not handle {modality} data"
 
     def prepare_model(self, model: nn.Module, input_shape: tuple[int, ...], num_classes: int,
                       ctx: AttackContext) -> PreparedModel:

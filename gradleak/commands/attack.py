@@ -6,8 +6,8 @@ import dataclasses
 import json
 import sys
 
-from ..data.modality import modality
 from ..fl.training import AUGMENTATIONS, BN_MODES, SHUFFLE_MODES, TrainingSpec, scenario_fields, training_from_scenario
+from ..modalities import modality
 from ..options import RUN_SPEC_BOUNDS, device_name, output_dir, ranged
 from ..run.experiment import AttackRunSpec, run_attack, training_fields, write_outputs
 from ..threat import KNOWLEDGE, PRESETS
@@ -148,20 +148,10 @@ def run(args: argparse.Namespace) -> int:
         fmt = lambda v: "n/a" if v is None else f"{v:.4g}"  # noqa: E731
         print(f"{spec.attack} on {spec.dataset}/{spec.model}, batch {spec.batch_size}, "
               f"{len(result.per_example)} images, defenses: {', '.join(spec.defenses) or 'none'}")
-        text = modality(result.modality).tokens  # token sequences: no pixel metrics
-        width = 24 if text else 10  # the longest key's
-        if text:
-            for key in ("rouge1", "rouge2", "rougeL", "token_accuracy", "exact_sequence_accuracy", "label_acc"):
-                print(f"  {key:{width}s} {fmt(m.get(key))}")
-        else:
-            headline = psnr_line(m, len(result.per_example), result.extras)
-            if headline.startswith("nothing reconstructed"):  # said first, and no PSNR row
-                print(f"  {headline}")
-            for key in ("mse", "psnr", "ssim", "lpips", "label_acc", "asr", "iterations"):
-                if key != "psnr":
-                    print(f"  {key:10s} {fmt(m.get(key))}")
-                elif not headline.startswith("nothing reconstructed"):
-                    print(f"  {headline}")
+        kind = modality(result.modality)
+        width = kind.terminal_width
+        for line in kind.terminal_lines(m, psnr_line(m, len(result.per_example), result.extras), fmt):
+            print(line)
         if m.get("reid") is not None:
             n = int(m.get("examples") or len(result.per_example))
             print(f"  {'reid':10s} {round(m['reid'] * n)} of {n} re-identified among {int(m['gallery']):,} "

@@ -19,7 +19,7 @@ from ..errors import GradleakError, Terminated
 from ..options import output_dir, ranged
 
 if TYPE_CHECKING:
-    from ..data.modality import Modality
+    from ..modalities import Modality
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:  # flwr is in requirements.txt; a bare `pip install gradleak` may lack it
         raise GradleakError(f"gradleak flower needs flwr[simulation] ({exc})") from None
     from ..analysis import leakage_by_round
-    from ..data.modality import stored_modality
+    from ..modalities import stored_modality
     from ..report import verdict_in_words, write_report
     from ..store import ResultStore
 
@@ -165,7 +165,4 @@ def _end_own_job() -> None:
 def score_words_of(row: dict, kind: Modality) -> str:
     """One audited update's leakage in its data's own scores (token sequences: with the share
     recovered exactly)."""
-    line = kind.score_line(row)
-    if line is None:
-        return f"MSE {row['mse']:.3g}" if row.get("mse") is not None else "no score"
-    return f"{line}  exact {row.get('asr') or 0:.0%}" if kind.tokens else line
+    return kind.round_words(row)

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import GradleakError, OptionRangeError
+from ..modalities import modality as modality_of
 from ..options import MAX_DATA_BYTES, MAX_IMAGE_SIDE, MIN_IMAGE_SIDE, check_size
 from .base import Dataset, DatasetSpec
-from .modality import modality as modality_of
 
 # ITU-R BT.601 luma weights, the usual RGB -> grayscale conversion.
 _LUMA = (0.299, 0.587, 0.114)
@@ -78,15 +78,11 @@ def apply_spec_transforms(ds: Dataset, spec: DatasetSpec) -> Dataset:
     if spec.channels is not None and spec.channels not in (1, 3):
         raise GradleakError(
             f"dataset '{spec.name}': channels must be 1 or 3, got {spec.channels!r}")
-    if spec.seq_len is not None and not modality_of(ds.modality).tokens:
-        raise GradleakError(f"dataset '{spec.name}' is {ds.modality}: seq_len only applies to text")
+    kind = modality_of(ds.modality)
+    kind.check_dataset_options(spec.name, {"seq_len": spec.seq_len})
     if crop is None and size is None and spec.channels is None:
         return ds
-    if not modality_of(ds.modality).pixels:
-        used = [n for n, v in (("crop", crop), ("resize", size), ("channels", spec.channels))
-                if v is not None]
-        raise GradleakError(f"dataset '{spec.name}' is {ds.modality}: {', '.join(used)} only apply "
-                            "to images")
+    kind.check_dataset_options(spec.name, {"crop": crop, "resize": size, "channels": spec.channels})
     x = ds.inputs
     if crop is not None:
         h, w = x.shape[-2:]

@@ -7,6 +7,7 @@ import dataclasses
 import torch
 from torch import nn
 
+from ..modalities import modality as modality_of
 from .buffers import Tensors, sent_buffers
 from .local import StepGradient, local_update, loss_gradient, model_state
 from .places import DefenseContext, NoDefense
@@ -16,12 +17,13 @@ from .update import Update
 
 def compute_update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, training: TrainingSpec,
                    defenses=None, generator: torch.Generator | None = None,
-                   client_state: dict | None = None) -> Update:
+                   client_state: dict | None = None, modality: str | None = None) -> Update:
     """What the client sends after training on (x, y).
 
     `defenses` is a `gradleak.defenses.DefenseChain` (or None): anything with the
     hooks of `gradleak.fl.places.NoDefense`. `client_state` persists across rounds
-    for defenses with memory (DGC's residuals).
+    for defenses with memory (DGC's residuals). `modality` names the data's, which decides
+    how the training's augmentation acts on it (without one: what the tensors declare).
     """
     chain = defenses if defenses is not None else NoDefense()
     ctx = DefenseContext(generator=generator or torch.Generator().manual_seed(0),
@@ -38,7 +40,8 @@ def compute_update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, training:
         training = dataclasses.replace(
             training, shuffle_seed=int(torch.randint(0, 2**31 - 1, (), generator=ctx.generator)))
     kind, tensors = local_update(model, params, buffers, x, y, training, step_gradient=step_gradient,
-                                 augment_generator=ctx.generator)
+                                 augment_generator=ctx.generator,
+                                 modality=modality_of(modality) if modality is not None else None)
     update = Update(
         tensors={k: v.detach() for k, v in tensors.items()},
         kind=kind,

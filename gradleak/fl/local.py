@@ -16,6 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from ..data.modality import modality_of_tensors
+from ..modalities import Modality
+from ..modalities import modality as modality_of
 from .training import SGDOptions, TrainingSpec
 from .update import UpdateKind
 
@@ -80,7 +83,8 @@ def local_update(model: nn.Module, params: Tensors, buffers: Tensors, x: torch.T
                  step_gradient: StepGradient | None = None,
                  on_step: Callable[[int, Tensors], None] | None = None,
                  steps: list[tuple[int, ...]] | None = None,
-                 augment_generator: torch.Generator | None = None) -> tuple[UpdateKind, Tensors]:
+                 augment_generator: torch.Generator | None = None,
+                 modality: Modality | None = None) -> tuple[UpdateKind, Tensors]:
     """Run the client's local computation; return (kind, tensors).
 
     FedSGD returns the gradient; FedAvg returns `params_start - params_end`.
@@ -90,7 +94,8 @@ def local_update(model: nn.Module, params: Tensors, buffers: Tensors, x: torch.T
     indices of every local step (`training.step_indices`); an attack that gives each epoch
     its own copy of the examples lays them out this way. The training's augmentation is
     drawn from `augment_generator` (the client's); without one the examples pass unchanged,
-    which is all a server can replay.
+    which is all a server can replay; `modality` augments it (without one: the modality the
+    tensors declare).
     """
     samples = x.shape[0]
     if step_gradient is None:
@@ -98,14 +103,14 @@ def local_update(model: nn.Module, params: Tensors, buffers: Tensors, x: torch.T
     augment = training.augment if augment_generator is not None else ()
     with batchnorm_mode(model, training.batchnorm):
         if training.is_fedsgd and steps is None:
-            inputs = augmented(x, augment, training.crop_padding, augment_generator)
+            inputs = augmented(x, augment, training.crop_padding, augment_generator, modality)
             grads = step_gradient(model, params, buffers, inputs, y, create_graph)
             return "gradient", clipped(grads, training.clip_norm)
         current = dict(params)
         state: dict[str, dict[str, torch.Tensor]] = {}
         for step, idx in enumerate(steps if steps is not None else training.step_indices(samples)):
             index = torch.tensor(idx, device=x.device)
-            inputs = augmented(x[index], augment, training.crop_padding, augment_generator)
+            inputs = augmented(x[index], augment, training.crop_padding, augment_generator, modality)
             grads = clipped(step_gradient(model, current, buffers, inputs, y[index], create_graph),
                             training.clip_norm)
             current = optimizer_step(training, step, current, grads, state)
@@ -127,23 +132,15 @@ def clipped(grads: Tensors, max_norm: float | None) -> Tensors:
     return {n: g * coefficient for n, g in grads.items()}
 
 
-def augmented(x: torch.Tensor, augment: tuple[str, ...], padding: int,
-              generator: torch.Generator | None) -> torch.Tensor:
-    """Every example randomly cropped from its zero-padded self and/or flipped horizontally
-    (probability 0.5), as torchvision's RandomCrop(size, padding) and RandomHorizontalFlip do;
-    images only (N, C, H, W)."""
-    if not augment or generator is None or x.dim() != 4:
+def augmented(x: torch.Tensor, augment: tuple[str, ...], padding: int, generator: torch.Generator | None,
+              modality: Modality | None = None) -> torch.Tensor:
+    """The batch under the training's augmentation, as the data's modality augments it
+    (`Modality.augmented`: pictures are cropped and flipped, other data pass unchanged);
+    without a modality, the one the tensors declare (gradleak.data.modality)."""
+    if not augment or generator is None:
         return x
-    n, _, h, w = x.shape
-    out = x
-    if "crop" in augment and padding > 0:
-        padded = F.pad(x, (padding, padding, padding, padding))
-        offsets = torch.randint(0, 2 * padding + 1, (n, 2), generator=generator).tolist()
-        out = torch.stack([padded[k, :, i:i + h, j:j + w] for k, (i, j) in enumerate(offsets)])
-    if "flip" in augment:
-        flips = torch.rand(n, generator=generator) < 0.5
-        out = torch.where(flips.view(-1, 1, 1, 1).to(out.device), out.flip(-1), out)
-    return out
+    kind = modality if modality is not None else modality_of(modality_of_tensors(x))
+    return kind.augmented(x, augment, padding, generator)
 
 
 def optimizer_step(training: TrainingSpec, step: int, params: Tensors, grads: Tensors,

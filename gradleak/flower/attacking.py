@@ -264,16 +264,15 @@ def _model_label(captured: CapturedUpdate) -> str:
 def outcome_words(result: "AuditResult", modality: str) -> str:
     """The attack's result in a few words: its data's headline score (pictures and token
     sequences), how many examples were copied and re-identified."""
-    from ..data.modality import MODALITIES
+    from ..modalities import modality as modality_of
 
     if not result.runs:
         return f"not run: {result.skipped[0].reason}" if result.skipped else "nothing ran"
     m = result.runs[0].metrics
     parts = []
-    kind = MODALITIES[modality]
-    headline = kind.scores[0]
-    if (kind.pixels or kind.tokens) and m.get(headline.key) is not None:
-        parts.append(f"{headline.title} {format(m[headline.key], headline.spec)}{headline.unit}")
+    headline = modality_of(modality).outcome_headline(m)
+    if headline is not None:
+        parts.append(headline)
     count = len(result.runs[0].per_example)
     if m.get("asr") is not None:
         parts.append(f"{round(m['asr'] * count)} of {count} copied")

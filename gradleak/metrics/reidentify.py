@@ -96,15 +96,17 @@ class Gallery:
 
 
 def reid_distances(modality: str, input_shape: tuple[int, ...], lpips: str) -> tuple[Distance, ...]:
-    """The distances re-identification uses for this data (module docstring)."""
-    from ..data.modality import modality as modality_of
+    """The distances re-identification uses for this data (module docstring): the modality's."""
+    from ..modalities import modality as modality_of
 
-    kind = modality_of(modality)
-    # pictures the LPIPS backbone can read are also compared by it
-    if kind.pixels and lpips != "none" and len(input_shape) == 3 and input_shape[0] in (1, 3) and \
-            LPIPS_MIN_SIDE <= min(input_shape[1:]) and max(input_shape[1:]) <= 4 * min(input_shape[1:]):
-        return (kind.reid_distance, "lpips")
-    return (kind.reid_distance,)
+    return modality_of(modality).reid_distances(tuple(input_shape), lpips)
+
+
+def lpips_reads(input_shape: tuple[int, ...]) -> bool:
+    """Whether the LPIPS backbone can read pictures of `input_shape` (C, H, W): one or three
+    channels, sides of at least LPIPS_MIN_SIDE, not much longer than wide."""
+    return len(input_shape) == 3 and input_shape[0] in (1, 3) and \
+        LPIPS_MIN_SIDE <= min(input_shape[1:]) and max(input_shape[1:]) <= 4 * min(input_shape[1:])
 
 
 def chance_rate(gallery_size: int, distances: int) -> float:

@@ -25,9 +25,9 @@ reconstruction is also asked whether it re-identifies its original among them
 whether it is `recognizable` (re-identified and past the RECOGNIZABLE_* bar);
 `summarize` reports the rates with the chance level and the mean linkage (docs/judging.md).
 
-Token sequences (a modality whose `tokens` is set, gradleak.data.modality) are scored by
-gradleak.metrics.text instead: ROUGE, token and exact-sequence accuracy, ASR = exact.
-`score_batch` and `summarize` pick the scorer, so callers need not.
+Token sequences (gradleak.modalities.text) are scored by gradleak.metrics.text instead:
+ROUGE, token and exact-sequence accuracy, ASR = exact. `score_batch` asks the modality,
+which names its scorer, and `summarize` reads the scores it gets, so callers need not.
 """
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ from typing import Literal
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from ..data.modality import modality as modality_of
-from ..registry import import_reference
+from ..modalities import Modality
+from ..modalities import modality as modality_of
 from .image import mse, psnr, psnr_from_mse, ssim
 from .reidentify import (
     Gallery,
@@ -47,7 +47,6 @@ from .reidentify import (
     gallery_scale,
     judge,
     linkage_distances,
-    reid_distances,
     reid_summary,
     unit_features,
 )
@@ -111,9 +110,6 @@ def match_reconstruction(originals: torch.Tensor, candidates: torch.Tensor) -> l
     return assignment
 
 
-SCORE_BATCH = "gradleak.metrics.scoring:score_batch"  # this module's scorer, the default of `Modality.scorer`
-
-
 def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: torch.Tensor,
                 recovered_labels: torch.Tensor | None, modality: str = "image",
                 lpips: Literal["alex", "vgg", "none"] = "alex",
@@ -121,18 +117,41 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
                 tokenizer: str | None = "gpt2") -> tuple[list, torch.Tensor]:
     """Per-example scores of one attacked batch after Hungarian matching, and the
     reconstruction reordered to the originals (zeros where nothing matched); with a
-    `gallery`, whether each reconstruction re-identifies its original among it. Token
-    sequences get `SequenceScore`s (gradleak.metrics.text)."""
-    kind = modality_of(modality)
-    if kind.scorer != SCORE_BATCH:  # the modality scores its batches its own way (text: score_sequences)
-        scorer = import_reference(kind.scorer)
-        return scorer(originals, labels, reconstruction, recovered_labels, tokenizer=tokenizer, gallery=gallery)
+    `gallery`, whether each reconstruction re-identifies its original among it. The modality
+    scores its batches its own way (`Modality.score`: pictures and feature rows here, token
+    sequences by gradleak.metrics.text into `SequenceScore`s)."""
+    return modality_of(modality).score(originals, labels, reconstruction, recovered_labels, lpips=lpips,
+                                       asr_mse=asr_mse, gallery=gallery, tokenizer=tokenizer)
+
+
+def score_pictures(originals: torch.Tensor, labels: torch.Tensor, reconstruction: torch.Tensor,
+                   recovered_labels: torch.Tensor | None, kind: Modality,
+                   lpips: Literal["alex", "vgg", "none"] = "alex", asr_mse: float = ASR_MSE_THRESHOLD,
+                   gallery: Gallery | None = None) -> tuple[list, torch.Tensor]:
+    """`score_batch` for pictures: MSE with PSNR, SSIM and LPIPS, re-identified as pictures."""
+    return _score_arrays(originals, labels, reconstruction, recovered_labels, kind, lpips, asr_mse, gallery,
+                         image=True)
+
+
+def score_features(originals: torch.Tensor, labels: torch.Tensor, reconstruction: torch.Tensor,
+                   recovered_labels: torch.Tensor | None, kind: Modality,
+                   lpips: Literal["alex", "vgg", "none"] = "alex", asr_mse: float = ASR_MSE_THRESHOLD,
+                   gallery: Gallery | None = None) -> tuple[list, torch.Tensor]:
+    """`score_batch` for float inputs other than pictures (feature rows): MSE alone, and
+    re-identified on features standardised by the gallery's spread."""
+    return _score_arrays(originals, labels, reconstruction, recovered_labels, kind, lpips, asr_mse, gallery,
+                         image=False)
+
+
+def _score_arrays(originals: torch.Tensor, labels: torch.Tensor, reconstruction: torch.Tensor,
+                  recovered_labels: torch.Tensor | None, kind: Modality, lpips: Literal["alex", "vgg", "none"],
+                  asr_mse: float,
+                  gallery: Gallery | None, image: bool) -> tuple[list, torch.Tensor]:
     originals = originals.detach().float().cpu()
     candidates = reconstruction.detach().float().cpu()
     if candidates.shape[1:] != originals.shape[1:]:
         raise ValueError(f"reconstruction shape {tuple(candidates.shape[1:])} does not match "
                          f"the data shape {tuple(originals.shape[1:])}")
-    image = kind.pixels
     candidates = kind.clamp(candidates)
     # A reconstruction with NaN or infinite values (an attack that divided by a zeroed update,
     # say) reconstructs nothing: it is left out of the matching, and its example is scored
@@ -188,7 +207,7 @@ def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: t
     for i in matched:
         aligned[i] = candidates[assignment[i]]
     if gallery is not None:
-        distances = reid_distances(modality, tuple(originals.shape[1:]), lpips)
+        distances = kind.reid_distances(tuple(originals.shape[1:]), lpips)
         linkage = linkage_distances(distances, kind.linkage_extra)
         if len(candidates) > 1:  # matched with the ground truth: the gallery gets the same choice
             from .candidate_set import judge_candidates

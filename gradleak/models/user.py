@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data.modality import modality as modality_of
 from ..errors import GradleakError
+from ..modalities import modality as modality_of
 from ..options import path_kind
 
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
@@ -106,16 +106,14 @@ def check_model_fits(model: nn.Module, input_shape: tuple[int, ...], num_classes
     except GradleakError:
         raise
     except Exception as exc:
-        hint = " (the data is integer token ids: use a text model such as gpt2)" if kind.tokens else ""
-        raise GradleakError(f"{where} cannot take inputs of shape {tuple(input_shape)}{hint}: "
+        raise GradleakError(f"{where} cannot take inputs of shape {tuple(input_shape)}{kind.model_hint}: "
                             f"{type(exc).__name__}: {_first_line(exc)}") from None
     finally:
         model.train(training)
         with torch.no_grad():
             for n, b in model.named_buffers():
                 b.copy_(saved[n])
-    per_token = kind.tokens and isinstance(out, torch.Tensor) and out.dim() == 3 and \
-        tuple(out.shape[:2]) == (1, *input_shape)
+    per_token = kind.reads_per_position(out, tuple(input_shape))
     if not isinstance(out, torch.Tensor) or (out.dim() != 2 and not per_token) or out.shape[0] != 1:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise GradleakError(f"{where} must return (batch, classes) logits; for one input of shape "

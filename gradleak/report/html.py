@@ -15,8 +15,8 @@ from ..analysis import (
     strongest_attacks,
     study_tables,
 )
-from ..data.modality import stored_modality
 from ..errors import GradleakError
+from ..modalities import stored_modality
 from ..store import ResultStore
 from .exports import write_exports
 from .plots import PLOT_PSNR_CAP, Figure, plot_rounds, tradeoff_figures
@@ -54,7 +54,8 @@ def write_report(store_path: str | Path, out: str | Path, tolerance=None) -> dic
         rows = [{k: v for k, v in r.items() if k != "evidence"} for r in attack_rows(cells)]
         images = ImageFiles(out, store)
         rounds = leakage_by_round(cells)
-        pictures = {c.key for c in cells if stored_modality(c.modality).pixels}
+        # the round plot reads PSNR: the cells whose data are plotted by it
+        pictures = {c.key for c in cells if stored_modality(c.modality).plotted_by == "psnr"}
         gallery = gallery_groups(cells, images)
         page = _TEMPLATES.get_template("report.html").render(
             store_path=str(store_path),

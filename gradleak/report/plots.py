@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..analysis import SCENARIO_KEYS
-from ..data.modality import stored_modality
+from ..modalities import stored_modality
 
 
 @dataclass
@@ -112,8 +112,8 @@ def tradeoff_figures(entries: list[dict], out: Path, modalities: dict[str, str])
     figures = []
     for i, (key, members) in enumerate(scenarios.items()):
         name = f"tradeoff-{i}.png"
-        pictures = stored_modality(modalities.get(str(key[SCENARIO_KEYS.index("dataset")]))).pixels
-        if _tradeoff_plot(members, out / name, _scenario_title(key), pictures):
+        kind = stored_modality(modalities.get(str(key[SCENARIO_KEYS.index("dataset")])))
+        if _tradeoff_plot(members, out / name, _scenario_title(key), kind.plotted_by == "psnr"):
             figures.append(Figure(name, f"trade-off {i}", _scenario_title(key)))
     return figures
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..analysis import SCENARIO_KEYS, cell_ladder
-from ..data.modality import stored_modality
+from ..modalities import stored_modality
 from ..store import ResultStore
 from ..viz import pairs_thumbnail
 from .plots import Figure
@@ -235,13 +236,24 @@ def gallery_groups(cells, images: ImageFiles) -> list[GalleryGroup]:
                    f"seed {lab.get('seed')} · ")
         group = by_defense.setdefault(str(lab.get("defense")), GalleryGroup(str(lab.get("defense")), []))
         kind = stored_modality(cell.modality)
-        if kind.pixels:  # the grid, captioned by the headline score
-            headline = kind.scores[0]
-            caption += f"{headline.title} {fmt(cell.metrics.get(headline.key), headline.digits)}"
-            group.figures.append(Figure(images.grid(cell), caption, caption))
-        else:  # the sequences beside their recovery
-            caption += kind.score_words(cell.metrics, fmt)
-            group.texts.append(TextFigure(caption, text_pairs(cell)))
+        caption += kind.gallery_caption(cell.metrics, fmt)
+        kind.shown(_GalleryView(group, cell, caption, images))
     return list(by_defense.values())
+
+
+@dataclass
+class _GalleryView:
+    """One stored result placed in its gallery group the way its modality shows it."""
+
+    group: GalleryGroup
+    cell: Any  # a store cell
+    caption: str
+    images: ImageFiles
+
+    def pictures(self) -> None:  # the grid
+        self.group.figures.append(Figure(self.images.grid(self.cell), self.caption, self.caption))
+
+    def text(self) -> None:  # the sequences beside their recovery
+        self.group.texts.append(TextFigure(self.caption, text_pairs(self.cell)))
 
 

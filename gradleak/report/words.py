@@ -6,7 +6,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..analysis import answer, budget_range, percent, setting_name
-from ..data.modality import MODALITIES, stored_modality
+from ..modalities import stored_modality, table_score
 
 
 def fmt(value, digits: int = 4) -> str:
@@ -115,10 +115,8 @@ def format_strongest(entries: list[dict], modalities: dict[str, str] | None = No
     answers = answer(entries)
     kinds = modalities or {}
     for threat, members in by_threat(entries).items():
-        # the leakage score of the data: ROUGE-1 where every setting is token sequences, else PSNR
-        # (tabular records show none)
-        text = all(stored_modality(kinds.get(str(e.get("dataset")))).tokens for e in members)
-        score = (MODALITIES["text"] if text else MODALITIES["image"]).scores[0]
+        # the leakage score the settings' data share (ROUGE-1 for token sequences), else PSNR
+        score = table_score(stored_modality(kinds.get(str(e.get("dataset")))) for e in members)
         cols = [("batch_size", "B"), ("local_steps", "T"), ("defense", "defense"), ("strength", "strength"),
                 ("utility_loss", "util.loss"), (score.key, f"best {score.title}"),
                 (f"best_{score.key}", "by"), ("grade_text", "grade"), ("linkage_text", "linkage"),

@@ -23,6 +23,7 @@ from ..data.references import held_out_examples, resolve_data, run_order
 from ..fl import aggregate_updates, compute_update
 from ..metrics import summarize
 from ..metrics.reidentify import Gallery
+from ..modalities.text import sequence_pairs_text
 from ..models.model_check import (
     BLIND_CHECK_EXAMPLES,
     BLIND_MODEL_MESSAGE,
@@ -42,7 +43,7 @@ from .scenario.assembly import (
     validate_run_spec,
 )
 from .scenario.gallery import GALLERY_SIZE, examples_gallery, resolved_gallery
-from .scenario.outputs import result_record, sequence_pairs_text, write_outputs
+from .scenario.outputs import result_record, write_outputs
 from .scenario.spec import AttackRunResult, AttackRunSpec, jsonable, pick_device, training_fields
 
 __all__ = [
@@ -115,14 +116,16 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
             x, y = data.inputs[idx], data.labels[idx]
             # Each client's defense randomness is its own stream: clients summed by secure
             # aggregation must not share a noise draw.
-            update = compute_update(model, x, y, training, chain, stream(spec.seed, "client", "target", b))
+            update = compute_update(model, x, y, training, chain, stream(spec.seed, "client", "target", b),
+                                    modality=data.modality)
             batch_total = x.shape[0]
             if others:
                 updates = [update]
                 for k in range(others):
                     oidx = pool[(b * others + k) * spec.batch_size:(b * others + k + 1) * spec.batch_size]
                     updates.append(compute_update(model, data.inputs[oidx], data.labels[oidx], training,
-                                                  chain, stream(spec.seed, "client", "other", b, k)))
+                                                  chain, stream(spec.seed, "client", "other", b, k),
+                                                  modality=data.modality))
                 update = aggregate_updates(updates)
                 batch_total = update.samples
             obs = observe(update, copy.deepcopy(model), threat, input_shape=data.input_shape,

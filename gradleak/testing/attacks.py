@@ -12,9 +12,9 @@ import torch
 from ..api import BUDGETS, budget_options
 from ..attacks import ATTACKS, Reconstruction, make_attack
 from ..attacks.base import Attack
-from ..data.modality import MODALITIES
 from ..errors import GradleakError
 from ..knowledge import KNOWLEDGE, PRESETS
+from ..modalities import MODALITIES
 from ..options import ComponentSpec, build_options
 from ..threat import make_threat_model
 from .probes import (
@@ -96,7 +96,7 @@ def check_attack_fits_a_built_in_model(name: str) -> None:
 
 def check_reconstruction(rec: Reconstruction, modality: str) -> None:
     """A reconstruction of `modality`'s contract data: its shape, dtype, labels and trace."""
-    kind, data = MODALITIES[modality], modality_data(modality)
+    kind, data = MODALITIES.get(modality), modality_data(modality)
     require(isinstance(rec, Reconstruction), f"reconstruct returned {type(rec).__name__}")
     require(isinstance(rec.inputs, torch.Tensor) and rec.inputs.dim() == 1 + len(data.input_shape)
             and tuple(rec.inputs.shape[1:]) == data.input_shape,

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from ..data.base import Dataset
-from ..data.modality import MODALITIES
 from ..errors import GradleakError
 from ..fl import TrainingSpec, compute_update
+from ..modalities import MODALITIES
 from ..models import MODELS
 from ..models.references import build_named_model
 from .probes import MODALITY_DATA, modality_data, model_text, one_line, require

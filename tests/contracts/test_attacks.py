@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from gradleak.attacks import ATTACKS
-from gradleak.data.modality import MODALITIES
+from gradleak.modalities import MODALITIES
 from gradleak.testing import attacks as contract
 
 NAMES = ATTACKS.names()

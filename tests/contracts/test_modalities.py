@@ -1,9 +1,9 @@
-"""Every modality (gradleak.data.modality), through the same interface checks: real data of it
+"""Every modality (gradleak.modalities), through the same interface checks: real data of it
 that its record describes, a scorer that can be imported, headline scores that a copy of the
 batch gets and that rank the copy above noise, a copy criterion the copy meets, a clamp into
 its range, probe inputs a model of it reads, a re-identification distance, the terminal and
 report lines, and at least one attack and one built-in model for it. A new modality is checked
-by being added to MODALITIES (and to gradleak/testing/probes.py MODALITY_DATA, which this
+by being registered in MODALITIES (and to gradleak/testing/probes.py MODALITY_DATA, which this
 suite asks for)."""
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from gradleak.attacks import ATTACKS, make_attack
-from gradleak.data.modality import MODALITIES
 from gradleak.metrics import score_batch, summarize
 from gradleak.metrics.reidentify import reid_distances
+from gradleak.modalities import MODALITIES, Modality
 from gradleak.models import MODELS
 from gradleak.models.references import build_named_model
 from gradleak.testing.probes import MODALITY_DATA, modality_data, model_text
@@ -29,13 +29,13 @@ def test_every_modality_has_contract_data():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_its_data_is_what_the_record_says(name):
-    kind = MODALITIES[name]
-    assert kind.name == name and not (kind.pixels and kind.tokens)
+    kind = MODALITIES.get(name)
+    assert kind.name == name and isinstance(kind, Modality)
     for index in range(len(MODALITY_DATA[name])):
         data = modality_data(name, index)
         assert data.modality == name and data.inputs.dtype == kind.input_dtype
         assert torch.equal(kind.clamp(data.inputs), data.inputs), "real data lies outside the modality's range"
-        assert (data.tokenizer is not None) == kind.tokens
+        assert (data.tokenizer is not None) == (not kind.input_dtype.is_floating_point)  # ids need a vocabulary
     generator = torch.Generator().manual_seed(0)
     probes = kind.probe_inputs(3, data.input_shape, generator)
     assert probes.shape == (3, *data.input_shape) and torch.isfinite(probes).all()
@@ -45,7 +45,7 @@ def test_its_data_is_what_the_record_says(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_scorer_headline_copy_criterion_and_ranking(name):
-    kind, data = MODALITIES[name], modality_data(name)
+    kind, data = MODALITIES.get(name), modality_data(name)
     module, _, function = kind.scorer.partition(":")
     assert callable(getattr(importlib.import_module(module), function))
     x, y = data.inputs[:4], data.labels[:4]
@@ -55,7 +55,7 @@ def test_scorer_headline_copy_criterion_and_ranking(name):
     assert all(copied.get(score.key) is not None for score in kind.scores), "a headline score is missing"
     assert copied[kind.headline] == copied[kind.scores[0].key]
     generator = torch.Generator().manual_seed(1)
-    if kind.tokens:
+    if not kind.input_dtype.is_floating_point:  # token ids
         noise = torch.randint(1, 1000, x.shape, generator=generator)
     else:
         noise = kind.probe_inputs(4, data.input_shape, generator)
@@ -70,7 +70,7 @@ def test_scorer_headline_copy_criterion_and_ranking(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_clamp_and_reidentification_distance(name):
-    kind, data = MODALITIES[name], modality_data(name)
+    kind, data = MODALITIES.get(name), modality_data(name)
     x = torch.linspace(-2, 2, 12).reshape(3, 4)
     clamped = kind.clamp(x)
     assert clamped.shape == x.shape
@@ -86,7 +86,7 @@ def test_clamp_and_reidentification_distance(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_some_attack_and_some_built_in_model_take_it(name):
     data = modality_data(name)
-    kind = MODALITIES[name]
+    kind = MODALITIES.get(name)
     assert any(name in ATTACKS.get(a).modalities for a in ATTACKS.names()), f"no attack handles {name} data"
     for attack in ATTACKS.names():  # the one compatibility check between an attack and the data
         fits = name in ATTACKS.get(attack).modalities

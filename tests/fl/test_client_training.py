@@ -187,8 +187,9 @@ def test_a_shuffle_the_server_cannot_replay_stays_with_the_client(mnist_test, ca
 
 
 def test_augmentation_draws_come_from_the_client_and_change_the_update(mnist_test):
-    from gradleak.fl.local import augmented
+    from gradleak.modalities import modality
 
+    augmented = modality("image").augmented
     x = mnist_test.inputs[:6]
     same = augmented(x, ("crop",), 0, torch.Generator().manual_seed(0))
     assert torch.equal(same, x)  # no padding: the crop is the image

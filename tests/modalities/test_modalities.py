@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradleak.data.modality import MODALITIES, legacy_modality, modality, stored_modality
+from gradleak.data.modality import legacy_modality
 from gradleak.metrics.reidentify import reid_distances
+from gradleak.modalities import MODALITIES, modality, stored_modality
 
 
 def _fmt(value, digits):
@@ -50,7 +51,7 @@ def test_the_legacy_rule_reads_what_an_old_row_holds():
     assert legacy_modality({}, has_sequences=True, has_grid=False) == "text"
     assert legacy_modality({"mse": 0.1}, has_sequences=False, has_grid=False) == "tabular"
     assert legacy_modality({}, has_sequences=False, has_grid=False) is None
-    assert stored_modality(None) is MODALITIES["tabular"] and stored_modality("text") is MODALITIES["text"]
+    assert stored_modality(None) is MODALITIES.get("tabular") and stored_modality("text") is MODALITIES.get("text")
 
 
 @pytest.mark.parametrize("name, row, line", [

@@ -79,11 +79,12 @@ class CocktailParty(Attack):
         layer = locate_first_linear(obs.model, obs.input_shape)
         g_weight, g_bias = layer_gradients(obs.update.as_gradient(), layer.name, need_bias=False)
         bias = g_bias if opt.use_bias else None
-        image = obs.kind.pixels
+        picture = obs.kind.picture_shape(obs.input_shape)  # pictures: unmixed with a TV prior, in [0, 1]
+        image = picture is not None
         labels = recover_labels(obs, "auto", ctx.generator(17))
         if layer.on_input:
             nonnegative = image and opt.nonnegative != "false"
-            rows = unmix_gradient(g_weight, obs.batch_size, image_shape=obs.input_shape if image else None,
+            rows = unmix_gradient(g_weight, obs.batch_size, image_shape=picture,
                                   tv=opt.tv, refine_steps=opt.refine_steps, seed=ctx.seed,
                                   nonnegative=nonnegative, starts=opt.starts)
             x = resolve_sign_scale(rows, g_weight, bias, (0.0, 1.0) if image else None)

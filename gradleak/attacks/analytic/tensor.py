@@ -90,7 +90,7 @@ class TensorAttack(Attack):
         scale = opt.scale
         if scale == "auto":  # images: brightest pixel = 1 measured better than the residual norms
             homogeneous = activation == "relu" or activation.startswith("leaky_relu")
-            scale = ("max" if obs.kind.pixels
+            scale = ("max" if obs.kind.picture_shape(obs.input_shape) is not None
                      else "residual" if homogeneous and result.signs_resolved else "unit")
         if scale == "residual":
             _, head = last_linear(obs.model)

@@ -86,7 +86,7 @@ class LearnedInversion:
     """One trained (or cached) inverter for one observation's setting, resumable rung by rung."""
 
     def __init__(self, obs: Observation, options: LearnedOptions, ctx: AttackContext):
-        if not obs.kind.pixels:
+        if obs.kind.picture_shape(obs.input_shape) is None:
             raise GradleakError(f"attack 'learned' inverts images; this data is {obs.modality}")
         self.obs, self.options, self.ctx = obs, options, ctx
         stored = options.samples * (obs.batch_size * math.prod(obs.input_shape) + options.sketch)  # floats

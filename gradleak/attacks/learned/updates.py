@@ -96,11 +96,13 @@ def client_updates(obs: Observation, chain, inputs: torch.Tensor, labels: torch.
     is every client's mean per-example gradient (torch.func, many clients per pass) with the
     defenses applied after it; anything else runs the client's own loop."""
     clients = [stream(seed, "learned", "client", i) for i in range(len(inputs))]
-    first = compute_update(obs.model, inputs[0], labels[0], obs.training, chain, clients[0])
+    first = compute_update(obs.model, inputs[0], labels[0], obs.training, chain, clients[0],
+                           modality=obs.modality)
     yield first
     if not _one_plain_step(obs, chain):
         for i in range(1, len(inputs)):
-            yield compute_update(obs.model, inputs[i], labels[i], obs.training, chain, clients[i])
+            yield compute_update(obs.model, inputs[i], labels[i], obs.training, chain, clients[i],
+                                 modality=obs.modality)
         return
     from ...fl.local import batchnorm_mode
     from ...fl.places import DefenseContext

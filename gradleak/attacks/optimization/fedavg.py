@@ -34,7 +34,6 @@ from typing import Literal
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from ...data.modality import modality as modality_of
 from ...fl.training import TrainingSpec
 from ...options import check
 from ...threat import Observation
@@ -240,11 +239,11 @@ class FedAvgAttack(ResumableAttack):
         opt = self.options
         labels, trials = self._labels(obs, ctx)
         engine, layout, label_candidate, extras = self._engine(obs, labels, ctx, opt.iterations)
-        flips = "flip" in obs.training.augment and modality_of(obs.modality).pixels  # only pictures flip
+        flips = "flip" in obs.training.augment and "flip" in obs.kind.augmentations
         for out in engine.start().doublings(opt.iterations):
             rows, distance, polished = out.inputs, out.distance, None
             if opt.polish:
-                result = self._polish(engine, out, obs.kind.pixels)
+                result = self._polish(engine, out, obs.kind.picture_shape(obs.input_shape) is not None)
                 polished = {"distance_before": out.distance, "evaluations": result.evaluations}
                 if result.distance < distance:
                     rows, distance = result.inputs, result.distance
@@ -317,7 +316,7 @@ class FedAvgAttack(ResumableAttack):
                                           ctx.generator(23))
                            if arrange else FixedLabels(row_labels))
         shape = (len(layout.example), *obs.input_shape)
-        image = obs.kind.pixels
+        image = obs.kind.picture_shape(obs.input_shape) is not None  # kept in [0, 1] and smooth
         engine = Engine(
             matching=Matching(sim, sim.target, opt.distance, normalise=opt.distance == "l2"),
             labels=label_candidate,

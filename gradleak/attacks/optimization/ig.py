@@ -87,7 +87,7 @@ def pixel_rungs(obs: Observation, ctx: AttackContext, opt, distance, *, halving:
     sim = UpdateSimulator(obs, ctx.device, second_order=opt.second_order)
     labels = recover_labels(obs, opt.label_method, ctx.generator(17)).to(ctx.device)
     shape = (obs.batch_size, *obs.input_shape)
-    image = obs.kind.pixels
+    image = obs.kind.picture_shape(obs.input_shape) is not None  # kept in [0, 1] and smooth
     engine = Engine(
         matching=Matching(sim, sim.target, distance), labels=FixedLabels(labels),
         candidates=lambda r: Pixels(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ...data.modality import modality
+from ...modalities import modality
 from .spec import AttackRunResult, jsonable
 
 
@@ -15,37 +15,15 @@ def result_record(result: AttackRunResult, images: bool = True) -> dict:
     the comparison grid and every image pair as PNG bytes (`images=False`: none). Token
     sequences keep their numeric scores per example and each original beside its recovery
     as text in `extras["sequences"]`."""
-    import io
-
-    from ...viz import image_grid
-
-    def png(image) -> bytes:
-        buf = io.BytesIO()
-        image.save(buf, format="PNG")
-        return buf.getvalue()
-
-    kind = modality(result.modality)
-    pictures = images
-    images, grid = [], None
-    if kind.pixels and pictures:
-        grid = png(image_grid([result.originals, result.reconstructions]))
-        for i, score in enumerate(result.per_example):
-            images.append({"idx": i, "metrics": _numeric(score),
-                           "original": png(image_grid([result.originals[i:i + 1]], pad=0)),
-                           "reconstruction": png(image_grid([result.reconstructions[i:i + 1]], pad=0))})
-    else:
-        images = [{"idx": i, "metrics": _numeric(s), "original": None, "reconstruction": None}
-                  for i, s in enumerate(result.per_example)]
+    grid, pairs, kept = modality(result.modality).record(result.originals, result.reconstructions,
+                                                          result.per_example, _numeric, images)
     extras = jsonable(result.extras)
-    if kind.tokens and result.per_example:
-        extras["sequences"] = [{"index": s["index"], "original": s.get("original", ""),
-                                "recovered": s.get("recovered", ""), "exact": bool(s.get("success"))}
-                               for s in result.per_example]
+    extras.update(kept)
     if result.convergence:
         extras["convergence"] = jsonable(result.convergence)
     # the modality travels with the record, so that the store can keep it beside the row
     return {"metrics": result.metrics, "extras": extras, "seconds": result.seconds,
-            "grid_png": grid, "images": images, "modality": result.modality}
+            "grid_png": grid, "images": pairs, "modality": result.modality}
 
 
 def _numeric(score: dict) -> dict:
@@ -64,19 +42,12 @@ def _numeric(score: dict) -> dict:
 def write_outputs(result: AttackRunResult, out: str | Path) -> dict[str, Path]:
     """result.json and, for images, grid.png in `out` (for token sequences, sequences.txt:
     each original beside its recovery), each written atomically."""
-    from ...viz import save_grid
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "result.json"}
     _write_atomically(paths["json"], json.dumps(result.to_json(), indent=2))
-    kind = modality(result.modality)
-    if kind.pixels:
-        paths["grid"] = out / "grid.png"
-        save_grid(paths["grid"], result.originals, result.reconstructions)
-    elif kind.tokens and result.per_example:
-        paths["sequences"] = out / "sequences.txt"
-        _write_atomically(paths["sequences"], sequence_pairs_text(result.per_example))
+    paths.update(modality(result.modality).write_files(out, result.originals, result.reconstructions,
+                                                       result.per_example, _write_atomically))
     return paths
 
 
@@ -84,14 +55,3 @@ def _write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
-
-
-def sequence_pairs_text(per_example: list[dict]) -> str:
-    """Each attacked sequence and what the attack recovered for it, as plain text."""
-    blocks = []
-    for score in per_example:
-        verdict = "exact" if score.get("success") else f"ROUGE-1 {score.get('rouge1', 0.0):.3f}"
-        blocks.append(f"#{score['index']} ({verdict})\noriginal:  {score.get('original', '')}\n"
-                      f"recovered: {score.get('recovered', '')}\n")
-    return "\n".join(blocks)
-

@@ -7,10 +7,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ...data.modality import modality as modality_record
 from ...errors import GradleakError
 from ...fl import TrainingSpec
 from ...fl.training import check_bn_mode, scenario_fields, training_from_scenario
+from ...modalities import modality as modality_record
 from ...options import RUN_SPEC_BOUNDS, check_device, check_range
 
 
@@ -111,7 +111,7 @@ class AttackRunResult:
     extras: dict = field(default_factory=dict)
     # converged / final_distance / trace as the attack reported them (None: not reported)
     convergence: dict = field(default_factory=dict)
-    # the attacked data's modality (gradleak.data.modality), as the observation carried it
+    # the attacked data's modality (gradleak.modalities), as the observation carried it
     modality: str = "image"
 
     def __repr__(self) -> str:
