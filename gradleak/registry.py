@@ -54,6 +54,17 @@ class Registry(Generic[T]):
         self._paths[name] = component
         self._loaded.pop(name, None)
 
+    def unregister(self, name: str) -> None:
+        """Remove a component that is not built in: one a test registered, which must not
+        outlive it."""
+        self._read_plugins()
+        if name in self._builtin:
+            raise GradleakError(f"'{name}' is a built-in {self.kind}; it cannot be removed")
+        if name not in self._paths:
+            raise GradleakError(f"{self.kind} '{name}' is not registered")
+        del self._paths[name]
+        self._loaded.pop(name, None)
+
     def _read_plugins(self) -> None:
         """Entry points of installed packages, read once, on first use."""
         if self._plugins_read:
