@@ -28,13 +28,19 @@ def dataset_label(text: str) -> str:
     return text.strip() if is_dataset_path(text) else parse_spec(text, "dataset").name
 
 
+def local_steps(spec: AttackRunSpec) -> int:
+    """The optimizer steps the client took: epochs × mini-batches when it trains in epochs (the
+    report's "batch 400, 13 local step(s)" for one epoch of batches of 32)."""
+    return spec.training().num_steps(spec.batch_size)
+
+
 def attack_labels(spec: AttackRunSpec) -> dict:
     from ..threat import make_threat_model
 
     attack = parse_spec(spec.attack, "attack")
     return {"threat": make_threat_model(spec.threat, spec.knows).name,
             "dataset": dataset_label(spec.dataset), "model": spec.model,
-            "batch_size": spec.batch_size, "local_steps": spec.local_steps, "seed": spec.seed,
+            "batch_size": spec.batch_size, "local_steps": local_steps(spec), "seed": spec.seed,
             "defense": defense_label(spec.defenses), "strength": strength_label(spec.defenses),
             "defenses": list(spec.defenses), "attack": attack.name, "attack_spec": str(attack),
             "init": attack.options.get("init")}
