@@ -95,7 +95,7 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
         except GradleakError as exc:
             skipped.append(SkippedAttack(text, str(exc)))
     setting = {"dataset": data_label, "model": label, "batch_size": len(data),
-               "local_steps": training.local_steps, "local_epochs": training.local_epochs, "lr": training.lr,
+               "local_steps": training.num_steps(len(data)), "local_epochs": training.local_epochs, "lr": training.lr,
                "seed": seed, "threat": threat_model.name, "budget": budget, "defenses": list(defenses),
                **defense_labels(tuple(defenses)), "model_digest": model_digest(model),
                "data_digest": data_digest(data), "seconds": time.perf_counter() - start}

@@ -170,7 +170,7 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
         for run_seed in seeds:
             attack_seed(run_seed + SAMPLE_SEED_OFFSET * rung, per_seed, only)
     setting = {"dataset": resolved.label, "model": model_label, "batch_size": batch_size,
-               "local_steps": training.local_steps, "local_epochs": training.local_epochs,
+               "local_steps": training.num_steps(batch_size), "local_epochs": training.local_epochs,
                "lr": training.lr, "seed": seeds[0], "seeds": seeds, "threat": threat_model.name, "budget": budget,
                "defenses": list(defense_texts), **defense_labels(defense_texts),
                "model_digest": model_digest(built), "data_digest": data_digest(dataset),

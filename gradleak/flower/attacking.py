@@ -243,7 +243,7 @@ def _setting(audit: FlowerAudit, captured: CapturedUpdate, data, threat: str) ->
     training = captured.training
     check = captured.training_check.to_dict() if captured.training_check is not None else None
     return {"dataset": _data_label(captured), "model": _model_label(captured), "batch_size": len(data),
-            "local_steps": training.local_steps, "local_epochs": training.local_epochs, "lr": training.lr,
+            "local_steps": training.num_steps(len(data)), "local_epochs": training.local_epochs, "lr": training.lr,
             "seed": audit.seed, "threat": threat, "budget": audit.budget, "defenses": [], **defense_labels(()),
             "model_digest": model_digest(captured.model), "data_digest": data_digest(data),
             "training_check": check}
