@@ -22,9 +22,9 @@ def test_secure_aggregation_clients_draw_independent_noise(monkeypatch):
     noises = []
     real = experiment.compute_update
 
-    def record(model, x, y, training, chain, generator):
-        noisy = real(model, x, y, training, chain, generator)
-        clean = real(model, x, y, training, None, None)
+    def record(model, x, y, training, chain, generator, modality=None):
+        noisy = real(model, x, y, training, chain, generator, modality=modality)
+        clean = real(model, x, y, training, None, None, modality=modality)
         noises.append(noisy.flat() - clean.flat())
         return noisy
 

@@ -144,7 +144,9 @@ class Modality:
               recovered_labels: torch.Tensor | None, *, lpips: str, asr_mse: float, gallery: Any,
               tokenizer: str | None) -> tuple[list, torch.Tensor]:
         """Per-example scores of one attacked batch, and the reconstruction reordered to the
-        originals, by the modality's `scorer` (gradleak.metrics.scoring.score_batch)."""
+        originals (gradleak.metrics.scoring.score_batch), by the modality's `scorer`, called as
+        scorer(originals, labels, reconstruction, recovered_labels, modality, lpips=, asr_mse=,
+        gallery=): `score_features` and `score_pictures` take any float data."""
         scorer = import_reference(self.scorer)
         return scorer(originals, labels, reconstruction, recovered_labels, self, lpips=lpips, asr_mse=asr_mse,
                       gallery=gallery)

@@ -18,7 +18,7 @@ from ...threat import ThreatModel, expected_view, make_threat_model
 from .spec import AttackRunSpec
 
 
-def build_scenario_model(spec: AttackRunSpec, input_shape, num_classes, modality: str = "image"):
+def build_scenario_model(spec: AttackRunSpec, input_shape, num_classes, modality: str):
     return build_named_model(spec.model, input_shape, num_classes, spec.seed, spec.activation, modality)
 
 
