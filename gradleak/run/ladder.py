@@ -33,7 +33,7 @@ SATURATION_MARGIN_ROUGE = 0.02
 # 300-image gallery's 0.66% chance, 400 examples re-identify 2.6 by chance, sd 1.6: a count that
 # moves by one or two between doublings is that noise, not a gain). On fewer examples any rise
 # in a count blocks saturation and the linkage is left out: it moves by chance more than a gain.
-LINKAGE_SATURATION_MIN_EXAMPLES = 100
+RATES_SATURATION_MIN_EXAMPLES = 100
 SATURATION_MARGIN_LINKAGE = 0.02
 SATURATION_MARGIN_RATE = 0.01
 # The doublings sweeps, `gradleak.audit` and the Flower audit allow an attack by default.
@@ -143,7 +143,7 @@ def rung_decision(rungs: list[Rung], analytic: bool, converged: bool | None, cha
     'saturated' — the last doubling raised neither PSNR by more than SATURATION_MARGIN_DB
     (for token sequences: the copies, nor ROUGE-1 by more than SATURATION_MARGIN_ROUGE) nor
     the number re-identified or recognizable — on a batch of at least
-    LINKAGE_SATURATION_MIN_EXAMPLES judged examples: neither rate by more than
+    RATES_SATURATION_MIN_EXAMPLES judged examples: neither rate by more than
     SATURATION_MARGIN_RATE nor the mean linkage AUC by more than SATURATION_MARGIN_LINKAGE —
     at a budget of at least `floor` iterations (the attack's `saturation_floor`). One rung of
     an iterative attack is never saturated."""
@@ -169,7 +169,7 @@ def rung_decision(rungs: list[Rung], analytic: bool, converged: bool | None, cha
 def _judged_gain(before: Rung, last: Rung) -> bool:
     """Whether the last doubling found more than the one before by the judged measures
     (re-identified, recognizable; on large batches as rates, and the mean linkage AUC)."""
-    large = last.examples >= LINKAGE_SATURATION_MIN_EXAMPLES
+    large = last.examples >= RATES_SATURATION_MIN_EXAMPLES
     allowed = int(SATURATION_MARGIN_RATE * last.examples) if large else 0
     counts = ((last.identified or 0) - (before.identified or 0) > allowed
               or (last.recognizable or 0) - (before.recognizable or 0) > allowed)
