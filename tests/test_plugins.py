@@ -34,6 +34,9 @@ class Erase(Defense):
 
     def transform_update(self, update, ctx):
         return update.map(lambda _, t: t * self.options.keep)
+
+    def two_layer(self, view):
+        return view.result(lambda x_: view.plain(x_) * self.options.keep)
 '''
 
 
@@ -70,6 +73,20 @@ def test_entry_point_defense_runs_from_the_cli(plugin_path):
     # keep=1 leaves the update as sent: CPL reconstructs (45 dB measured); keep=0 sends zeros
     kept, erased = _psnr(plugin_path, "erase:keep=1"), _psnr(plugin_path, "erase:keep=0")
     assert kept >= 30 and erased <= 12, (kept, erased)
+
+
+def test_entry_point_defense_in_the_two_layer_analysis(plugin_path):
+    """The plugin's class gives its two-layer map: `gradleak bound` lists and takes it by name, and
+    scaling the observed gradient by keep scales the bound by 1/keep."""
+    assert "secagg, erase" in " ".join(_cli(plugin_path, "bound", "--help").stdout.split())
+    args = ("bound", "--d", "3", "--m", "8", "--batch-size", "2", "--noise", "0.1", "--json")
+    proc = _cli(plugin_path, *args, "--defense", "erase:keep=1", "--defense", "erase:keep=0.5")
+    assert proc.returncode == 0, proc.stderr
+    kept, halved = (b["lower_numeric"] for b in json.loads(proc.stdout)["bounds"])
+    assert halved == pytest.approx(2 * kept, rel=1e-9)
+    refused = _cli(plugin_path, *args, "--defense", "topk")
+    assert refused.returncode == 2 and "covers the defenses none, local," in refused.stderr
+    assert "erase" in refused.stderr and "broken" not in refused.stderr
 
 
 def test_a_plugin_that_does_not_import_is_one_line(plugin_path):

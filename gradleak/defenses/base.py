@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ..errors import GradleakError
 from ..fl.local import StepGradient
 from ..fl.places import DefenseContext, NoDefense
 from ..fl.update import Update
@@ -43,6 +44,23 @@ class Defense:
         """The strength order of this setting: `strength`, or None where these options leave
         the defense without one."""
         return self.strength
+
+    def two_layer(self, view: Any) -> Any:
+        """This defense in the two-layer analysis of `gradleak.theory` (Liu et al.): the map of the
+        client's data to what the server observes, built from `view` (a
+        `gradleak.theory.defenses.TwoLayerView`: the network, the true batch, its gradients) and
+        returned as `view.result(observe, ...)`. A defense that does not override this is outside
+        the analysis."""
+        raise GradleakError(f"the two-layer analysis does not cover defense '{self.name}'")
+
+    def check_two_layer(self) -> None:
+        """Raise GradleakError when these options are outside the two-layer analysis."""
+
+    @classmethod
+    def in_two_layer_analysis(cls) -> bool:
+        """True when the class gives its two-layer map (`two_layer`), so `gradleak bound` and the
+        theory study take it by name."""
+        return cls.two_layer is not Defense.two_layer
 
     def transform_model(self, model: nn.Module) -> nn.Module:
         return model

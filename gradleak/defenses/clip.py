@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from ..options import check
 from .base import Defense, DefenseContext
 
@@ -21,6 +23,15 @@ class UpdateClipping(Defense):
     name = "clip"
     strength = ("bound", -1)
     Options = ClipOptions
+
+    def two_layer(self, view):
+        bound = self.options.bound
+        norm = float(view.plain(view.x).norm())
+
+        def clipped(x_: torch.Tensor) -> torch.Tensor:
+            g = view.plain(x_)
+            return g * torch.clamp(bound / g.norm(), max=1.0)
+        return view.result(clipped, grad_norm=norm, clip_factor=max(1.0, norm / bound))
 
     def transform_update(self, update, ctx: DefenseContext):
         scale = min(1.0, self.options.bound / max(update.norm(), 1e-12))

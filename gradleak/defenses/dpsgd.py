@@ -61,6 +61,20 @@ class DPSGD(Defense):
     Options = DPSGDOptions
     places = ("gradient",)
 
+    def two_layer(self, view):
+        # As wrap_step_gradient and Opacus: every example's gradient clipped to `clip`,
+        # averaged, plus N(0, (sigma·clip/B)²) on every coordinate of the average.
+        opts, batch = self.options, view.x.shape[0]
+
+        def per_example_clipped(x_: torch.Tensor) -> torch.Tensor:
+            grads = [view.gradient(x_, slice(i, i + 1)) for i in range(batch)]
+            return sum(g * torch.clamp(opts.clip / g.norm(), max=1.0) for g in grads) / batch
+        norms = [float(view.gradient(view.x, slice(i, i + 1)).norm()) for i in range(batch)]
+        # Every example is scaled by its own factor; the least-clipped one bounds the error
+        # from below, so the closed form uses the smallest factor.
+        return view.result(per_example_clipped, noise=opts.sigma * opts.clip / batch, grad_norm=max(norms),
+                           clip_factor=max(1.0, min(norms) / opts.clip))
+
     def clip_per_example(self, per_example: Tensors) -> Tensors:
         flat_norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in per_example.values()))
         factors = clip_factors(flat_norms, self.options.clip)

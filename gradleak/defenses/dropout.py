@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..errors import GradleakError
 from ..models import last_linear
 from ..options import check
 from .base import Defense, DefenseContext
@@ -70,6 +71,22 @@ class Dropout(Defense):
     @property
     def withholds_entries(self) -> bool:  # type: ignore[override]
         return self.options.place == "update"
+
+    def check_two_layer(self) -> None:
+        if self.options.place != "model":
+            raise GradleakError("defense 'dropout': the two-layer analysis drops hidden units, i.e. "
+                                "dropout:place=model (place=update drops single update entries)")
+
+    def two_layer(self, view):
+        # place=model: hidden units dropped, effective width (1 − p)m
+        m, dim = view.width, view.dim
+        gen = torch.Generator().manual_seed(self.options.seed)
+        kept = (torch.rand(m, generator=gen) >= self.options.p).nonzero().flatten()
+        if len(kept) == 0:
+            raise GradleakError("dropout: every hidden unit was dropped")
+        coords = torch.cat([kept, m + (kept[:, None] * dim + torch.arange(dim)).flatten()])
+        return view.result(lambda x_: view.plain(x_)[coords], neurons=kept, positions=torch.arange(len(kept)),
+                           width=float(len(kept)), coordinates=coords)
 
     def transform_model(self, model: nn.Module) -> nn.Module:
         if self.options.place != "model":

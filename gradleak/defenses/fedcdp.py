@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from ..fl.local import Tensors
+from .base import Defense
 from .dpsgd import DPSGD, DPSGDOptions, clip_factors
 
 
@@ -18,6 +19,7 @@ class FedCDP(DPSGD):
     name = "fedcdp"
     strength = ("sigma", 1)
     Options = DPSGDOptions
+    two_layer = Defense.two_layer  # the two-layer analysis clips the whole gradient (dpsgd)
 
     tensors_clipped: int = 0
 

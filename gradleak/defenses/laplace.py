@@ -5,6 +5,7 @@ import math
 
 import torch
 
+from .base import Defense
 from .noise import GaussianNoise, NoiseOptions
 
 
@@ -13,6 +14,7 @@ class LaplaceNoise(GaussianNoise):
 
     name = "laplace"
     Options = NoiseOptions
+    two_layer = Defense.two_layer  # the two-layer analysis's noise is Gaussian
 
     def sample(self, shape: torch.Size, generator: torch.Generator) -> torch.Tensor:
         # Inverse CDF from seeded uniforms; unit variance (b = 1/√2).

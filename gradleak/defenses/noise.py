@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import GradleakError
 from ..fl.update import Update
 from ..options import check
 from .base import Defense, DefenseContext
@@ -48,6 +49,13 @@ class GaussianNoise(Defense):
     def strength_axis(self) -> tuple[str, int] | None:
         # noise set by its SNR scales with the update: sigma no longer orders it
         return None if self.options.snr_db is not None else self.strength
+
+    def check_two_layer(self) -> None:
+        if self.options.snr_db is not None:
+            raise GradleakError("defense 'noise': the two-layer analysis takes an absolute sigma, not snr_db")
+
+    def two_layer(self, view):
+        return view.result(view.plain, noise=self.options.sigma)
 
     def sample(self, shape: torch.Size, generator: torch.Generator) -> torch.Tensor:
         """Unit-scale noise (std 1 for Gaussian)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from ..options import check
 from .base import Defense
 
@@ -28,3 +30,11 @@ class SecureAggregation(Defense):
     def __init__(self, options=None):
         super().__init__(options)
         self.aggregate_clients = self.options.clients
+
+    def two_layer(self, view):
+        parts = torch.arange(view.x.shape[0]).tensor_split(self.options.clients)
+
+        def aggregated(x_: torch.Tensor) -> torch.Tensor:
+            # With the summed loss Σ_k (B_k/B)·(B/B_k)·G_k = Σ_k G_k: one batch of size B.
+            return sum(view.gradient(x_, idx) for idx in parts if len(idx))
+        return view.result(aggregated)

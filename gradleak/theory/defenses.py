@@ -40,12 +40,27 @@ class LocalAggregation:
         check(self.lr > 0, f"local: lr must be > 0 (got {self.lr})")
 
 
-# The defenses of `gradleak.defenses` that the two-layer analysis covers, under the same
-# names, options and defaults (one vocabulary for attacks, utility and theory), plus `local`,
-# which is local training (the CLI's --local-steps/--lr), not a defense of the update.
-COVERED = ("noise", "clip", "dpsgd", "dropout", "prune", "secagg")
-DEFENSE_OPTIONS: dict[str, type | None] = {"none": NoDefense, "local": LocalAggregation,
-                                           **{name: None for name in COVERED}}
+# The two settings of the analysis that are not defenses of `gradleak.defenses`: no defense, and
+# local training (the CLI's --local-steps/--lr). Every other name is a registered defense whose
+# class gives its two-layer map (`Defense.two_layer`), under the same names, options and
+# defaults (one vocabulary for attacks, utility and theory), plugins included.
+THEORY_OWN: dict[str, type] = {"none": NoDefense, "local": LocalAggregation}
+
+
+def covered_defenses() -> list[str]:
+    """The names the two-layer analysis takes: `none`, `local` and every registered defense
+    whose class gives its two-layer map, in the registry's order."""
+    from ..defenses import DEFENSES
+
+    covered = []
+    for name in DEFENSES.names():
+        try:
+            cls = DEFENSES.get(name)
+        except GradleakError:  # a plugin that does not load: `gradleak list defenses` says why
+            continue
+        if cls.in_two_layer_analysis():
+            covered.append(name)
+    return [*THEORY_OWN, *covered]
 
 
 @dataclass(frozen=True)
@@ -62,21 +77,17 @@ class TheoryDefense:
 def parse_defense(text: str) -> TheoryDefense:
     """`name:k=v` with the options of the same defense in `gradleak.defenses`."""
     spec = parse_spec(text, "defense")
-    if spec.name not in DEFENSE_OPTIONS:
-        raise GradleakError(f"the two-layer analysis covers the defenses {', '.join(DEFENSE_OPTIONS)}; "
-                            f"got '{spec.name}'")
-    if spec.name in ("none", "local"):
-        return TheoryDefense(spec.name, build_options(DEFENSE_OPTIONS[spec.name], spec.options,
+    if spec.name in THEORY_OWN:
+        return TheoryDefense(spec.name, build_options(THEORY_OWN[spec.name], spec.options,
                                                       f"defense '{spec.name}'"))
-    from ..defenses import make_defense
+    from ..defenses import DEFENSES, make_defense
 
-    options = make_defense(spec).options
-    if spec.name == "noise" and options.snr_db is not None:
-        raise GradleakError("defense 'noise': the two-layer analysis takes an absolute sigma, not snr_db")
-    if spec.name == "dropout" and options.place != "model":
-        raise GradleakError("defense 'dropout': the two-layer analysis drops hidden units, i.e. "
-                            "dropout:place=model (place=update drops single update entries)")
-    return TheoryDefense(spec.name, options)
+    if spec.name not in DEFENSES or not DEFENSES.get(spec.name).in_two_layer_analysis():
+        raise GradleakError(f"the two-layer analysis covers the defenses {', '.join(covered_defenses())}; "
+                            f"got '{spec.name}'")
+    defense = make_defense(spec)
+    defense.check_two_layer()
+    return TheoryDefense(spec.name, defense.options)
 
 
 @dataclass
@@ -91,88 +102,74 @@ class DefendedGradient:
     extra: dict = field(default_factory=dict)
 
 
+@dataclass
+class TwoLayerView:
+    """What a defense's two-layer map (`Defense.two_layer`) is built from: the network, the true
+    batch (x, y), the gradient as a function of the data, and `result`, which wraps the map."""
+
+    net: TwoLayerNet
+    x: torch.Tensor
+    y: torch.Tensor
+    defense: TheoryDefense
+
+    @property
+    def width(self) -> int:
+        return self.net.width
+
+    @property
+    def dim(self) -> int:
+        return self.net.dim
+
+    def plain(self, x_: torch.Tensor) -> torch.Tensor:
+        """The undefended gradient [∇_a L, ∇_W L] at data x_ with the true labels."""
+        return gradient_at(self.net.a, self.net.W, x_, self.y, self.net.activation)
+
+    def gradient(self, x_: torch.Tensor, rows) -> torch.Tensor:
+        """The undefended gradient of the examples `rows` (a slice or index tensor) of x_."""
+        return gradient_at(self.net.a, self.net.W, x_[rows], self.y[rows], self.net.activation)
+
+    def result(self, fn: Callable[[torch.Tensor], torch.Tensor], noise: float = 0.0,
+               neurons: torch.Tensor | None = None, positions: torch.Tensor | None = None, steps: int = 1,
+               width: float | None = None, **extra) -> DefendedGradient:
+        """The defended gradient: `fn` maps the data to the observed vector, `noise` is the std the
+        defense adds to every coordinate, `neurons`/`positions` the hidden units whose ∇_a
+        coordinate is observed and where (all of them by default)."""
+        everything = torch.arange(self.width)
+        return DefendedGradient(fn, self.defense, noise, everything if neurons is None else neurons,
+                                everything if positions is None else positions, steps,
+                                float(self.width) if width is None else width, extra)
+
+
 def defended_gradient(net: TwoLayerNet, x: torch.Tensor, y: torch.Tensor,
                       defense: TheoryDefense | str = "none") -> DefendedGradient:
     if isinstance(defense, str):
         defense = parse_defense(defense)
-    m, act = net.width, net.activation
-    opts = defense.options
-    everything = torch.arange(m)
-
-    def plain(x_: torch.Tensor) -> torch.Tensor:
-        return gradient_at(net.a, net.W, x_, y, act)
-
-    def result(fn, noise=0.0, neurons=everything, positions=everything, steps=1, width=float(m), **extra):
-        return DefendedGradient(fn, defense, noise, neurons, positions, steps, width, extra)
-
+    view = TwoLayerView(net, x, y, defense)
     if defense.name == "none":
-        return result(plain)
-    if defense.name == "noise":
-        return result(plain, noise=opts.sigma)
-    if defense.name == "secagg":
-        parts = torch.arange(x.shape[0]).tensor_split(opts.clients)
-
-        def aggregated(x_: torch.Tensor) -> torch.Tensor:
-            # With the summed loss Σ_k (B_k/B)·(B/B_k)·G_k = Σ_k G_k: one batch of size B.
-            return sum(gradient_at(net.a, net.W, x_[idx], y[idx], act) for idx in parts if len(idx))
-        return result(aggregated)
-    if defense.name == "clip":
-        norm = float(plain(x).norm())
-
-        def clipped(x_: torch.Tensor) -> torch.Tensor:
-            g = plain(x_)
-            return g * torch.clamp(opts.bound / g.norm(), max=1.0)
-        return result(clipped, grad_norm=norm, clip_factor=max(1.0, norm / opts.bound))
-    if defense.name == "dpsgd":
-        # As gradleak.defenses.dpsgd and Opacus: every example's gradient clipped to `clip`,
-        # averaged, plus N(0, (sigma·clip/B)²) on every coordinate of the average.
-        batch = x.shape[0]
-
-        def per_example_clipped(x_: torch.Tensor) -> torch.Tensor:
-            grads = [gradient_at(net.a, net.W, x_[i:i + 1], y[i:i + 1], act) for i in range(batch)]
-            return sum(g * torch.clamp(opts.clip / g.norm(), max=1.0) for g in grads) / batch
-        norms = [float(gradient_at(net.a, net.W, x[i:i + 1], y[i:i + 1], act).norm()) for i in range(batch)]
-        # Every example is scaled by its own factor; the least-clipped one bounds the error
-        # from below, so the closed form uses the smallest factor.
-        return result(per_example_clipped, noise=opts.sigma * opts.clip / batch, grad_norm=max(norms),
-                      clip_factor=max(1.0, min(norms) / opts.clip))
+        return view.result(view.plain)
     if defense.name == "local":
-        eta_a, eta_W = opts.lr / m, opts.lr * m
-        K = opts.steps
-        chunks = (torch.arange(x.shape[0]).tensor_split(K) if opts.batches == "split"
-                  else [torch.arange(x.shape[0])] * K)
-        if any(len(c) == 0 for c in chunks):
-            raise GradleakError(f"local: batches=split needs batch size ≥ steps={K}")
+        return _local(view, defense.options)
+    from ..defenses import DEFENSES
 
-        def accumulated(x_: torch.Tensor) -> torch.Tensor:
-            a, W = net.a, net.W
-            total = torch.zeros(net.num_params, dtype=W.dtype)
-            for idx in chunks:
-                g = gradient_at(a, W, x_[idx], y[idx], act)
-                total = total + g
-                a = a - eta_a * g[:m]
-                W = W - eta_W * g[m:].reshape(W.shape)
-            return total  # (Θ⁰ − Θᴷ)/η, block by block
-        return result(accumulated, steps=K)
-    if defense.name == "dropout":  # place=model: hidden units dropped, effective width (1 − p)m
-        gen = torch.Generator().manual_seed(opts.seed)
-        kept = (torch.rand(m, generator=gen) >= opts.p).nonzero().flatten()
-        if len(kept) == 0:
-            raise GradleakError("dropout: every hidden unit was dropped")
-        coords = torch.cat([kept, m + (kept[:, None] * net.dim + torch.arange(net.dim)).flatten()])
-        return result(lambda x_: plain(x_)[coords], neurons=kept, positions=torch.arange(len(kept)),
-                      width=float(len(kept)), coordinates=coords)
-    if defense.name == "prune":
-        g = plain(x).detach()
-        # scope=layer prunes the a- and W-blocks separately, scope=global the whole vector
-        blocks = [(0, m), (m, g.numel())] if opts.scope == "layer" else [(0, g.numel())]
-        kept = []
-        for lo, hi in blocks:
-            keep = (hi - lo) - int(round(opts.ratio * (hi - lo)))
-            kept.append(lo + torch.topk(g[lo:hi].abs(), max(keep, 1)).indices)
-        coords = torch.sort(torch.cat(kept)).values
-        a_mask = coords < m
-        return result(lambda x_: plain(x_)[coords], neurons=coords[a_mask],
-                      positions=a_mask.nonzero().flatten(), coordinates=coords,
-                      a_share_kept=float(a_mask.sum()) / m)
-    raise GradleakError(f"theory defense '{defense.name}' is not implemented")  # unreachable: parse checks
+    return DEFENSES.get(defense.name)(defense.options).two_layer(view)
+
+
+def _local(view: TwoLayerView, opts: LocalAggregation) -> DefendedGradient:
+    net, x, y, m, act = view.net, view.x, view.y, view.width, view.net.activation
+    eta_a, eta_W = opts.lr / m, opts.lr * m
+    K = opts.steps
+    chunks = (torch.arange(x.shape[0]).tensor_split(K) if opts.batches == "split"
+              else [torch.arange(x.shape[0])] * K)
+    if any(len(c) == 0 for c in chunks):
+        raise GradleakError(f"local: batches=split needs batch size ≥ steps={K}")
+
+    def accumulated(x_: torch.Tensor) -> torch.Tensor:
+        a, W = net.a, net.W
+        total = torch.zeros(net.num_params, dtype=W.dtype)
+        for idx in chunks:
+            g = gradient_at(a, W, x_[idx], y[idx], act)
+            total = total + g
+            a = a - eta_a * g[:m]
+            W = W - eta_W * g[m:].reshape(W.shape)
+        return total  # (Θ⁰ − Θᴷ)/η, block by block
+    return view.result(accumulated, steps=K)
