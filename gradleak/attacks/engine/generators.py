@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import GradleakError
+from ...registry import Registry
 
 
 class _Conv(nn.Module):
@@ -95,4 +96,10 @@ class SkipGenerator(nn.Module):
         return torch.sigmoid(self.out(x))
 
 
-GENERATORS = {"skip": SkipGenerator, "upsample": UpsampleGenerator}
+# The generators an attack names in its options (feature-prior's `generator`): a class built as
+# `cls(channels, (height, width), copies=...)`, an nn.Module with a `noise_shape`. Plugins add
+# theirs with `GENERATORS.register` or the entry point group `gradleak.generators`.
+GENERATORS: Registry = Registry("generator", {
+    "skip": "gradleak.attacks.engine.generators:SkipGenerator",
+    "upsample": "gradleak.attacks.engine.generators:UpsampleGenerator",
+})

@@ -68,7 +68,7 @@ class FeaturePriorOptions:
     width: int = 20000  # random neurons of the probe layer (server side)
     probe_activation: ProbeActivation = "relu"
     centre: bool = True  # centre the probe's input (server side, see `centre_probe`)
-    generator: Literal["skip", "upsample"] = "skip"
+    generator: str = "skip"  # a name in GENERATORS (attacks.engine.generators): skip, upsample
     per_image: bool = True  # one generator per image (grouped convs) instead of one shared
     train_noise: bool = False  # also optimise the generator's noise input z₀
     schedule: ScheduleKind = "constant"  # a step decay shrinks the lr before the generator has fitted
@@ -81,6 +81,8 @@ class FeaturePriorOptions:
               "attack 'feature-prior': tv, bn and feature weights must be >= 0")
         check(self.span_above >= 1, "attack 'feature-prior': span_above must be >= 1")
         check(self.width >= 1, "attack 'feature-prior': width must be >= 1")
+        check(self.generator in GENERATORS, f"attack 'feature-prior': unknown generator '{self.generator}'; "
+                                            f"choose from: {', '.join(GENERATORS)}")
 
 
 class FeaturePriorAttack(ResumableAttack):
@@ -149,8 +151,8 @@ class FeaturePriorAttack(ResumableAttack):
         channels, height, width = obs.input_shape
         with torch.random.fork_rng():  # seeded initial weights, global RNG untouched
             torch.manual_seed(ctx.seed)
-            generator = GENERATORS[opt.generator](channels, (height, width),
-                                                  copies=batch if opt.per_image else 1).to(ctx.device)
+            generator = GENERATORS.get(opt.generator)(channels, (height, width),
+                                                      copies=batch if opt.per_image else 1).to(ctx.device)
         noise = torch.randn((batch, *generator.noise_shape), generator=ctx.generator(3)).to(ctx.device)
         if isinstance(recovered, torch.Tensor):
             recovered = recovered.to(ctx.device)

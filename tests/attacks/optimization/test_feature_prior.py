@@ -112,3 +112,24 @@ def test_beats_inverting_gradients_at_equal_iterations():
     assert fp["psnr"] > ig["psnr"] + 2.0
     assert fp["mse"] < 0.65 * ig["mse"]
     assert fp["label_acc"] == 1.0
+
+
+def test_a_registered_generator_is_taken_by_name():
+    """The generators are a Registry: one registered from outside is accepted by name, an unknown
+    name is refused in one line that lists the choices."""
+    from gradleak.attacks.engine.generators import GENERATORS, UpsampleGenerator
+
+    class Small(UpsampleGenerator):
+        """The upsampling generator with 8 hidden channels."""
+
+        def __init__(self, channels, size, copies=1):
+            super().__init__(channels, size, copies=copies, hidden=8)
+
+    GENERATORS.register("small", Small)
+    try:
+        assert make_attack("feature-prior:generator=small").options.generator == "small"
+        assert GENERATORS.get("small")(3, (8, 8)).noise_shape == Small(3, (8, 8)).noise_shape
+    finally:
+        GENERATORS.unregister("small")
+    with pytest.raises(GradleakError, match="unknown generator 'big'; choose from: skip, upsample$"):
+        make_attack("feature-prior:generator=big")
