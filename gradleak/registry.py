@@ -7,8 +7,9 @@ module plus one line in the registry table.
 Code outside gradleak adds components in two ways:
 - `ATTACKS.register("my-attack", MyAttack)` (or a "module:attr" path) at run time;
 - a Python entry point in the group `gradleak.attacks`, `gradleak.defenses`,
-  `gradleak.models`, `gradleak.datasets`, `gradleak.modalities` or `gradleak.generators` (the
-  deep image prior's generators) of an installed package, e.g. in its
+  `gradleak.models`, `gradleak.datasets`, `gradleak.modalities`, `gradleak.optimizers` (the
+  client optimizers replayed) or `gradleak.generators` (the deep image prior's generators) of
+  an installed package, e.g. in its
   pyproject.toml: `[project.entry-points."gradleak.defenses"] halve = "my_pkg:Halve"`.
 A component's `name` attribute, when it has one, must equal its registry key.
 """

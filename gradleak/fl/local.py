@@ -7,7 +7,6 @@ the client computed (Yue et al.'s τ-step FedAvg matching, CPL's local iteration
 """
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 from typing import Callable, Iterator, Protocol
 
@@ -19,7 +18,7 @@ from torch.func import functional_call
 from ..data.modality import modality_of_tensors
 from ..modalities import Modality
 from ..modalities import modality as modality_of
-from .training import SGDOptions, TrainingSpec
+from .training import OPTIMIZERS, TrainingSpec
 from .update import UpdateKind
 
 Tensors = dict[str, torch.Tensor]
@@ -147,39 +146,15 @@ def optimizer_step(training: TrainingSpec, step: int, params: Tensors, grads: Te
                    state: dict[str, dict[str, torch.Tensor]]) -> Tensors:
     """One step of the client's optimizer, written functionally so that an attack can
     differentiate through it, with torch.optim's semantics (its `_single_tensor` code
-    paths): SGD with momentum, dampening, Nesterov and weight decay; Adam (weight decay
-    added to the gradient); AdamW (decoupled weight decay). `state` carries momentum
+    paths): the registered optimizer's `step` (`fl.optimizers`: SGD with momentum, dampening,
+    Nesterov and weight decay; Adam; AdamW) on every parameter. `state` carries momentum
     buffers and moments from step to step. Parameters without a gradient stay."""
     lr, options = training.lr, training.optimizer_options
+    optimizer = OPTIMIZERS.get(training.optimizer_name)
     out = dict(params)
     for name, grad in grads.items():
-        p, memory = params[name], state.setdefault(name, {})
-        if isinstance(options, SGDOptions):
-            if options.weight_decay:
-                grad = grad + options.weight_decay * p
-            if options.momentum:
-                buffer = grad if step == 0 else options.momentum * memory["buffer"] + (1 - options.dampening) * grad
-                memory["buffer"] = buffer
-                grad = grad + options.momentum * buffer if options.nesterov else buffer
-            out[name] = p - lr * grad
-            continue
-        if training.optimizer_name == "adamw":
-            p = p * (1 - lr * options.weight_decay)
-        elif options.weight_decay:
-            grad = grad + options.weight_decay * p
-        beta1, beta2, t = options.beta1, options.beta2, step + 1
-        first = beta1 * memory["m"] + (1 - beta1) * grad if step else (1 - beta1) * grad
-        second = beta2 * memory["v"] + (1 - beta2) * grad * grad if step else (1 - beta2) * grad * grad
-        memory["m"], memory["v"] = first, second
-        denom = _sqrt(second) / math.sqrt(1 - beta2 ** t) + options.eps
-        out[name] = p - (lr / (1 - beta1 ** t)) * first / denom
+        out[name] = optimizer.step(options, lr, step, params[name], grad, state.setdefault(name, {}))
     return out
-
-
-def _sqrt(v: torch.Tensor) -> torch.Tensor:
-    """√v with a finite derivative where v = 0 (an entry no step ever moved): its value is
-    exactly torch's there (0), and the attacks' second derivative stays finite."""
-    return torch.where(v > 0, v.clamp_min(torch.finfo(v.dtype).tiny).sqrt(), torch.zeros_like(v))
 
 
 def model_state(model: nn.Module, *, requires_grad: bool = True) -> tuple[Tensors, Tensors]:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from ..errors import GradleakError
 from ..options import check
+from ..registry import Registry
 
 BN_MODES = ("train", "eval")  # batch norm in local training: batch or running statistics
 # How the client orders its examples each epoch: a fixed cyclic order; a seeded shuffle whose
@@ -44,11 +45,13 @@ class AdamOptions:
     weight_decay: float = field(default=0.0, metadata={"range": (0.0, 1.0)})
 
 
-# The client optimizers gradleak replays, with torch.optim's semantics step for step
-# (fl.local.optimizer_step; tests/fl/test_client_training.py checks them against torch.optim).
-OPTIMIZERS: dict[str, type] = {"sgd": SGDOptions, "adam": AdamOptions, "adamw": AdamOptions}
-# AdamW's default weight decay, as torch.optim.AdamW's
-ADAMW_WEIGHT_DECAY = 0.01
+# The client optimizers gradleak replays, with torch.optim's semantics step for step (their
+# classes in fl.optimizers; tests/fl/test_client_training.py checks them against torch.optim).
+OPTIMIZERS: Registry = Registry("optimizer", {
+    "sgd": "gradleak.fl.optimizers:SGD",
+    "adam": "gradleak.fl.optimizers:Adam",
+    "adamw": "gradleak.fl.optimizers:AdamW",
+})
 
 
 def parse_optimizer(text: str) -> tuple[str, SGDOptions | AdamOptions]:
@@ -62,10 +65,9 @@ def parse_optimizer(text: str) -> tuple[str, SGDOptions | AdamOptions]:
     if spec.name not in OPTIMIZERS:
         raise GradleakError(f"unknown optimizer '{spec.name}'; gradleak replays: {', '.join(OPTIMIZERS)} "
                             "(with torch.optim's options)")
-    raw = dict(spec.options)
-    if spec.name == "adamw":
-        raw.setdefault("weight_decay", ADAMW_WEIGHT_DECAY)
-    return spec.name, build_options(OPTIMIZERS[spec.name], raw, f"optimizer '{spec.name}'")
+    optimizer = OPTIMIZERS.get(spec.name)
+    raw = {**optimizer.option_defaults, **spec.options}
+    return spec.name, build_options(optimizer.Options, raw, f"optimizer '{spec.name}'")
 
 
 def check_bn_mode(mode: str) -> None:

@@ -204,3 +204,44 @@ def test_augmentation_draws_come_from_the_client_and_change_the_update(mnist_tes
     a = compute_update(model, x, mnist_test.labels[:6], training, generator=torch.Generator().manual_seed(0))
     b = compute_update(model, x, mnist_test.labels[:6], training, generator=torch.Generator().manual_seed(1))
     assert max(float((a.tensors[n] - b.tensors[n]).abs().max()) for n in a.tensors) > 1e-4
+
+
+def test_an_optimizer_registered_from_outside_is_replayed(mnist_test):
+    """The optimizers are a Registry: RMSprop, added from outside gradleak with its own step,
+    trains the client as torch.optim.RMSprop does, and leaves the registry as it was."""
+    from gradleak.fl.optimizers import Optimizer
+    from gradleak.fl.training import OPTIMIZERS
+
+    @dataclasses.dataclass(frozen=True)
+    class RMSpropOptions:
+        alpha: float = 0.99
+        eps: float = 1e-8
+
+    class RMSprop(Optimizer):
+        name = "rmsprop"
+        Options = RMSpropOptions
+
+        @staticmethod
+        def step(options, lr, step, p, grad, memory):
+            square = options.alpha * memory["v"] if step else torch.zeros_like(grad)
+            memory["v"] = square + (1 - options.alpha) * grad * grad
+            return p - lr * grad / (memory["v"].sqrt() + options.eps)
+
+    x, y = mnist_test.inputs[:8], mnist_test.labels[:8]
+    model = build_model(ModelSpec("mlp", (1, 28, 28), 10, seed=0))
+    OPTIMIZERS.register("rmsprop", RMSprop)
+    try:
+        update = compute_update(model, x, y, TrainingSpec(lr=0.001, local_steps=2, optimizer="rmsprop:alpha=0.9"))
+    finally:
+        OPTIMIZERS.unregister("rmsprop")
+    twin = copy.deepcopy(model)
+    optimizer = torch.optim.RMSprop(twin.parameters(), lr=0.001, alpha=0.9)
+    for _ in range(2):
+        optimizer.zero_grad()
+        F.cross_entropy(twin(x), y).backward()
+        optimizer.step()
+    with torch.no_grad():
+        worst = max(float((update.tensors[n] - (p - q)).abs().max())
+                    for (n, p), q in zip(model.named_parameters(), twin.parameters()))
+    assert worst < 1e-5
+    assert "rmsprop" not in OPTIMIZERS
