@@ -35,6 +35,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from .errors import GradleakError
+from .options import parse_pairs
 from .stats import LEVEL, binomial_interval
 
 # A rank uniform on the gallery gives each example an AUC uniform on [0, 1]: variance 1/12.
@@ -85,15 +86,16 @@ def parse_tolerance(value) -> Tolerance:
     if isinstance(value, Tolerance):
         return value
     if isinstance(value, str):
+        text = value
+        pairs = parse_pairs([part for part in text.split(",") if part.strip()],
+                            lambda _: f"tolerance '{text}': expected key=value pairs, "
+                                      "e.g. linkage=0.6,recognizable=0.1")
         fields = {}
-        for part in filter(None, (p.strip() for p in value.split(","))):
-            key, eq, text = part.partition("=")
-            if not eq:
-                raise GradleakError(f"tolerance '{value}': expected key=value pairs, e.g. linkage=0.6,recognizable=0.1")
+        for key, number in pairs.items():
             try:
-                fields[key.strip()] = float(text)
+                fields[key] = float(number)
             except ValueError:
-                raise GradleakError(f"tolerance {key.strip()} must be a number, got '{text}'") from None
+                raise GradleakError(f"tolerance {key} must be a number, got '{number}'") from None
         value = fields
     if not isinstance(value, dict):
         raise GradleakError(f"tolerance must be a mapping of linkage, recognizable and level, got {value!r}")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from ..errors import GradleakError, Terminated
-from ..options import output_dir, ranged
+from ..options import output_dir, parse_pairs, ranged
 
 if TYPE_CHECKING:
     from ..modalities import Modality
@@ -45,13 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _overrides(items: list[str]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise GradleakError(f"--run-config '{item}': expected KEY=VALUE")
-        out[key.strip()] = value.strip()
-    return out
+    return parse_pairs(items, lambda item: f"--run-config '{item}': expected KEY=VALUE")
 
 
 def _rounds(text: str | None) -> tuple[int, ...] | None:

@@ -24,7 +24,7 @@ from torch import nn
 
 from ..errors import GradleakError
 from ..modalities import modality as modality_of
-from ..options import path_kind
+from ..options import parse_pairs, path_kind
 
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -51,14 +51,10 @@ def parse_user_model_ref(text: str) -> tuple[str, str, dict[str, Any]]:
         raise GradleakError(f"model '{text}': '{factory}' is not a Python name")
     kwargs: dict[str, Any] = {}
     if len(parts) == 3 and parts[2].strip():
-        for item in parts[2].split(","):
-            key, eq, value = item.partition("=")
-            key = key.strip()
-            if not eq or not _IDENTIFIER.match(key):
-                raise GradleakError(f"model '{text}': bad argument '{item}', expected key=value")
-            if key in kwargs:
-                raise GradleakError(f"model '{text}': argument '{key}' given twice")
-            kwargs[key] = _literal(value.strip())
+        pairs = parse_pairs(parts[2], lambda item: f"model '{text}': bad argument '{item}', expected key=value",
+                            repeated=lambda key: f"model '{text}': argument '{key}' given twice",
+                            key=lambda key: key if _IDENTIFIER.match(key) else None)
+        kwargs = {key: _literal(value) for key, value in pairs.items()}
     return source, factory, kwargs
 
 

@@ -11,7 +11,7 @@ import dataclasses
 import fnmatch
 import math
 import typing
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from typing import Any, Callable, Iterable, Literal, get_args, get_origin, get_type_hints
 
 from ..errors import GradleakError
 from .limits import MAX_COUNT, MAX_MAGNITUDE, NAME_RANGES, check_range
@@ -57,6 +57,28 @@ class ComponentSpec:
         return self.name + ":" + ",".join(f"{k}={v}" for k, v in self.options.items())
 
 
+def parse_pairs(text: str | Iterable[str], bad_pair: Callable[[str], str], *,
+                repeated: Callable[[str], str] | None = None,
+                key: Callable[[str], str | None] = str.strip) -> dict[str, str]:
+    """The one `key=value` parser: the pairs of one comma-separated text, or of a list of
+    single pairs (whose values may hold commas), keys and values stripped.
+
+    `bad_pair(item)` is the one-line message for an item that is not `key=value`; `key` maps a
+    key to its stored form (None: the item is bad); `repeated(key)` the message for a key
+    given twice (None: the last one given counts)."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    pairs: dict[str, str] = {}
+    for item in items:
+        raw_key, eq, value = item.partition("=")
+        name = key(raw_key.strip()) if eq else None
+        if not name:
+            raise GradleakError(bad_pair(item))
+        if repeated is not None and name in pairs:
+            raise GradleakError(repeated(name))
+        pairs[name] = value.strip()
+    return pairs
+
+
 def parse_spec(text: str, kind: str) -> ComponentSpec:
     """Parse `name:k=v,k2=v2` (the CLI form)."""
     text = text.strip()
@@ -66,14 +88,10 @@ def parse_spec(text: str, kind: str) -> ComponentSpec:
         raise GradleakError(f"empty {kind} name in '{text}'")
     options: dict[str, Any] = {}
     if rest.strip():
-        for item in rest.split(","):
-            key, eq, value = item.partition("=")
-            key = key.strip().replace("-", "_")
-            if not eq or not key:
-                raise GradleakError(f"bad {kind} option '{item}' in '{text}': expected key=value")
-            if key in options:
-                raise GradleakError(f"{kind} option '{key}' given twice in '{text}'")
-            options[key] = value.strip()
+        options.update(parse_pairs(
+            rest, lambda item: f"bad {kind} option '{item}' in '{text}': expected key=value",
+            repeated=lambda key: f"{kind} option '{key}' given twice in '{text}'",
+            key=lambda key: key.replace("-", "_")))
     return ComponentSpec(name, options)
 
 
