@@ -1,13 +1,9 @@
-"""gradleak's benchmarks: `python -m benchmarks [name ...] [--quick]` (benchmarks/__main__.py)."""
-from __future__ import annotations
+"""gradleak's benchmarks: `python -m benchmarks [name ...] [--quick]` (benchmarks/__main__.py).
 
-
-def run_with_workers(run, name: str, argv: list[str]) -> dict:
-    """A benchmark's `run_with` for `--quick` and `--workers N` (parallel worker processes)."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog=f"python -m benchmarks {name}")
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--workers", type=int, default=None)
-    args = parser.parse_args(argv)
-    return run(quick=args.quick, workers=args.workers)
+benchmarks/attacks/: how well and how fast an attack recovers a client's data (one attack, or
+attacks side by side, per dataset, model, batch, defense or client training).
+benchmarks/pipeline/: the auditing around the attacks: judging, verdicts, sweeps and their
+seeds, the Flower apps and the guard, the theory study and the package's structure walk.
+benchmarks/common.py: the argument conventions every benchmark follows. A benchmark imports
+gradleak, benchmarks.common and its group's common module, never another benchmark.
+"""

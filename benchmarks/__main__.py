@@ -1,8 +1,10 @@
 """Run benchmarks and print one JSON object: `python -m benchmarks [name ...] [--quick]`, or
-`python -m benchmarks NAME [--option value ...]` for one benchmark that takes options.
+`python -m benchmarks NAME [--option value ...]` for one benchmark that takes options;
+`python -m benchmarks --list` prints the names by group.
 
-Each benchmarks/bench_<name>.py defines `run(quick: bool) -> dict`; one that takes options also
-defines `run_with(argv: list[str]) -> dict` (e.g. fedavg_scale: `--device cuda --epochs 10`).
+Each benchmarks/<group>/bench_<name>.py (groups in benchmarks.common.GROUPS) defines
+`run(quick: bool) -> dict`; one that takes options also defines `run_with(argv: list[str]) -> dict`
+that parses them with benchmarks.common.parser (e.g. fedavg_scale: `--device cuda --epochs 10`).
 """
 from __future__ import annotations
 
@@ -13,13 +15,26 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.common import GROUPS
+
+
+def benchmark_modules() -> dict[str, str]:
+    """Each benchmark's name and its module (`fedavg_scale` → benchmarks.attacks.bench_fedavg_scale)."""
+    here = Path(__file__).parent
+    return {m.name[len("bench_"):]: f"benchmarks.{group}.{m.name}" for group in GROUPS
+            for m in pkgutil.iter_modules([str(here / group)]) if m.name.startswith("bench_")}
+
 
 def main(argv: list[str]) -> int:
+    modules = benchmark_modules()
+    names = sorted(modules)
+    if argv and argv[0] in ("--list", "--help", "-h"):
+        for group in GROUPS:
+            print(f"{group}: {' '.join(n for n in names if modules[n].split('.')[1] == group)}")
+        return 0
     quick = "--quick" in argv
-    names = sorted(m.name[len("bench_"):] for m in pkgutil.iter_modules([str(Path(__file__).parent)])
-                   if m.name.startswith("bench_"))
     if argv and argv[0] in names and any(a.startswith("--") and a != "--quick" for a in argv[1:]):
-        module = importlib.import_module(f"benchmarks.bench_{argv[0]}")
+        module = importlib.import_module(modules[argv[0]])
         if not hasattr(module, "run_with"):
             print(f"benchmarks: '{argv[0]}' takes no options but --quick", file=sys.stderr)
             return 2
@@ -36,7 +51,7 @@ def main(argv: list[str]) -> int:
     results = {}
     for name in wanted or names:
         start = time.perf_counter()
-        module = importlib.import_module(f"benchmarks.bench_{name}")
+        module = importlib.import_module(modules[name])
         results[name] = module.run(quick=quick)
         results[name]["benchmark_seconds"] = round(time.perf_counter() - start, 2)
         print(f"benchmark {name} done in {results[name]['benchmark_seconds']} s", file=sys.stderr)

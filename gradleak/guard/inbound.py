@@ -22,7 +22,7 @@ Flower ArrayRecord's state dict as well as on an `nn.Module`:
   an average of client updates of one training recipe; a server that rewrites a layer moves
   it by far more.
 
-The thresholds' honest margins are measured in docs/guard.md (benchmarks/bench_guard.py).
+The thresholds' honest margins are measured in docs/guard.md (benchmarks/pipeline/bench_guard.py).
 A fully zero tensor is not flagged (LoRA's B, zero-initialised residual branches), nor is
 any one-dimensional tensor on its own (biases, norms, buffers).
 """

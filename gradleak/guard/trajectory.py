@@ -2,7 +2,7 @@
 global models a client receives round after round, and each client's own update. The
 guard's false-alarm rate is measured on these trajectories (instead of running Flower for
 20 rounds): every client trains as `compute_update` replays the app's training (the Flower
-example's captured updates match it to float rounding, benchmarks/bench_flower.py), and the
+example's captured updates match it to float rounding, benchmarks/pipeline/bench_flower.py), and the
 server averages the returned models weighted by their examples, as Flower's FedAvg does.
 """
 from __future__ import annotations

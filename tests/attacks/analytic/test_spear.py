@@ -38,7 +38,7 @@ def _matched_errors(recovered, original):
 
 
 def test_spear_recovers_adult_batches_of_8_exactly(adult):
-    # seeds 0-2: every record exact, MSE ≤ 6e-17 (benchmarks/bench_spear.py: 10/10 other batches exact)
+    # seeds 0-2: every record exact, MSE ≤ 6e-17 (benchmarks/attacks/bench_spear.py: 10/10 other batches exact)
     for seed in range(3):
         x, y = _batch(adult, 8, seed)
         model = build_model(ModelSpec("mlp", tuple(x.shape[1:]), 2, seed=seed))

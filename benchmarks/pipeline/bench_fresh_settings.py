@@ -91,7 +91,7 @@ def _best_ssim(store, cells, entry) -> float | None:
 
 
 def run(quick: bool = False, workers: int | None = None) -> dict:
-    from benchmarks.bench_demo_seeds import sample_examples, seed_row
+    from benchmarks.pipeline.common import sample_examples, seed_row
     from gradleak.analysis import strongest_attacks
     from gradleak.store import ResultStore
     from gradleak.sweep import parse_sweep, run_sweep
@@ -117,6 +117,6 @@ def run(quick: bool = False, workers: int | None = None) -> dict:
 
 
 def run_with(argv: list[str]) -> dict:
-    from benchmarks import run_with_workers
+    from benchmarks.common import run_with_workers
 
     return run_with_workers(run, "fresh_settings", argv)

@@ -29,7 +29,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import nn
 
-from benchmarks.bench_fedavg_scale import judge_reconstruction, mnist_client_data
+from benchmarks.attacks.common import judge_reconstruction, mnist_client_data
 from gradleak.attacks import AttackContext, make_attack
 from gradleak.attacks.analytic.dense_vertices import DenseVertices
 from gradleak.fl import TrainingSpec, compute_update

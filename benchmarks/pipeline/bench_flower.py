@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-APP = Path(__file__).resolve().parents[1] / "examples" / "flower_audit"
+APP = Path(__file__).resolve().parents[2] / "examples" / "flower_audit"
 SMALL = {"model": "sigmoid-cnn", "examples-per-client": "8", "local-epochs": "2"}
 
 

@@ -5,44 +5,11 @@ B = 8, 16, 25; MNIST through the same mlp at B = 16; the 400 conv features enter
 fc120 (ReLU) at B = 4 and 8. Each batch climbs the ladder (65536 draws, doubling) until verified."""
 from __future__ import annotations
 
-import time
-
 import torch
-from scipy.optimize import linear_sum_assignment
 
-from gradleak.attacks import AttackContext, make_attack
+from benchmarks.attacks.common import spear_batch
 from gradleak.data import DatasetSpec, load_dataset
-from gradleak.fl import TrainingSpec, compute_update
-from gradleak.models import ModelSpec, build_model
-from gradleak.solvers.features import FeatureExtractor
-from gradleak.threat import make_threat_model, observe
-
-EXACT_MSE = 1e-6
-
-
-def spear_batch(data, model_spec: ModelSpec, batch: int, seed: int, doublings: int, features: str | None) -> dict:
-    index = torch.randperm(len(data.inputs), generator=torch.Generator().manual_seed(1000 + seed))[:batch]
-    x, y = data.inputs[index].float(), data.labels[index]
-    model = build_model(model_spec)
-    update = compute_update(model, x, y, TrainingSpec())
-    obs = observe(update, model, make_threat_model("honest"), input_shape=tuple(x.shape[1:]),
-                  num_classes=model_spec.num_classes, training=TrainingSpec(), batch_size=batch, labels=y,
-                  defenses=[], modality=data.modality)
-    attack = make_attack("spear")
-    started = time.perf_counter()
-    for rung, (_, _, sampler, solution) in enumerate(attack.search(obs, AttackContext(seed=seed))):
-        if (solution is not None and solution.agreement >= 1.0) or rung >= doublings:
-            break
-    seconds = time.perf_counter() - started
-    truth = (FeatureExtractor(model, features)(x).detach() if features else x.flatten(1)).double()
-    if solution is None:
-        exact = 0
-    else:
-        cost = torch.cdist(solution.inputs, truth) ** 2 / truth.shape[1]
-        rows, cols = linear_sum_assignment(cost.numpy())
-        exact = int((cost[rows, cols] <= EXACT_MSE * max(1.0, float(truth.pow(2).mean()))).sum())
-    return {"exact": exact, "verified": bool(solution is not None and solution.agreement >= 1.0),
-            "draws": sampler.drawn, "seconds": seconds}
+from gradleak.models import ModelSpec
 
 
 def _case(name: str, data, model_spec, batch: int, seeds: int, doublings: int, features: str | None = None) -> dict:

@@ -17,7 +17,7 @@ BATCH = 25
 def _seed(args: tuple[int, int]) -> dict:
     import torch
 
-    from benchmarks.bench_spear import spear_batch
+    from benchmarks.attacks.common import spear_batch
     from gradleak.data import DatasetSpec, load_dataset
     from gradleak.models import ModelSpec
 
@@ -43,6 +43,6 @@ def run(quick: bool = False, workers: int | None = None) -> dict:
 
 
 def run_with(argv: list[str]) -> dict:
-    from benchmarks import run_with_workers
+    from benchmarks.common import run_with_workers
 
     return run_with_workers(run, "spear_b25", argv)

@@ -45,7 +45,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parents[2]
 
 
 def _ranks(root: Path) -> dict[str, int]:

@@ -1,8 +1,8 @@
 """Re-identification's judge: its speed beside the attack, and the calibration of its bars.
 
-Speed (`python -m benchmarks judge`; `python -m benchmarks.bench_judge cli [ROOT] [RUNS]` for
+Speed (`python -m benchmarks judge`; `python -m benchmarks.pipeline.bench_judge cli [ROOT] [RUNS]` for
 the CLI command alone, RUNS fresh processes, ROOT a checkout to time another version;
-`python -m benchmarks.bench_judge speed` for the in-process runs alone): MKOR on MNIST,
+`python -m benchmarks.pipeline.bench_judge speed` for the in-process runs alone): MKOR on MNIST,
 LeNet-5, batch 100, malicious server, one thread, with its 1,000-example gallery, as
 `gradleak attack --dataset mnist --model lenet5 --attack mkor --threat malicious
 --batch-size 100 --json` runs it. Reported as the run's JSON reports them: `seconds` (the
@@ -20,7 +20,7 @@ the first run of a study on a machine does; the user cache pointed at an empty f
 process does) and `same_gallery` (the Gallery judged before: the later runs of a study in one
 process).
 
-Calibration (`python -m benchmarks.bench_judge calibrate [--quick]`, also part of the
+Calibration (`python -m benchmarks.pipeline.bench_judge calibrate [--quick]`, also part of the
 benchmark's run): degraded copies of 100 originals (40 with --quick) judged against
 1,000-example galleries of data the project does not report on (never MNIST or CIFAR-10):
 
@@ -349,7 +349,7 @@ def cli(root: str | None = None, runs: int = 3) -> dict:
     import subprocess
     from pathlib import Path
 
-    root = root or str(Path(__file__).resolve().parents[1])
+    root = root or str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     each = []
     for _ in range(runs):

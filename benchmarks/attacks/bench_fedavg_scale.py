@@ -35,37 +35,14 @@ from statistics import median
 
 import torch
 
+from benchmarks.attacks.common import judge_reconstruction, mnist_client_data
 from gradleak.attacks import AttackContext, make_attack
 from gradleak.attacks.replay.epoch_replay import EpochReplay
 from gradleak.attacks.replay.labels import recover_labels
 from gradleak.attacks.replay.matching import UpdateSimulator, update_distance
-from gradleak.data import DatasetSpec, load_dataset
 from gradleak.fl import TrainingSpec, compute_update
-from gradleak.metrics.reidentify import Gallery
-from gradleak.metrics.scoring import score_batch, summarize
 from gradleak.models.references import build_named_model
 from gradleak.threat import make_threat_model, observe
-
-GALLERY = 1000
-
-
-def mnist_client_data(keep_train: bool = False):
-    """The clients' test split and the judge's gallery of train-split digits; with `keep_train`,
-    also the train split and the gallery's rows in it (for auxiliary data kept apart from them)."""
-    test = load_dataset(DatasetSpec("mnist", split="test"))
-    train = load_dataset(DatasetSpec("mnist", split="train"))
-    rows = torch.randperm(len(train.labels), generator=torch.Generator().manual_seed(99))[:GALLERY]
-    gallery = Gallery(train.inputs[rows], "train-split MNIST digits")
-    return (test, gallery, train, rows) if keep_train else (test, gallery)
-
-
-def judge_reconstruction(x, y, reconstruction, labels, gallery) -> dict:
-    scores, _ = score_batch(x, y, reconstruction.detach().cpu(), labels, gallery=gallery)
-    summary = summarize(scores)
-    return {"recognizable": sum(bool(s.recognizable) for s in scores), "copied": sum(bool(s.success) for s in scores),
-            "recognizable_or_copied": sum(bool(s.recognizable) or bool(s.success) for s in scores),
-            "total": len(scores), "psnr_median": round(summary["psnr_median"], 2),
-            "ssim": round(summary["ssim"], 3), "reid": summary["reid"]}
 
 
 def _class_means(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@
   in-process with Flower messages, `guard = true`: an honest round 1, an rtf-crafted model in
   round 2, an honest round 3.
 
-`python -m benchmarks guard` runs every case; `python -m benchmarks.bench_guard utility chance`
+`python -m benchmarks guard` runs every case; `python -m benchmarks.pipeline.bench_guard utility chance`
 runs the cases named. `--quick`: fewer rounds and clients everywhere.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 MNIST = (1, 28, 28)
 IMAGE_ATTACKS = ("rtf", "rtf:bins=16,query=gaussian", "fishing", "fishing:target_class=3,fish_bias=5")
 MKOR_ATTACKS = ("mkor", "mkor:noise=0.01", "mkor:noise=0.1,shuffle=false")
@@ -378,7 +378,7 @@ def run(quick: bool = False, cases=CASES) -> dict:
     return out
 
 
-if __name__ == "__main__":  # python -m benchmarks.bench_guard [case ...] [--quick]
+if __name__ == "__main__":  # python -m benchmarks.pipeline.bench_guard [case ...] [--quick]
     import json
 
     wanted = [a for a in sys.argv[1:] if not a.startswith("--")]
