@@ -29,6 +29,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import nn
 
+from benchmarks import common
 from benchmarks.attacks.common import judge_reconstruction, mnist_client_data
 from gradleak.attacks import AttackContext, make_attack
 from gradleak.attacks.analytic.dense_vertices import DenseVertices
@@ -92,8 +93,13 @@ def _client(args, seed: int, test, gallery, train, gallery_rows) -> dict:
     return row
 
 
+# what --quick sets; options given after it win
+QUICK = ["--images", "10", "--epochs", "2", "--starts", "1000", "--realizable", "100",
+         "--realizable-iterations", "100", "--invert-iterations", "100"]
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks fedavg_features")
+    parser = common.parser("fedavg_features")
     parser.add_argument("--model", default="lenet5:activation=relu")
     parser.add_argument("--images", type=int, default=50)
     parser.add_argument("--epochs", type=int, default=10)
@@ -115,15 +121,15 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tv", type=float, default=0.1, help="TV weight of the inversion (chosen on seed 100)")
     parser.add_argument("--seeds", default="100")
     parser.add_argument("--threads", type=int, default=1)
-    return parser.parse_args(argv)
+    return parser.parse_args([*QUICK, *argv] if "--quick" in argv else argv)
 
 
 def run_with(argv: list[str]) -> dict:
     args = _parse(argv)
     torch.set_num_threads(args.threads)
     test, gallery, train, gallery_rows = mnist_client_data(keep_train=True)
-    rows = [_client(args, int(s), test, gallery, train, gallery_rows) for s in args.seeds.split(",")]
-    out: dict = {"setting": vars(args), "rows": rows}
+    rows = [_client(args, int(s), test, gallery, train, gallery_rows) for s in common.seed_list(args.seeds)]
+    out: dict = {"setting": {k: v for k, v in vars(args).items() if k != "quick"}, "rows": rows}
     for part in ("true_features", "vertices"):
         out[part] = {"recognizable_or_copied": sum(r[part]["recognizable_or_copied"] for r in rows),
                      "total": sum(r[part]["total"] for r in rows),
@@ -132,5 +138,4 @@ def run_with(argv: list[str]) -> dict:
 
 
 def run(quick: bool) -> dict:
-    return run_with(["--images", "10", "--epochs", "2", "--starts", "1000", "--realizable", "100",
-                     "--realizable-iterations", "100", "--invert-iterations", "100"] if quick else [])
+    return run_with(["--quick"] if quick else [])

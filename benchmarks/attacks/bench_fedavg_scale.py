@@ -35,6 +35,7 @@ from statistics import median
 
 import torch
 
+from benchmarks import common
 from benchmarks.attacks.common import judge_reconstruction, mnist_client_data
 from gradleak.attacks import AttackContext, make_attack
 from gradleak.attacks.replay.epoch_replay import EpochReplay
@@ -135,8 +136,11 @@ def _client(args, seed: int, test, gallery) -> dict:
     return row
 
 
+QUICK = ["--iterations", "50"]  # what --quick sets; options given after it win
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks fedavg_scale")
+    parser = common.parser("fedavg_scale")
     parser.add_argument("--case", choices=["lenet5", "sigmoid"], default="lenet5")
     parser.add_argument("--model", default=None, help="the client model (default lenet5; lenet for --case sigmoid)")
     parser.add_argument("--device", default="cpu")
@@ -167,7 +171,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--start-noise", type=float, default=None,
                         help="diagnostic: start the attack from the true batch plus noise of this sd (not an attack)")
-    args = parser.parse_args(argv)
+    args = parser.parse_args([*QUICK, *argv] if "--quick" in argv else argv)
     sigmoid = args.case == "sigmoid"
     defaults = {"images": 4 if sigmoid else 10, "epochs": 2, "local_batch": 2 if sigmoid else 5,
                 "lr": 0.01 if sigmoid else 0.004, "optimizer": "sgd", "order": "known" if sigmoid else "unknown",
@@ -185,10 +189,10 @@ def run_with(argv: list[str]) -> dict:
     args = _parse(argv)
     torch.set_num_threads(args.threads)
     test, gallery = mnist_client_data()
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = list(common.seed_list(args.seeds))
     optimizers = ["sgd", "sgd:momentum=0.9"] if args.case == "sigmoid" and "--optimizer" not in argv \
         else [args.optimizer]
-    out = {"setting": {k: v for k, v in vars(args).items() if k != "seeds"}, "seeds": seeds, "runs": []}
+    out = {"setting": {k: v for k, v in vars(args).items() if k not in ("seeds", "quick")}, "seeds": seeds, "runs": []}
     for optimizer in optimizers:
         args.optimizer = optimizer
         rows = [_client(args, seed, test, gallery) for seed in seeds]
@@ -203,4 +207,4 @@ def run_with(argv: list[str]) -> dict:
 
 
 def run(quick: bool) -> dict:
-    return run_with(["--iterations", "50"] if quick else [])
+    return run_with(["--quick"] if quick else [])

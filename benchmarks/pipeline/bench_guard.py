@@ -17,7 +17,7 @@
   in-process with Flower messages, `guard = true`: an honest round 1, an rtf-crafted model in
   round 2, an honest round 3.
 
-`python -m benchmarks guard` runs every case; `python -m benchmarks.pipeline.bench_guard utility chance`
+`python -m benchmarks guard` runs every case; `python -m benchmarks guard --cases utility chance`
 runs the cases named. `--quick`: fewer rounds and clients everywhere.
 """
 from __future__ import annotations
@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from benchmarks import common
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 MNIST = (1, 28, 28)
@@ -378,11 +380,9 @@ def run(quick: bool = False, cases=CASES) -> dict:
     return out
 
 
-if __name__ == "__main__":  # python -m benchmarks.pipeline.bench_guard [case ...] [--quick]
-    import json
-
-    wanted = [a for a in sys.argv[1:] if not a.startswith("--")]
-    unknown = [w for w in wanted if w not in CASES]
-    if unknown:
-        sys.exit(f"bench_guard: unknown case '{unknown[0]}'; choose from: {', '.join(CASES)}")
-    print(json.dumps(run("--quick" in sys.argv, tuple(wanted) or CASES), indent=2))
+def run_with(argv: list[str]) -> dict:
+    parser = common.parser("guard")
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES), metavar="CASE",
+                        help=f"the cases to run (default: all of {', '.join(CASES)})")
+    args = parser.parse_args(argv)
+    return run(args.quick, tuple(args.cases))

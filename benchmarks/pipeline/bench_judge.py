@@ -1,8 +1,8 @@
 """Re-identification's judge: its speed beside the attack, and the calibration of its bars.
 
-Speed (`python -m benchmarks judge`; `python -m benchmarks.pipeline.bench_judge cli [ROOT] [RUNS]` for
-the CLI command alone, RUNS fresh processes, ROOT a checkout to time another version;
-`python -m benchmarks.pipeline.bench_judge speed` for the in-process runs alone): MKOR on MNIST,
+Speed (`python -m benchmarks judge`; `python -m benchmarks judge --only cli [--root ROOT] [--runs RUNS]`
+for the CLI command alone, RUNS fresh processes, ROOT a checkout to time another version;
+`python -m benchmarks judge --only speed` for the in-process runs alone): MKOR on MNIST,
 LeNet-5, batch 100, malicious server, one thread, with its 1,000-example gallery, as
 `gradleak attack --dataset mnist --model lenet5 --attack mkor --threat malicious
 --batch-size 100 --json` runs it. Reported as the run's JSON reports them: `seconds` (the
@@ -20,7 +20,7 @@ the first run of a study on a machine does; the user cache pointed at an empty f
 process does) and `same_gallery` (the Gallery judged before: the later runs of a study in one
 process).
 
-Calibration (`python -m benchmarks.pipeline.bench_judge calibrate [--quick]`, also part of the
+Calibration (`python -m benchmarks judge --only calibrate [--quick]`, also part of the
 benchmark's run): degraded copies of 100 originals (40 with --quick) judged against
 1,000-example galleries of data the project does not report on (never MNIST or CIFAR-10):
 
@@ -354,7 +354,7 @@ def cli(root: str | None = None, runs: int = 3) -> dict:
     each = []
     for _ in range(runs):
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, __file__, "cli-child", *CLI_ARGS], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, __file__, *CLI_ARGS], capture_output=True, text=True,
                               env=env, cwd=root, timeout=1800)
         wall = time.perf_counter() - start
         if proc.returncode != 0:
@@ -395,15 +395,25 @@ def run(quick: bool) -> dict:
     return {"cli": cli(), "in_process": speed(), "calibration": calibrate(quick)}
 
 
-if __name__ == "__main__":
-    args = sys.argv[1:]
-    if args and args[0] == "calibrate":
-        print(json.dumps(calibrate("--quick" in args), indent=2))
-    elif args and args[0] == "cli":
-        print(json.dumps(cli(args[1] if len(args) > 1 else None, int(args[2]) if len(args) > 2 else 3), indent=2))
-    elif args and args[0] == "speed":
-        print(json.dumps(speed(), indent=2))
-    elif args and args[0] == "cli-child":
-        _cli_child(args[1:])
-    else:
-        print(json.dumps(speed(), indent=2))
+def run_with(argv: list[str]) -> dict:
+    # imported here, not at the top: `cli` runs this file as a script under another checkout's
+    # PYTHONPATH, whose benchmarks package may predate benchmarks.common
+    from benchmarks import common
+
+    parser = common.parser("judge")
+    parser.add_argument("--only", choices=("cli", "speed", "calibrate"), default=None,
+                        help="one part of the benchmark (default: all three)")
+    parser.add_argument("--root", default=None, help="cli: the checkout whose gradleak runs (default: this one)")
+    parser.add_argument("--runs", type=int, default=3, help="cli: fresh processes")
+    args = parser.parse_args(argv)
+    if args.only == "cli":
+        return cli(args.root, args.runs)
+    if args.only == "speed":
+        return speed()
+    if args.only == "calibrate":
+        return calibrate(args.quick)
+    return {"cli": cli(args.root, args.runs), "in_process": speed(), "calibration": calibrate(args.quick)}
+
+
+if __name__ == "__main__":  # the child process `cli` times: `python bench_judge.py ARGS` runs `gradleak ARGS`
+    _cli_child(sys.argv[1:])
