@@ -14,22 +14,21 @@ from torch import nn
 
 from ..attacks import Attack, make_attack
 from ..data import Dataset
-from ..data.base import data_digest
 from ..defenses import make_chain
 from ..errors import GradleakError
 from ..fl import TrainingSpec
 from ..fl.training_check import TrainingMismatchWarning, check_declared_training
 from ..fl.update import Update, check_update_fits
 from ..metrics.reidentify import Gallery
-from ..models.base import model_digest
 from ..models.model_check import warn_if_output_ignores_input
 from ..models.references import fit_classes
 from ..run.experiment import attack_observations
 from ..run.scenario.spec import AttackRunResult, AttackRunSpec, pick_device, training_fields
 from ..threat import ThreatModel, expected_view, make_threat_model, observe
-from .inputs import artifacts_folder, defense_labels, gallery_inputs
+from .inputs import artifacts_folder, gallery_inputs
 from .result import AuditResult
 from .selection import BUDGET_DOUBLINGS, SkippedAttack, check_budget, select_attacks
+from .setting import Setting
 
 
 def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels: torch.Tensor, *,
@@ -94,15 +93,12 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
                                          artifacts_folder(artifacts, None)))
         except GradleakError as exc:
             skipped.append(SkippedAttack(text, str(exc)))
-    setting = {"dataset": data_label, "model": label, "batch_size": len(data),
-               "local_steps": training.num_steps(len(data)), "local_epochs": training.local_epochs, "lr": training.lr,
-               "seed": seed, "threat": threat_model.name, "budget": budget, "defenses": list(defenses),
-               **defense_labels(tuple(defenses)), "model_digest": model_digest(model),
-               "data_digest": data_digest(data), "seconds": time.perf_counter() - start}
-    setting["training_check"] = training_check.to_dict()
+    setting = Setting.of(dataset=data_label, model=label, weights=model, data=data, batch_size=len(data),
+                         training=training, seed=seed, threat=threat_model.name, budget=budget,
+                         defenses=defenses, started=start, captured=True, training_check=training_check)
     for run in runs:  # stored with every row, so that the verdict knows (analysis.verdict)
         run.extras["training_check"] = training_check.to_dict()
-    return AuditResult(runs, skipped, setting, training_check)
+    return AuditResult(runs, skipped, setting.as_dict(), training_check)
 
 
 

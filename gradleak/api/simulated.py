@@ -14,14 +14,12 @@ from torch import nn
 
 from ..attacks import Attack
 from ..attacks.base import AttackRefused
-from ..data.base import data_digest
 from ..data.references import resolve_data, run_order
 from ..defenses import make_chain
 from ..errors import GradleakError
 from ..fl import TrainingSpec
 from ..leakage import SAMPLE_SEED_OFFSET, parse_tolerance, sample_target
 from ..metrics.reidentify import Gallery
-from ..models.base import model_digest
 from ..models.references import parse_model_reference, resolve_model
 from ..options import parse_spec
 from ..progress import attack_progress
@@ -29,9 +27,10 @@ from ..run.experiment import run_scenario
 from ..run.scenario.gallery import GALLERY_SIZE, resolved_gallery, with_extra
 from ..run.scenario.spec import AttackRunResult, AttackRunSpec, training_fields
 from ..threat import expected_view, make_threat_model
-from .inputs import artifacts_folder, audit_seeds, defense_labels, gallery_inputs
+from .inputs import artifacts_folder, audit_seeds, gallery_inputs
 from .result import AuditResult
 from .selection import BUDGET_DOUBLINGS, SkippedAttack, check_budget, component_text, select_attacks
+from .setting import Setting
 
 
 def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
@@ -169,13 +168,10 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
         per_seed = min(len(dataset), math.ceil(missing / len(seeds) / batch_size) * batch_size)
         for run_seed in seeds:
             attack_seed(run_seed + SAMPLE_SEED_OFFSET * rung, per_seed, only)
-    setting = {"dataset": resolved.label, "model": model_label, "batch_size": batch_size,
-               "local_steps": training.num_steps(batch_size), "local_epochs": training.local_epochs,
-               "lr": training.lr, "seed": seeds[0], "seeds": seeds, "threat": threat_model.name, "budget": budget,
-               "defenses": list(defense_texts), **defense_labels(defense_texts),
-               "model_digest": model_digest(built), "data_digest": data_digest(dataset),
-               "seconds": time.perf_counter() - start}
-    result = AuditResult(runs, skipped, setting, tolerance=tolerance)
+    setting = Setting.of(dataset=resolved.label, model=model_label, weights=built, data=dataset,
+                         batch_size=batch_size, training=training, seed=seeds[0], seeds=seeds,
+                         threat=threat_model.name, budget=budget, defenses=defense_texts, started=start)
+    result = AuditResult(runs, skipped, setting.as_dict(), tolerance=tolerance)
     if out is not None:
         result.write_report(out)
     return result

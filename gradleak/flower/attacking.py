@@ -236,17 +236,12 @@ def _labels(item: PlannedAttack) -> dict:
 
 
 def _setting(audit: FlowerAudit, captured: CapturedUpdate, data, threat: str) -> dict:
-    from ..api.inputs import defense_labels
-    from ..data.base import data_digest
-    from ..models.base import model_digest
+    from ..api.setting import Setting
 
-    training = captured.training
-    check = captured.training_check.to_dict() if captured.training_check is not None else None
-    return {"dataset": _data_label(captured), "model": _model_label(captured), "batch_size": len(data),
-            "local_steps": training.num_steps(len(data)), "local_epochs": training.local_epochs, "lr": training.lr,
-            "seed": audit.seed, "threat": threat, "budget": audit.budget, "defenses": [], **defense_labels(()),
-            "model_digest": model_digest(captured.model), "data_digest": data_digest(data),
-            "training_check": check}
+    return Setting.of(dataset=_data_label(captured), model=_model_label(captured), weights=captured.model,
+                      data=data, batch_size=len(data), training=captured.training, seed=audit.seed,
+                      threat=threat, budget=audit.budget, captured=True,
+                      training_check=captured.training_check).as_dict()
 
 
 def _client(captured: CapturedUpdate) -> int:
