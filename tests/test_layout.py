@@ -212,3 +212,41 @@ def test_the_family_check_catches_an_upward_arrow(tmp_path, monkeypatch):
         assert "gradleak.attacks.engine.initialization -> gradleak.attacks.learned.learned" in str(exc)
     else:
         raise AssertionError("an upward import between attack families went unnoticed")
+
+
+# The tests mirror the package: each folder under tests/ is named after the gradleak package or
+# module its files test (tests/store ↔ gradleak/store.py, tests/attacks/text ↔ gradleak/attacks/text/),
+# so a test is found where its subject lives. tests/support holds helpers, not tests.
+TESTS = Path(__file__).resolve().parent
+TEST_HELPERS = ("support",)
+AT_THE_TESTS_ROOT = {"__init__.py", "conftest.py", "test_layout.py"}  # the layout tests the whole package
+
+
+def _mirror_misses(tests: Path, package: Path) -> list[str]:
+    misses = []
+    for folder in sorted(p for p in tests.rglob("*") if p.is_dir() and "__pycache__" not in p.parts):
+        relative = folder.relative_to(tests)
+        if relative.parts[0] in TEST_HELPERS:
+            misses += [f"tests/{f.relative_to(tests)}: a test among the helpers" for f in folder.glob("test_*.py")]
+        elif not ((package / relative).is_dir() or (package / relative).with_suffix(".py").is_file()):
+            misses.append(f"tests/{relative}/ names no gradleak package or module")
+    misses += [f"tests/{p.name} sits at the tests root" for p in sorted(tests.glob("*.py"))
+               if p.name not in AT_THE_TESTS_ROOT]
+    return misses
+
+
+def test_the_tests_mirror_the_package():
+    assert _mirror_misses(TESTS, PACKAGE) == []
+
+
+def test_the_mirror_check_catches_a_stray_folder_and_a_root_test(tmp_path):
+    package, tests = tmp_path / "gradleak", tmp_path / "tests"
+    (package / "attacks" / "text").mkdir(parents=True)
+    (package / "store.py").write_text("")
+    for folder in ("attacks/text", "store", "support", "scenarios"):
+        (tests / folder).mkdir(parents=True)
+    for name in ("conftest.py", "test_layout.py", "test_seeding.py", "support/test_helper.py"):
+        (tests / name).write_text("")
+    assert _mirror_misses(tests, package) == ["tests/scenarios/ names no gradleak package or module",
+                                              "tests/support/test_helper.py: a test among the helpers",
+                                              "tests/test_seeding.py sits at the tests root"]

@@ -9,7 +9,7 @@ as scikit-learn ships `check_estimator`:
 Each check runs the component on a few real examples of each modality it declares, with small
 built-in models and tiny budgets (`gradleak.testing.probes`), and raises `ContractError` (an
 AssertionError) naming the part of the contract that fails. gradleak's own tests run the same
-checks on every registered attack, defense and model (tests/contracts/).
+checks on every registered attack, defense and model (tests/testing/).
 """
 from .attacks import check_attack
 from .defenses import check_defense

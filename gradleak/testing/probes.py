@@ -23,7 +23,7 @@ from ..options import field_range
 from ..threat import Observation, ThreatModel, observe
 
 # Real data of each modality, small: every modality in gradleak.modalities needs a row here
-# (tests/contracts/test_modalities.py fails for one without).
+# (tests/testing/test_modalities.py fails for one without).
 # Each modality's first dataset is the one attacks are run on; models try them in turn (a text
 # model reads the token ids of its own tokenizer).
 MODALITY_DATA = {

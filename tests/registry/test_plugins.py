@@ -13,7 +13,7 @@ import pytest
 from gradleak.errors import GradleakError
 from gradleak.registry import Registry
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 PLUGIN = '''
 from dataclasses import dataclass

@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.fuzzing import MARKER, Case, generate_cases, make_files, subprocess_sample
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CASES = generate_cases()
 NON_FINITE = re.compile(r"(?<![A-Za-z_])(nan|NaN|-?inf|-?Infinity)(?![A-Za-z_])")
 SECONDS_PER_CASE = 20.0  # a case that gets past validation and starts real work fails here
