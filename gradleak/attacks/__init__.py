@@ -10,6 +10,7 @@ ATTACKS: Registry = Registry("attack", {
     "ig": "gradleak.attacks.optimization.ig:InvertingGradients",
     "fc-analytic": "gradleak.attacks.analytic.fc_analytic:FCAnalytic",
     "rtf": "gradleak.attacks.malicious.rtf:RobbingTheFed",
+    "loki": "gradleak.attacks.malicious.loki:Loki",
     "fishing": "gradleak.attacks.malicious.fishing:ClassFishing",
     "cpa": "gradleak.attacks.analytic.cpa:CocktailParty",
     "tensor": "gradleak.attacks.analytic.tensor:TensorAttack",
