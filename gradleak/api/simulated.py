@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Sequence
@@ -18,7 +17,7 @@ from ..data.references import resolve_data, run_order
 from ..defenses import make_chain
 from ..errors import GradleakError
 from ..fl import TrainingSpec
-from ..leakage import SAMPLE_SEED_OFFSET, parse_tolerance, sample_target
+from ..leakage import parse_tolerance
 from ..metrics.reidentify import Gallery
 from ..models.references import parse_model_reference, resolve_model
 from ..options import parse_spec
@@ -26,6 +25,7 @@ from ..progress import attack_progress
 from ..run.experiment import run_scenario
 from ..run.scenario.gallery import GALLERY_SIZE, resolved_gallery, with_extra
 from ..run.scenario.spec import AttackRunResult, AttackRunSpec, training_fields
+from ..sweep.sample_plan import examples_per_run, rung_seed, setting_target
 from ..threat import expected_view, make_threat_model
 from .inputs import artifacts_folder, audit_seeds, gallery_inputs
 from .result import AuditResult
@@ -118,7 +118,7 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
         return with_extra(resolved_gallery(resolved.gallery_split, resolved.gallery_draw(targets, GALLERY_SIZE)),
                           extra_gallery)
 
-    def attack_seed(run_seed: int, examples: int | None, only: set[str] | None = None) -> tuple[nn.Module, str]:
+    def attack_seed(run_seed: int, examples: int | None, only: frozenset[str] | None = None) -> tuple[nn.Module, str]:
         nonlocal dataset
         built, model_label, dataset = resolve_model(reference, resolved.dataset, run_seed, checkpoint)
         gallery_of_seed = judge(run_seed, examples)
@@ -152,22 +152,14 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
         built, model_label = attack_seed(run_seed, images)
     for rung in range(1, sample_rungs + 1):
         # the sample ladder: fresh examples (new seeds) while the verdict is still open
-        entries = AuditResult(runs, skipped, {}, tolerance=tolerance).verdicts()
-        open_entries = [e for e in entries if e.get("open")]
-        if not open_entries:
+        plan = setting_target(AuditResult(runs, skipped, {}, tolerance=tolerance).verdicts(), max_examples)
+        if plan is None or len(dataset) < batch_size:
             break
-        have = max(1, min(e["ladder_have"] for e in open_entries))
-        target = sample_target(have, max(e["ladder_needed"] for e in open_entries), max_examples)
-        missing = target - have
-        if missing <= 0 or len(dataset) < batch_size:
-            break
-        # the attacks the open verdicts name (gradleak.analysis.verdict: the one nearest to
-        # showing a leak beyond the tolerance), or all of them
-        named: list[list[str]] = [e.get("ladder_attacks") or [] for e in open_entries]
-        only = None if any(not n for n in named) else {a for n in named for a in n}
-        per_seed = min(len(dataset), math.ceil(missing / len(seeds) / batch_size) * batch_size)
+        # plan.attacks: those the open verdicts name (gradleak.analysis.verdict: the one nearest
+        # to showing a leak beyond the tolerance), or None: all of them
+        per_seed = min(len(dataset), examples_per_run(plan.missing, len(seeds), batch_size))
         for run_seed in seeds:
-            attack_seed(run_seed + SAMPLE_SEED_OFFSET * rung, per_seed, only)
+            attack_seed(rung_seed(run_seed, rung), per_seed, plan.attacks)
     setting = Setting.of(dataset=resolved.label, model=model_label, weights=built, data=dataset,
                          batch_size=batch_size, training=training, seed=seeds[0], seeds=seeds,
                          threat=threat_model.name, budget=budget, defenses=defense_texts, started=start)

@@ -11,11 +11,10 @@ ordinary store rows (label `sample_rung`), so an interrupted ladder resumes like
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from ..analysis.cells import SCENARIO_KEYS
 from ..knowledge import granted
-from ..leakage import SAMPLE_SEED_OFFSET, sample_target
+from .sample_plan import RungTarget, examples_per_run, rung_seed, verdict_target
 from .spec import Cell, SampleLadder, canonical_json
 
 
@@ -40,17 +39,12 @@ def extension_cells(grid_cells: list[Cell], entries: list[dict], examples_by_att
     `examples_by_attack`: (setting, attack spec) → examples judged so far; `budgets`: (setting,
     attack spec) → the iterations its grid cells' budget ladders ended at, which the new cells
     run at, without climbing again (`saturated_budgets`)."""
-    plans: dict[tuple, list[tuple[int, set | None, str]]] = {}
+    plans: dict[tuple, list[RungTarget]] = {}
     for entry in entries:
-        if not entry.get("open"):
-            continue
-        setting = tuple(entry[k] for k in SCENARIO_KEYS[1:]) + (entry["defense"], entry["strength"])
-        have = max(1, entry["ladder_have"])
-        target = sample_target(have, entry["ladder_needed"], ladder.max_examples)
-        if target <= have:
-            continue
-        attacks = entry.get("ladder_attacks")
-        plans.setdefault(setting, []).append((target, set(attacks) if attacks else None, str(entry["threat"])))
+        plan = verdict_target(entry, ladder.max_examples)
+        if plan is not None:
+            setting = tuple(entry[k] for k in SCENARIO_KEYS[1:]) + (entry["defense"], entry["strength"])
+            plans.setdefault(setting, []).append(plan)
     if not plans:
         return []
     by_attack: dict[tuple, list[Cell]] = {}
@@ -59,8 +53,8 @@ def extension_cells(grid_cells: list[Cell], entries: list[dict], examples_by_att
         if cell.kind != "attack":
             continue
         setting, attack, threat = _setting(cell.labels), cell.labels["attack_spec"], cell.labels.get("threat")
-        wanted = [target for target, attacks, entry_threat in plans.get(setting, ())
-                  if (attacks is None or attack in attacks) and _covers(entry_threat, str(threat))]
+        wanted = [plan.target for plan in plans.get(setting, ())
+                  if (plan.attacks is None or attack in plan.attacks) and _covers(str(plan.threat), str(threat))]
         if wanted:
             by_attack.setdefault((setting, attack, threat), []).append(cell)
             targets[(setting, attack)] = max(targets.get((setting, attack), 0), *wanted)
@@ -70,10 +64,10 @@ def extension_cells(grid_cells: list[Cell], entries: list[dict], examples_by_att
         if missing <= 0:
             continue
         batch = int(cells[0].spec["batch_size"])
-        per_cell = math.ceil(missing / len(cells) / batch) * batch
+        per_cell = examples_per_run(missing, len(cells), batch)
         budget = (budgets or {}).get((setting, attack))
         for cell in cells:
-            seed = int(cell.spec["seed"]) + SAMPLE_SEED_OFFSET * rung
+            seed = rung_seed(int(cell.spec["seed"]), rung)
             spec = canonical_json({**cell.spec, "seed": seed, "images": per_cell,
                                **(_at_budget(cell.spec["attack"], budget) if budget else {})})
             labels = {**cell.labels, "seed": seed, "sample_rung": rung}
