@@ -9,12 +9,14 @@ Secure aggregation is handled by the experiment, which adds other clients.
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from ..errors import GradleakError
+from ..fl import TrainingSpec, compute_update
 from ..fl.local import StepGradient
 from ..fl.places import DefenseContext, NoDefense
 from ..fl.update import Update
@@ -122,6 +124,22 @@ class DefenseChain(NoDefense):
         for i, d in enumerate(self.defenses):
             update = d.transform_update(update, _scoped(ctx, i))
         return update
+
+    @property
+    def acts_in_training(self) -> bool:
+        """Whether a defense of the chain acts before the final update (on the data, every
+        step's gradient or the model): the client then trains under the chain."""
+        return any(place != "update" for d in self.defenses for place in d.places)
+
+    def defend(self, update: Update, model: nn.Module, x: torch.Tensor, y: torch.Tensor, training: TrainingSpec,
+               generator: torch.Generator, client_state: dict) -> Update:
+        """`update`, trained from `model` on (x, y) without defenses, as the client sends it
+        under this chain: a chain that acts only on the final update transforms it; one that
+        acts during training retrains the client under it (`compute_update`, from a copy of
+        `model`). `client_state`: the client's defense memory across rounds (DGC's residuals)."""
+        if self.acts_in_training:
+            return compute_update(copy.deepcopy(model), x, y, training, self, generator, client_state)
+        return self.transform_update(update, DefenseContext(generator, client_state, training, model))
 
 
 def _scoped(ctx: DefenseContext, index: int) -> DefenseContext:

@@ -116,23 +116,22 @@ class FlowerGuard:
             training = self.training(context, server_round)
             client = context.node_config.get("partition-id", context.node_id)
             guard = Guard(config, training=training, num_classes=self.num_classes, tokenizer=self.tokenizer,
-                          client=client)
+                          client=client, state=kept_state(context.state))
         except GradleakError as exc:
             return _no_update(msg, self.config, str(exc), "guard-misconfigured")
-        _restore(guard, context.state)
         start = time.perf_counter()
         key, received = _arrays_of(msg)
         report = guard.inbound(received, server_round)
         if report.crafted:
             if config.on_crafted == "refuse" or guard.previous is None:
-                _save(guard, context.state)
+                keep_state(guard.state_dict(), context.state)
                 return _no_update(msg, config, f"gradleak guard refused round {server_round}: {report.summary()}",
                                   "guard-refused")
             msg = _with_arrays(msg, key, guard.previous)  # the safe copy: the last model that passed
             received = guard.previous
         reply = call_next(msg, context)
         if reply.has_error():
-            _save(guard, context.state)
+            keep_state(guard.state_dict(), context.state)
             return reply
 
         # model_fn() or model_fn(run_config), as the audit hook builds it
@@ -143,7 +142,7 @@ class FlowerGuard:
         gallery = self.gallery(context) if self.gallery is not None else None
         decision = guard.outbound(model, update, (inputs, labels), gallery=gallery, server_round=server_round,
                                   training=training)
-        _save(guard, context.state)
+        keep_state(guard.state_dict(), context.state)
         if not decision.send:
             return _no_update(msg, config, f"gradleak guard withheld round {server_round}: {decision.reason}",
                               "guard-withheld")
@@ -225,23 +224,32 @@ def _no_update(msg, config: GuardConfig, reason: str, metric: str):
     return Message(Error(code=6, reason=reason), reply_to=msg)  # 6: Flower's MOD_FAILED_PRECONDITION
 
 
-def _save(guard: Guard, state) -> None:
+def keep_state(guard_state: Mapping[str, Any], state) -> None:
+    """The guard's memory (`Guard.state_dict()`) into the node's `context.state`, which Flower
+    keeps across rounds: the two models as array records, the rung and whether it withholds as
+    a config record."""
     from flwr.app import ArrayRecord, ConfigRecord
 
-    if guard.previous is not None:
-        state.array_records[f"{STATE_KEY}-previous"] = ArrayRecord({k: v.clone() for k, v in guard.previous.items()})
-    if guard.own_change is not None:
+    if guard_state["previous"] is not None:
+        state.array_records[f"{STATE_KEY}-previous"] = ArrayRecord(
+            {k: v.clone() for k, v in guard_state["previous"].items()})
+    if guard_state["own_change"] is not None:
         state.array_records[f"{STATE_KEY}-own-change"] = ArrayRecord(
-            {k: v.detach().clone() for k, v in guard.own_change.items()})
-    state.config_records[STATE_KEY] = ConfigRecord({"rung": int(guard.rung), "withholding": bool(guard.withholding)})
+            {k: v.detach().clone() for k, v in guard_state["own_change"].items()})
+    state.config_records[STATE_KEY] = ConfigRecord({"rung": int(guard_state["rung"]),
+                                                    "withholding": bool(guard_state["withholding"])})
 
 
-def _restore(guard: Guard, state) -> None:
+def kept_state(state) -> dict[str, Any]:
+    """The guard's memory as `keep_state` left it in `context.state` (a plain state dict for
+    `Guard(state=...)`; empty in a node's first round)."""
+    kept: dict[str, Any] = {}
     if f"{STATE_KEY}-previous" in state.array_records:
-        guard.previous = state_of(state.array_records[f"{STATE_KEY}-previous"].to_torch_state_dict())
+        kept["previous"] = state_of(state.array_records[f"{STATE_KEY}-previous"].to_torch_state_dict())
     if f"{STATE_KEY}-own-change" in state.array_records:
-        guard.own_change = state_of(state.array_records[f"{STATE_KEY}-own-change"].to_torch_state_dict())
+        kept["own_change"] = state_of(state.array_records[f"{STATE_KEY}-own-change"].to_torch_state_dict())
     if STATE_KEY in state.config_records:
         record = state.config_records[STATE_KEY]
-        guard.rung = int(record["rung"])
-        guard.withholding = bool(record["withholding"]) if "withholding" in record else False
+        kept["rung"] = int(record["rung"])
+        kept["withholding"] = bool(record["withholding"]) if "withholding" in record else False
+    return kept

@@ -20,23 +20,30 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from torch import nn
 
 from ..errors import GradleakError
-from ..fl import TrainingSpec, compute_update
-from ..fl.places import DefenseContext
+from ..fl import TrainingSpec
 from ..fl.update import Update
 from ..seeding import stream
 from .config import DEFAULT_LADDER, GuardConfig, Rung, parse_ladder
 from .inbound import Finding, InboundReport, inspect_received, state_of
-from .outbound import OutboundAudit, UpdateGrade, audit_outbound, judge_update, update_evidence, update_leaks
+from .outbound import (
+    OutboundAudit,
+    OutboundCase,
+    UpdateGrade,
+    audit_outbound,
+    judge_update,
+    update_evidence,
+    update_leaks,
+)
 
 __all__ = ["guard", "Guard", "GuardConfig", "GuardDecision", "check_received", "InboundReport", "Finding",
-           "OutboundAudit", "UpdateGrade", "judge_update", "update_evidence", "update_leaks", "parse_ladder",
-           "DEFAULT_LADDER"]
+           "OutboundAudit", "OutboundCase", "UpdateGrade", "judge_update", "update_evidence", "update_leaks",
+           "parse_ladder", "DEFAULT_LADDER"]
 
 
 @dataclass
@@ -89,10 +96,14 @@ def guard(model_before: nn.Module, update: Update, examples: tuple[torch.Tensor,
 
 class Guard:
     """The guard of one client across rounds: it remembers the last model that passed the
-    inbound checks, the client's own last update and the rung chosen at the last audit."""
+    inbound checks, the client's own last update and the rung chosen at the last audit.
+
+    `state`: that memory as a plain dict (`state_dict()`, keys `previous`, `own_change`, `rung`,
+    `withholding`), for a framework that keeps it between rounds and builds a Guard per round
+    (the Flower mod keeps it in the node's `context.state`)."""
 
     def __init__(self, config: GuardConfig, training: TrainingSpec | None = None, num_classes: int | None = None,
-                 tokenizer: str | None = None, client: Any = None):
+                 tokenizer: str | None = None, client: Any = None, state: Mapping[str, Any] | None = None):
         self.config = config
         self.training = training
         self.num_classes, self.tokenizer, self.client = num_classes, tokenizer, client
@@ -105,6 +116,22 @@ class Guard:
         self.rung = 0  # the rung chosen at the last audit
         self.withholding = False  # the last audit withheld the update: so do the rounds until the next
         self.client_state: dict = {}
+        if state is not None:
+            self.load_state_dict(state)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The guard's memory across rounds as a plain dict: `previous` (the last model that
+        passed, a state dict, or None), `own_change` (the tensors of the client's last sent
+        update, or None), `rung` (chosen at the last audit) and `withholding`."""
+        return {"previous": self.previous, "own_change": self.own_change, "rung": self.rung,
+                "withholding": self.withholding}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take the memory a `state_dict()` gave (missing keys keep their start values)."""
+        self.previous = state.get("previous", self.previous)
+        self.own_change = state.get("own_change", self.own_change)
+        self.rung = int(state.get("rung", self.rung))
+        self.withholding = bool(state.get("withholding", self.withholding))
 
     # ------------------------------------------------------------------ inbound
 
@@ -147,6 +174,8 @@ class Guard:
         else:
             decision = None
             first = self.rung if cfg.start == "last" else 0
+            # the examples wrapped and the attacks chosen once for every rung checked
+            case = OutboundCase(x, y, num_classes=self.num_classes, tokenizer=self.tokenizer)
             for rung in range(first, len(cfg.rungs) + 1):
                 # a defense with memory (DGC's residuals) keeps only the chosen rung's
                 state = copy.deepcopy(self.client_state)
@@ -155,7 +184,7 @@ class Guard:
                     model_before, candidate, x, y, training=training, tolerance=cfg.tolerance, attacks=cfg.attacks,
                     strongest=cfg.strongest, gallery=gallery, defenses=self._rung_defenses(rung), budget=cfg.budget,
                     time_budget=cfg.time_budget, num_classes=self.num_classes, tokenizer=self.tokenizer,
-                    seed=cfg.seed)
+                    seed=cfg.seed, case=case)
                 audits.append(audit)
                 if not audit.leaks:
                     self.rung, self.client_state = rung, state
@@ -189,19 +218,17 @@ class Guard:
 
     def defended(self, rung: int, model_before: nn.Module, update: Update, x: torch.Tensor, y: torch.Tensor,
                  training: TrainingSpec, server_round: int, state: dict | None = None) -> Update:
-        """`update` under rung `rung` (0: as it is): an update-place chain transforms it; a
-        chain that acts during training retrains the client under it. `state`: the client's
+        """`update` under rung `rung` (0: as it is), by the one application of a defense chain
+        to a trained update (`DefenseChain.defend`: an update-place chain transforms it; a
+        chain that acts during training retrains the client under it). `state`: the client's
         defense memory across rounds (default: the guard's)."""
         state = self.client_state if state is None else state
         if rung == 0:
             return update
         step: Rung = self.config.rungs[rung - 1]
         generator = stream(self.config.seed, "guard", str(self.client), server_round, rung)
-        chain = step.chain()
-        if step.acts_in_training:
-            return compute_update(copy.deepcopy(model_before), x, y, training, chain, generator, state)
-        ctx = DefenseContext(generator, state, training, model_before)
-        return chain.transform_update(update, ctx)
+        # a fresh chain per application: a defense may count what it did (fedcdp's tensors_clipped)
+        return step.chain().defend(update, model_before, x, y, training, generator, state)
 
     def log(self, record: dict) -> None:
         if self.client is not None:

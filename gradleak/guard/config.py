@@ -37,7 +37,7 @@ class Rung:
     def acts_in_training(self) -> bool:
         """Whether a defense of this rung acts before the final update (data, every step's
         gradient, the model): the client then retrains with it, which needs its training."""
-        return any(place != "update" for d in self.chain() for place in d.places)
+        return self.chain().acts_in_training
 
 
 @dataclass

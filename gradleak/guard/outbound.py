@@ -32,6 +32,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from ..data import Dataset
 from ..errors import GradleakError
 from ..fl import TrainingSpec
 from ..fl.update import Update
@@ -74,7 +75,7 @@ def judge_update(evidence: Sequence[tuple[str, Evidence]], tolerance: Tolerance 
     point estimate is above the tolerance, and is beyond chance when its test, Holm-corrected
     over every attack × both tests as the verdict corrects them, is significant at the
     tolerance's level."""
-    tolerance = parse_tolerance(tolerance)
+    tolerance = tolerance if isinstance(tolerance, Tolerance) else parse_tolerance(tolerance)
     alpha = 1 - tolerance.level
     judged = [(a, e) for a, e in evidence if e.examples]
     tests = [(a, kind, p) for a, e in judged for kind, p in (("recognizable", e.recognizable_p()),
@@ -151,20 +152,55 @@ class OutboundAudit:
                 "seconds": round(self.seconds, 3), "budget_spent": self.budget_spent}
 
 
+@dataclass
+class OutboundCase:
+    """What the audits of one round's update share, whatever rung each checks: the client's
+    examples as a dataset (wrapped once) and the attacks to run on them (the honest server's
+    expected view and the selection, made once per sample and client count of the update; every
+    audit of one case attacks the same model, trained the same way, with the same attacks)."""
+
+    inputs: torch.Tensor
+    labels: torch.Tensor
+    num_classes: int | None = None
+    tokenizer: str | None = None
+    data: Dataset | None = field(default=None, init=False, repr=False)
+    orders: dict = field(default_factory=dict, init=False, repr=False)
+
+    def dataset(self) -> Dataset:
+        if self.data is None:
+            from ..data.tensors import dataset_from_tensors
+
+            self.data = dataset_from_tensors(self.inputs, self.labels, name="guard", num_classes=self.num_classes,
+                                             tokenizer=self.tokenizer)
+        return self.data
+
+    def attack_order(self, attacks, strongest: Sequence[str], model: nn.Module, training: TrainingSpec,
+                     update: Update):
+        """The attacks to run, cheapest first, and the skipped ones (see `attack_order`)."""
+        key = (update.samples, update.clients)
+        if key not in self.orders:
+            self.orders[key] = attack_order(attacks, strongest, model, self.dataset(), training, update)
+        chosen, skipped = self.orders[key]
+        return list(chosen), list(skipped)
+
+
 def audit_outbound(model_before: nn.Module, update: Update, inputs: torch.Tensor, labels: torch.Tensor, *,
                    training: TrainingSpec, tolerance: Tolerance | str | None = None, attacks="auto",
                    strongest: Sequence[str] = ("ig:iterations=300",), gallery: torch.Tensor | None = None,
                    defenses: Sequence[str] = (), budget: str = "quick", time_budget: float = 60.0,
-                   num_classes: int | None = None, tokenizer: str | None = None, seed: int = 0) -> OutboundAudit:
+                   num_classes: int | None = None, tokenizer: str | None = None, seed: int = 0,
+                   case: OutboundCase | None = None) -> OutboundAudit:
     """Attack `update` (computed from `model_before` on `inputs`, `labels`) and decide: after
-    each attack, `judge_update` on the evidence of every attack so far; the first leak stops."""
+    each attack, `judge_update` on the evidence of every attack so far; the first leak stops.
+    `case`: what the audits of the same round's update share (`Guard.outbound` checks every
+    rung with one); None: this audit's own."""
     from ..api import audit_update
-    from ..data.tensors import dataset_from_tensors
 
-    tolerance = parse_tolerance(tolerance)
+    tolerance = tolerance if isinstance(tolerance, Tolerance) else parse_tolerance(tolerance)
     start = time.perf_counter()
-    data = dataset_from_tensors(inputs, labels, name="guard", num_classes=num_classes, tokenizer=tokenizer)
-    order = _attack_order(attacks, strongest, model_before, data, training, update)
+    case = case if case is not None else OutboundCase(inputs, labels, num_classes, tokenizer)
+    data = case.dataset()
+    order = case.attack_order(attacks, strongest, model_before, training, update)
     result = OutboundAudit(False, "no applicable attack", labels_shown=labels_shown(model_before, update, labels))
     result.skipped = [f"{s.attack}: {s.reason}" for s in order[1]]
     evidence: list[tuple[str, Evidence]] = []
@@ -199,8 +235,8 @@ def audit_outbound(model_before: nn.Module, update: Update, inputs: torch.Tensor
     return result
 
 
-def _attack_order(attacks, strongest: Sequence[str], model: nn.Module, data, training: TrainingSpec,
-                  update: Update):
+def attack_order(attacks, strongest: Sequence[str], model: nn.Module, data: Dataset, training: TrainingSpec,
+                 update: Update):
     """The attacks to run, cheapest first, and the skipped ones: "auto" is the analytic
     attacks that apply, then the first of `strongest` that applies."""
     from ..api import select_attacks
