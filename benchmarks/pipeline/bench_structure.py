@@ -32,6 +32,27 @@ Definitions (docs/architecture.md gives the measured numbers):
   issue that asked for the walk followed `model`: following both interleaves the data's
   look-ups with the model's, which adds climbs between the two values that neither makes.
 
+The Flower guard's walk (`flower_guard`) follows the `context` that Flower hands
+`FlowerGuard.client_mod` through one guarded train call: a ClientApp with the guard as its mod,
+driven in-process with Flower messages as tests/guard/test_guard_flower.py drives it (a
+64-16-3 MLP, one example, one SGD step, the guard's default `start = "bottom"`, ladder
+`noise:sigma=1`, attack `fc-analytic`, no log). Round 1 runs unwalked, so that round 2, the walked
+call, starts from the guard's memory in `context.state`; it checks rung 0 (fc-analytic copies the
+example) and rung 1 (within tolerance). Its rules differ from the audit's where a context is
+not a model:
+
+- tracked values: the context and the records it holds (`state`, `run_config`,
+  `node_config`), and every value returned by a call that received a tracked value (derived
+  from it: the guard's config, the client's training, the app's model and examples, the update,
+  the guard's memory), with the items of a returned tuple, list or dict and the fields of a
+  returned dataclass, and the object an `__init__` step builds; numbers, strings and None are not
+  followed (they have no identity of their own). Calls into the app's own functions (here,
+  this file) pass values on but are not steps.
+- the walk stops at `api/captured.py:audit_update` (the step is counted, what it calls is not):
+  attacking one update is the audit's pipeline, whose walk is the `model` walk above.
+- `context` follows the context alone; `context and message` adds the message and its content
+  as roots (the arrays the server sent, the round).
+
 The report holds, per walk, the steps, stays, rooms, distinct floors, climbs (with the
 (from, to) room pairs), entries of api and experiment, and the ten largest modules of
 `<root>/gradleak` by lines. `--root DIR` walks another checkout (e.g. an older commit exported
@@ -202,6 +223,144 @@ def _walk(package: Path, ranks: dict[str, int], model, data, **options) -> dict:
     return out
 
 
+class DerivedWalk(Walk):
+    """The Flower guard's walk: follows every value derived from the roots (the module docstring)."""
+
+    def __init__(self, package: Path, ranks: dict[str, int], roots: dict[int, object], app_files: set[str],
+                 boundary: tuple[str, str]):
+        super().__init__(package, ranks, roots)
+        self.app_files = app_files
+        self.boundary = boundary
+        self.inside: int | None = None  # id(frame) of the boundary's call while it runs
+
+    def _track(self, value, depth: int = 0) -> None:
+        from torch.nn import Module
+
+        plain = (type(None), bool, int, float, complex, str, bytes, type)  # no identity of their own
+        if isinstance(value, plain) or id(value) in self.tracked or callable(value) and not isinstance(value, Module):
+            return
+        self.tracked[id(value)] = value
+        if depth > 1:
+            return
+        if isinstance(value, (tuple, list)):
+            for v in value:
+                self._track(v, depth + 1)
+        elif isinstance(value, dict):
+            for v in value.values():
+                self._track(v, depth + 1)
+        elif dataclasses.is_dataclass(value):
+            for f in dataclasses.fields(value):
+                self._track(getattr(value, f.name), depth + 1)
+
+    def profile(self, frame, event, arg):
+        if event == "call":
+            code = frame.f_code
+            in_package = code.co_filename.startswith(self.prefix)
+            if self.inside is not None or not (in_package or code.co_filename in self.app_files):
+                return
+            count = code.co_argcount + code.co_kwonlyargcount
+            names = list(code.co_varnames[:count])
+            if code.co_flags & 0x04:  # *args
+                names.append(code.co_varnames[count])
+                count += 1
+            if code.co_flags & 0x08:  # **kwargs
+                names.append(code.co_varnames[count])
+            local = frame.f_locals
+            first = names[0] if names and names[0] in ("self", "cls") else None
+            hits = [n for n in names if n != first and n in local and self._hits(local[n])]
+            if not hits:
+                return
+            self.open[id(frame)] = -1  # the app's own function: its result is followed, it is no step
+            if not in_package:
+                return
+            room = self._room(code.co_filename)
+            top = room.split("/")[0].removesuffix(".py")
+            self.open[id(frame)] = len(self.steps)
+            self.steps.append({"room": room, "function": code.co_name, "floor": self.ranks.get(top),
+                               "arguments": hits, "parent": None})
+            if (room, code.co_name) == self.boundary:
+                self.inside = id(frame)
+        elif event == "return" and id(frame) in self.open:
+            del self.open[id(frame)]
+            if self.inside == id(frame):
+                self.inside = None
+            self._track(arg)
+            if frame.f_code.co_name == "__init__" and "self" in frame.f_locals:
+                self._track(frame.f_locals["self"])
+
+
+def _guard_app():
+    """A ClientApp whose train function takes one SGD step on one example, the guard its mod."""
+    import torch
+    import torch.nn.functional as F
+    from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+    from torch import nn
+
+    from gradleak.fl import TrainingSpec
+    from gradleak.flower.guard import FlowerGuard
+    from gradleak.guard import GuardConfig
+
+    def model_fn() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 3))
+
+    def examples(context, msg):
+        return torch.rand(1, 1, 8, 8, generator=torch.Generator().manual_seed(1)), torch.tensor([2])
+
+    guard = FlowerGuard(model_fn=model_fn, examples=examples, training=lambda context, round_: TrainingSpec(lr=0.1),
+                        config=GuardConfig(ladder=["noise:sigma=1"], attacks=["fc-analytic"], log=None))
+    app = ClientApp(mods=[guard.client_mod])
+
+    @app.train()
+    def train(msg, context):
+        model = model_fn()
+        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        F.cross_entropy(model(examples(context, msg)[0]), examples(context, msg)[1]).backward()
+        optimizer.step()
+        return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                                   "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
+
+    return app, model_fn
+
+
+def guard_walk(package: Path, ranks: dict[str, int]) -> dict:
+    """The Flower guard's walk (the module docstring), `context` alone and with its message."""
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0  # what a simulation sets
+    app, model_fn = _guard_app()
+    sent = model_fn().state_dict()
+    lowest = ranks["data"]
+    out = {}
+    for name in ("context", "context and message"):
+        context = Context(run_id=1, node_id=5, node_config={"partition-id": 0}, state=RecordDict(),
+                          run_config={"guard": True})
+
+        def message(server_round: int):
+            return Message(RecordDict({"arrays": ArrayRecord(sent), "config": ConfigRecord(
+                {"server-round": server_round})}), dst_node_id=5, message_type="train")
+
+        app(message(1), context)  # round 1 leaves the guard's memory in the context
+        msg = message(2)
+        roots = [context, context.state, context.run_config, context.node_config]
+        if name != "context":
+            roots += [msg, msg.content]
+        walk = DerivedWalk(package, ranks, {id(v): v for v in roots}, {__file__}, ("api/captured.py", "audit_update"))
+        sys.setprofile(walk.profile)
+        try:
+            reply = app(msg, context)
+        finally:
+            sys.setprofile(None)
+        if reply.has_error() or int(reply.content["metrics"]["guard-rung"]) != 1:
+            raise SystemExit(f"benchmarks structure: the guarded round did not go out under rung 1: {reply}")
+        out[name] = {"flow": summarize([s for s in walk.steps if s["floor"] is None or s["floor"] >= lowest]),
+                     "all_steps": summarize(walk.steps)}
+    return out
+
+
 def run_with(argv: list[str]) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks structure")
     parser.add_argument("--root", default=str(HERE), help="the checkout whose gradleak is walked")
@@ -232,6 +391,7 @@ def run_with(argv: list[str]) -> dict:
                                nn.Flatten(), nn.Linear(12 * 7 * 7, 10))
     by_object = _walk(package, ranks, user_model, (mnist.inputs[:64].clone(), mnist.labels[:64].clone()), **options)
     return {"root": str(root), "by_name": by_name, "by_object": by_object,
+            "flower_guard": guard_walk(package, ranks),
             "largest_modules": [f"{name}: {lines}" for name, lines in largest_modules(package)]}
 
 
