@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any, Callable
 
 import numpy as np
@@ -26,7 +27,7 @@ from .fl import TrainingSpec, aggregate_updates, compute_update
 from .fl.local import batch_loss
 from .fl.training import check_bn_mode
 from .models import ModelSpec, build_model
-from .options import parse_spec
+from .options import ComponentSpec, parse_chain, parse_spec
 from .seeding import stream
 
 DEFAULT_MODEL = "lenet:activation=relu,init=default"
@@ -94,6 +95,11 @@ class UtilitySpec:
         require(self.local_batch_size >= 1, f"--local-batch-size must be >= 1, got {self.local_batch_size}")
         require(0 < self.delta < 1, f"--delta must be in (0, 1), got {self.delta}")
         check_bn_mode(self.bn_mode)
+
+    @cached_property
+    def defense_specs(self) -> tuple[ComponentSpec, ...]:
+        """The defense chain's texts parsed, once per spec (the texts stay the store's keys)."""
+        return parse_chain(self.defenses)
 
     def training(self) -> TrainingSpec:
         schedule = ({"local_steps": self.local_steps} if self.local_steps is not None
@@ -180,7 +186,7 @@ def utility_setup(spec: UtilitySpec, load: Callable[[Any], Dataset] | None = Non
     from .data import load_dataset
 
     load = load or load_dataset
-    chain = make_chain([parse_spec(d, "defense") for d in spec.defenses])
+    chain = make_chain(spec.defense_specs)
     training = spec.training()
     train = load(dataset_spec(spec.dataset, "train", None))
     test = load(dataset_spec(spec.dataset, "test", None))

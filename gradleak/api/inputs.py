@@ -9,6 +9,7 @@ import torch
 
 from ..data import Dataset
 from ..errors import GradleakError
+from ..options import parse_chain
 
 
 def audit_seeds(seed: int | Sequence[int]) -> list[int]:
@@ -41,6 +42,7 @@ def artifacts_folder(artifacts: str | Path | None, out: str | Path | None) -> Pa
 
 
 def defense_labels(defenses: tuple[str, ...]) -> dict:
-    from ..sweep import defense_label, strength_label
+    """The defense and strength labels of `audit`'s defense chain (its texts, parsed here)."""
+    from ..sweep import chain_labels
 
-    return {"defense": defense_label(defenses), "strength": strength_label(defenses)}
+    return chain_labels(parse_chain(defenses))

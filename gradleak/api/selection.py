@@ -56,10 +56,10 @@ def select_attacks(attacks: str | Sequence[str | Attack], model: nn.Module | Non
         raise GradleakError("no attack given (use attacks='auto' for every applicable attack)")
     selected, skipped = [], []
     for item in attacks:
-        spec = parse_spec(component_text(item, "attack"), "attack")
-        options = {**budget_options(spec.name, budget), **spec.options}
-        text = str(ComponentSpec(spec.name, options))
-        attack = make_attack(text)
+        spec = component_spec(item, "attack")
+        preset = ComponentSpec(spec.name, {**budget_options(spec.name, budget), **spec.options})
+        text = str(preset)
+        attack = make_attack(preset)
         reason = refusal(attack, threat, modality, model, input_shape, num_classes)
         if not reason and automatic and training is not None:
             reason = attack.redundant_for(training, samples)
@@ -83,8 +83,14 @@ def check_budget(budget: str) -> None:
 def component_text(item: Any, kind: str) -> str:
     """A `name:k=v` string for a spec string or an attack/defense object (its
     options that differ from the defaults)."""
+    return str(component_spec(item, kind))
+
+
+def component_spec(item: Any, kind: str) -> ComponentSpec:
+    """A spec string (`audit`'s attacks and defenses), parsed, or an attack/defense object's
+    name and its options that differ from the defaults."""
     if isinstance(item, str):
-        return str(parse_spec(item, kind))
+        return parse_spec(item, kind)
     name = getattr(item, "name", None)
     if not name or not hasattr(item, "options"):
         raise GradleakError(f"a {kind} must be a 'name:key=value' string or a gradleak {kind} object, "
@@ -100,7 +106,7 @@ def component_text(item: Any, kind: str) -> str:
             value = getattr(options, f.name)
             if defaults is None or value != getattr(defaults, f.name):
                 values[f.name] = _format_option(value)
-    return str(ComponentSpec(name, values))
+    return ComponentSpec(name, values)
 
 
 def _format_option(value: Any) -> str:

@@ -13,7 +13,7 @@ from ..data import load_dataset
 from ..data.references import dataset_spec
 from ..errors import GradleakError
 from ..inspect import format_report, inspect_model
-from ..options import MAX_BATCH, MAX_IMAGE_SIDE, MIN_IMAGE_SIDE, parse_spec, ranged
+from ..options import MAX_BATCH, MAX_IMAGE_SIDE, MIN_IMAGE_SIDE, ranged
 from ..run.experiment import AttackRunSpec, build_scenario_model
 from .attack import seed_type
 
@@ -35,7 +35,7 @@ def inspect_attack(dataset: str, model: str, attack: str, batch_size: int = 16,
     """Build the honest model, let `attack` prepare its malicious version, compare both."""
     if batch_size < 1:
         raise GradleakError(f"--batch-size must be >= 1, got {batch_size}")
-    attack_obj = make_attack(parse_spec(attack, "attack"))
+    attack_obj = make_attack(attack)
     if not attack_obj.malicious:
         raise GradleakError(f"attack '{attack_obj.name}' is not a malicious-server attack; "
                             "inspect-model compares the model such an attack sends")

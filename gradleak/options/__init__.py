@@ -43,6 +43,7 @@ from .parsing import (
     check,
     field_range,
     options_dict,
+    parse_chain,
     parse_pairs,
     parse_spec,
 )
@@ -50,7 +51,8 @@ from .parsing import (
 __all__ = [
     "MAX_COUNT", "MAX_MAGNITUDE", "MAX_ITERATIONS", "MAX_SEED", "MAX_WORKERS", "MAX_SWEEP_CELLS", "MAX_BATCH",
     "MAX_IMAGES", "MAX_LR", "MAX_LOCAL_EPOCHS", "NAME_RANGES", "field_range", "check_range", "ranged",
-    "ComponentSpec", "parse_pairs", "parse_spec", "build_options", "check", "options_dict", "MAX_PARAMETERS",
+    "ComponentSpec", "parse_chain", "parse_pairs", "parse_spec", "build_options", "check", "options_dict",
+    "MAX_PARAMETERS",
     "MAX_ACTIVATIONS", "MAX_DATA_BYTES", "MIN_IMAGE_SIDE", "MAX_IMAGE_SIDE", "MAX_DOUBLINGS",
     "RUN_SPEC_BOUNDS", "MAX_CLASSES", "human_bytes", "check_size", "check_device", "device_name", "path_kind",
     "MAX_PATH_CHARS", "MAX_NAME_CHARS", "check_output_path", "output_dir", "output_file",

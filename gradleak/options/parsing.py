@@ -95,6 +95,11 @@ def parse_spec(text: str, kind: str) -> ComponentSpec:
     return ComponentSpec(name, options)
 
 
+def parse_chain(texts: Iterable[str]) -> tuple[ComponentSpec, ...]:
+    """A defense chain's texts (`clip:bound=1`, `noise:sigma=0.01`), each parsed."""
+    return tuple(parse_spec(text, "defense") for text in texts)
+
+
 def _coerce(value: Any, annotation: Any, where: str) -> Any:
     origin = get_origin(annotation)
     if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):

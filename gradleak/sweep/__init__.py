@@ -31,7 +31,7 @@ named in tables), `cells` (what one cell computes), `executors` / `ray_executor`
 from __future__ import annotations
 
 from .cells import execute_cell, utility_spec_type
-from .labels import attack_labels, dataset_label, defense_label, strength_label
+from .labels import attack_labels, chain_labels, dataset_label, defense_label, strength_label
 from .run import (
                   cell_title,
                   default_workers,
@@ -43,7 +43,7 @@ from .run import (
 )
 from .spec import CELL_VERSION, Cell, Sweep, cell_key, load_sweep, parse_sweep
 
-__all__ = ["CELL_VERSION", "Cell", "Sweep", "attack_labels", "cell_key", "cell_title", "dataset_label",
+__all__ = ["CELL_VERSION", "Cell", "Sweep", "attack_labels", "chain_labels", "cell_key", "cell_title", "dataset_label",
            "default_workers", "defense_label", "estimated_cost", "execute_cell", "load_sweep", "parse_sweep",
            "run_sweep", "store_failure", "store_result", "store_result_record", "strength_label",
            "utility_spec_type"]

@@ -1,7 +1,9 @@
 """How a cell is named in tables: dataset, model, defense chain and strength, attack."""
 from __future__ import annotations
 
-from ..options import parse_spec
+from typing import Sequence
+
+from ..options import ComponentSpec, parse_spec
 from ..run.experiment import AttackRunSpec
 
 
@@ -11,16 +13,18 @@ def is_dataset_path(text: str) -> bool:
     return dataset_path_form(text) is not None
 
 
-def defense_label(defenses) -> str:
-    return "+".join(parse_spec(d, "defense").name for d in defenses) or "none"
+def defense_label(defenses: Sequence[ComponentSpec]) -> str:
+    return "+".join(d.name for d in defenses) or "none"
 
 
-def strength_label(defenses) -> str:
-    parts = []
-    for d in defenses:
-        spec = parse_spec(d, "defense")
-        parts += [f"{k}={v}" for k, v in spec.options.items()]
+def strength_label(defenses: Sequence[ComponentSpec]) -> str:
+    parts = [f"{k}={v}" for d in defenses for k, v in d.options.items()]
     return ",".join(parts) or "default" if defenses else ""
+
+
+def chain_labels(defenses: Sequence[ComponentSpec]) -> dict[str, str]:
+    """A defense chain's `defense` and `strength` labels."""
+    return {"defense": defense_label(defenses), "strength": strength_label(defenses)}
 
 
 def dataset_label(text: str) -> str:
@@ -37,10 +41,10 @@ def local_steps(spec: AttackRunSpec) -> int:
 def attack_labels(spec: AttackRunSpec) -> dict:
     from ..threat import make_threat_model
 
-    attack = parse_spec(spec.attack, "attack")
+    attack = spec.attack_spec
     return {"threat": make_threat_model(spec.threat, spec.knows).name,
             "dataset": dataset_label(spec.dataset), "model": spec.model,
             "batch_size": spec.batch_size, "local_steps": local_steps(spec), "seed": spec.seed,
-            "defense": defense_label(spec.defenses), "strength": strength_label(spec.defenses),
+            **chain_labels(spec.defense_specs),
             "defenses": list(spec.defenses), "attack": attack.name, "attack_spec": str(attack),
             "init": attack.options.get("init")}

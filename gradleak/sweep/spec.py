@@ -14,11 +14,11 @@ from pathlib import Path
 
 from ..errors import GradleakError, InputFileError
 from ..leakage import Tolerance, parse_tolerance
-from ..options import MAX_SWEEP_CELLS, check_device, parse_spec, path_kind
+from ..options import MAX_SWEEP_CELLS, check_device, parse_chain, parse_spec, path_kind
 from ..run.experiment import AttackRunSpec
 from ..run.ladder import LADDER_DOUBLINGS
 from .cells import attack_run_spec, utility_run_spec, utility_spec_type
-from .labels import attack_labels, dataset_label, defense_label, is_dataset_path, strength_label
+from .labels import attack_labels, chain_labels, dataset_label, is_dataset_path
 
 CELL_VERSION = 4  # bump when a cell's result would change for the same spec
 
@@ -405,7 +405,7 @@ class _SweepParser:
                 # `trained_model` what FedAvg trained, when utility.options names another one.
                 labels = {"dataset": dataset_label(dataset), "model": model,
                           "trained_model": spec_dict.get("model", model),
-                          "defense": defense_label(defenses), "strength": strength_label(defenses),
+                          **chain_labels(parse_chain(defenses)),  # the grid's (options may train others)
                           "defenses": list(defenses), "seed": seed}
                 out.append(Cell("utility", spec_dict, labels, origin="utility"))
         return out

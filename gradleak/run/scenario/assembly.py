@@ -42,9 +42,9 @@ def check_scenario(spec: AttackRunSpec, data: Dataset, model: nn.Module | None =
     and (given `model`) the architecture (`attacks.base.refusal`, the one check attack
     selection makes too; `AttackRefused` otherwise), and the data holds enough examples.
     Returns (attack, chain, threat model)."""
-    attack_spec: ComponentSpec = parse_spec(spec.attack, "attack")
+    attack_spec = spec.attack_spec
     attack = make_attack(attack_spec)
-    chain = make_chain([parse_spec(d, "defense") for d in spec.defenses])
+    chain = make_chain(spec.defense_specs)
     # what the update will carry (batch-norm statistics in sent buffers) counts as seen
     threat = expected_view(make_threat_model(spec.threat, spec.knows), spec.training(), spec.batch_size,
                            chain.aggregate_clients)

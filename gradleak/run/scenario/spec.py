@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -11,7 +12,7 @@ from ...errors import GradleakError
 from ...fl import TrainingSpec
 from ...fl.training import check_bn_mode, scenario_fields, training_from_scenario
 from ...modalities import modality as modality_record
-from ...options import RUN_SPEC_BOUNDS, check_device, check_range
+from ...options import RUN_SPEC_BOUNDS, ComponentSpec, check_device, check_range, parse_chain, parse_spec
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,16 @@ class AttackRunSpec:
     def training(self) -> TrainingSpec:
         """The client's local training this spec declares."""
         return training_from_scenario(self)
+
+    # The run's components parsed once, where the run's texts become typed (the texts stay the
+    # fields: the store's keys and labels are their canonical form, `str(spec)`).
+    @cached_property
+    def attack_spec(self) -> ComponentSpec:
+        return parse_spec(self.attack, "attack")
+
+    @cached_property
+    def defense_specs(self) -> tuple[ComponentSpec, ...]:
+        return parse_chain(self.defenses)
 
     def to_dict(self) -> dict:
         return asdict(self)
