@@ -33,6 +33,11 @@ def dataset_path_form(text: str) -> str | None:
     return "image-folder"
 
 
+def reference_label(text: str) -> str:
+    """A dataset reference's name for tables: the registered name, or the path as given."""
+    return text.strip() if dataset_path_form(text) is not None else parse_spec(text, "dataset").name
+
+
 def _dataset_names():
     from . import DATASETS
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..options import ComponentSpec, parse_spec
+from ..options import ComponentSpec
 from ..run.experiment import AttackRunSpec
 
 
@@ -29,7 +29,9 @@ def chain_labels(defenses: Sequence[ComponentSpec]) -> dict[str, str]:
 
 def dataset_label(text: str) -> str:
     """A dataset's name for tables: the registry name, or the path as given."""
-    return text.strip() if is_dataset_path(text) else parse_spec(text, "dataset").name
+    from ..data.references import reference_label
+
+    return reference_label(text)
 
 
 def local_steps(spec: AttackRunSpec) -> int:
