@@ -96,9 +96,13 @@ class UtilitySpec:
         require(0 < self.delta < 1, f"--delta must be in (0, 1), got {self.delta}")
         check_bn_mode(self.bn_mode)
 
+    # The model and the defense chain parsed once per spec (the texts stay the store's keys).
+    @cached_property
+    def model_spec(self) -> ComponentSpec:
+        return parse_spec(self.model, "model")
+
     @cached_property
     def defense_specs(self) -> tuple[ComponentSpec, ...]:
-        """The defense chain's texts parsed, once per spec (the texts stay the store's keys)."""
         return parse_chain(self.defenses)
 
     def training(self) -> TrainingSpec:
@@ -192,7 +196,7 @@ def utility_setup(spec: UtilitySpec, load: Callable[[Any], Dataset] | None = Non
     test = load(dataset_spec(spec.dataset, "test", None))
     if train.samples_only or len(train) < spec.clients:
         raise GradleakError(f"dataset '{train.name}' is too small for {spec.clients} FedAvg clients")
-    model_spec = parse_spec(spec.model, "model")
+    model_spec = spec.model_spec
     options = dict(model_spec.options)
     activation = options.pop("activation", None)
     model = build_model(ModelSpec(model_spec.name, train.input_shape, train.num_classes, activation=activation,
