@@ -14,12 +14,14 @@ from torch import nn
 
 from ..attacks import Attack, make_attack
 from ..data import Dataset
+from ..data.base import data_digest
 from ..defenses import make_chain
 from ..errors import GradleakError
 from ..fl import TrainingSpec
 from ..fl.training_check import TrainingMismatchWarning, check_declared_training
 from ..fl.update import Update, check_update_fits
 from ..metrics.reidentify import Gallery
+from ..models.base import model_digest
 from ..models.model_check import warn_if_output_ignores_input
 from ..models.references import fit_classes
 from ..run.experiment import attack_observations
@@ -93,9 +95,10 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
                                          artifacts_folder(artifacts, None)))
         except GradleakError as exc:
             skipped.append(SkippedAttack(text, str(exc)))
-    setting = Setting.of(dataset=data_label, model=label, weights=model, data=data, batch_size=len(data),
-                         training=training, seed=seed, threat=threat_model.name, budget=budget,
-                         defenses=defenses, started=start, captured=True, training_check=training_check)
+    setting = Setting(dataset=data_label, model=label, model_digest=model_digest(model),
+                      data_digest=data_digest(data), batch_size=len(data), training=training, seed=seed,
+                      threat=threat_model.name, budget=budget, defenses=tuple(defenses),
+                      seconds=time.perf_counter() - start, captured=True, training_check=training_check)
     for run in runs:  # stored with every row, so that the verdict knows (analysis.verdict)
         run.extras["training_check"] = training_check.to_dict()
     return AuditResult(runs, skipped, setting.as_dict(), training_check)

@@ -1,28 +1,23 @@
 """`Setting`: what an audit attacked — the data, the model, the client's training and the
 server's view — as `AuditResult.setting` records it (its summary line, its store rows' scenario
 labels and digests, its JSON). Simulated audits (`audit`), captured updates (`audit_update`)
-and a Flower audit's rounds (`gradleak.flower.attacking`) all build it with `Setting.of`."""
+and a Flower audit's rounds (`gradleak.flower.attacking`) all build it. The caller, which holds
+the model and the examples, takes their digests (`models.base.model_digest`,
+`data.base.data_digest`) and its own time: the objects are not handed back up to `api`."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Sequence
 
-from torch import nn
-
-from ..data import Dataset
-from ..data.base import data_digest
 from ..fl import TrainingSpec
 from ..fl.training_check import TrainingCheck
-from ..models.base import model_digest
 from .inputs import defense_labels
 
 
 @dataclass(frozen=True)
 class Setting:
     """One audit's setting. `seeds` is given by a simulated audit (which may run several),
-    `seconds` by an audit that times itself; an audit of a captured update records its
-    declared-training check (`captured`), None when the check could not run."""
+    `seconds` (its time so far) by an audit that times itself; an audit of a captured update
+    records its declared-training check (`captured`), None when the check could not run."""
 
     dataset: str
     model: str
@@ -38,21 +33,6 @@ class Setting:
     seconds: float | None = None
     captured: bool = False
     training_check: TrainingCheck | None = None
-
-    @classmethod
-    def of(cls, *, dataset: str, model: str, weights: nn.Module, data: Dataset, batch_size: int,
-           training: TrainingSpec, seed: int, threat: str, budget: str, defenses: Sequence[str] = (),
-           seeds: Sequence[int] | None = None, started: float | None = None, captured: bool = False,
-           training_check: TrainingCheck | None = None) -> Setting:
-        """The setting of an audit of `weights` (the model the client received) on `data` (the
-        examples it attacked); `started`, a `time.perf_counter()` reading, times the audit up
-        to now."""
-        return cls(dataset=dataset, model=model, batch_size=batch_size, training=training, seed=seed,
-                   threat=threat, budget=budget, defenses=tuple(defenses),
-                   model_digest=model_digest(weights), data_digest=data_digest(data),
-                   seeds=tuple(seeds) if seeds is not None else None,
-                   seconds=time.perf_counter() - started if started is not None else None,
-                   captured=captured, training_check=training_check)
 
     def as_dict(self) -> dict:
         """`AuditResult.setting`: the keys in the order its JSON has always had them."""

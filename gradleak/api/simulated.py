@@ -13,12 +13,14 @@ from torch import nn
 
 from ..attacks import Attack
 from ..attacks.base import AttackRefused
+from ..data.base import data_digest
 from ..data.references import resolve_data, run_order
 from ..defenses import make_chain
 from ..errors import GradleakError
 from ..fl import TrainingSpec
 from ..leakage import parse_tolerance
 from ..metrics.reidentify import Gallery
+from ..models.base import model_digest
 from ..models.references import parse_model_reference, resolve_model
 from ..options import parse_spec
 from ..progress import attack_progress
@@ -160,9 +162,10 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
         per_seed = min(len(dataset), examples_per_run(plan.missing, len(seeds), batch_size))
         for run_seed in seeds:
             attack_seed(rung_seed(run_seed, rung), per_seed, plan.attacks)
-    setting = Setting.of(dataset=resolved.label, model=model_label, weights=built, data=dataset,
-                         batch_size=batch_size, training=training, seed=seeds[0], seeds=seeds,
-                         threat=threat_model.name, budget=budget, defenses=defense_texts, started=start)
+    setting = Setting(dataset=resolved.label, model=model_label, model_digest=model_digest(built),
+                      data_digest=data_digest(dataset), batch_size=batch_size, training=training, seed=seeds[0],
+                      seeds=tuple(seeds), threat=threat_model.name, budget=budget, defenses=tuple(defense_texts),
+                      seconds=time.perf_counter() - start)
     result = AuditResult(runs, skipped, setting.as_dict(), tolerance=tolerance)
     if out is not None:
         result.write_report(out)

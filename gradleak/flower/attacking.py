@@ -237,11 +237,14 @@ def _labels(item: PlannedAttack) -> dict:
 
 def _setting(audit: FlowerAudit, captured: CapturedUpdate, data, threat: str) -> dict:
     from ..api.setting import Setting
+    from ..data.base import data_digest
+    from ..models.base import model_digest
 
-    return Setting.of(dataset=_data_label(captured), model=_model_label(captured), weights=captured.model,
-                      data=data, batch_size=len(data), training=captured.training, seed=audit.seed,
-                      threat=threat, budget=audit.budget, captured=True,
-                      training_check=captured.training_check).as_dict()
+    return Setting(dataset=_data_label(captured), model=_model_label(captured),
+                   model_digest=model_digest(captured.model), data_digest=data_digest(data),
+                   batch_size=len(data), training=captured.training, seed=audit.seed,
+                   threat=threat, budget=audit.budget, defenses=(), captured=True,
+                   training_check=captured.training_check).as_dict()
 
 
 def _client(captured: CapturedUpdate) -> int:
