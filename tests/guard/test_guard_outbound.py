@@ -135,6 +135,25 @@ def test_an_update_that_does_not_leak_goes_out_untouched():
     assert decision.grade == "within tolerance"
 
 
+def test_the_guards_memory_is_a_plain_state_dict():
+    """What a Guard remembers across rounds goes out as a plain dict and comes back into the
+    Guard of the next round (the Flower mod builds one per round from `context.state`)."""
+    x, y = _one_example()
+    update = compute_update(_mlp(), x, y, FEDSGD)
+    g = Guard(GuardConfig(ladder=["noise:sigma=1"], attacks=["fc-analytic"]), training=FEDSGD)
+    g.inbound(_mlp(), 1)
+    decision = g.outbound(_mlp(), update, (x, y), server_round=1)
+    state = g.state_dict()
+    assert set(state) == {"previous", "own_change", "rung", "withholding"}
+    assert (state["rung"], state["withholding"]) == (decision.rung, False) == (1, False)
+    again = Guard(g.config, training=FEDSGD, state=state)
+    assert (again.rung, again.withholding) == (1, False)
+    assert torch.equal(again.previous["1.weight"], _mlp().state_dict()["1.weight"])
+    assert torch.equal(again.own_change["1.weight"], decision.update.tensors["1.weight"])
+    assert Guard(g.config, training=FEDSGD, state={}).state_dict() == {
+        "previous": None, "own_change": None, "rung": 0, "withholding": False}
+
+
 def test_every_kth_round_keeps_the_last_rung_between_audits(tmp_path):
     x, y = _one_example()
     update = compute_update(_mlp(), x, y, FEDSGD)
