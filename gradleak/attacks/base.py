@@ -115,6 +115,12 @@ class Attack(ABC):
         keeps for `reconstruct` (read there as `obs.server_secrets`)."""
         return PreparedModel(model)
 
+    def client_model(self, prepared: PreparedModel, client: int) -> nn.Module:
+        """The model a malicious server sends to client `client` of a secure-aggregation group
+        (0: the attacked client). By default every client gets the same model; an attack that
+        tells clients apart in the aggregate (loki) sends each its own."""
+        return prepared.model
+
     @abstractmethod
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
         """Reconstruct the client's batch from what the server observed."""

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..attacks import Attack, AttackContext, Reconstruction
+from ..attacks.base import PreparedModel
 from ..data import Dataset
 from ..data.references import held_out_examples, resolve_data, run_order
 from ..fl import aggregate_updates, compute_update
@@ -104,11 +105,10 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
         prior = held_out(targets) if held_out is not None else held_out_examples(data, targets)
     ctx = AttackContext(seed=spec.seed, device=device, progress=progress, prior_data=prior, artifacts=artifacts)
     judge = gallery if gallery is not None else examples_gallery(data, targets, f"examples of {data.name}")
-    server_secrets = None
-    if attack.malicious:
-        prepared = attack.prepare_model(model, data.input_shape, data.num_classes, ctx)
-        model, server_secrets = prepared.model, prepared.secrets
-    model = model.to("cpu")
+    prepared = (attack.prepare_model(model, data.input_shape, data.num_classes, ctx) if attack.malicious
+                else PreparedModel(model))
+    prepared.model = model = prepared.model.to("cpu")
+    server_secrets = prepared.secrets
 
     def batches():
         for b in range(math.ceil(n_examples / spec.batch_size)):
@@ -123,8 +123,10 @@ def run_scenario(spec: AttackRunSpec, model: nn.Module, data: Dataset,
                 updates = [update]
                 for k in range(others):
                     oidx = pool[(b * others + k) * spec.batch_size:(b * others + k + 1) * spec.batch_size]
-                    updates.append(compute_update(model, data.inputs[oidx], data.labels[oidx], training,
-                                                  chain, stream(spec.seed, "client", "other", b, k),
+                    # a malicious server may send each client of the group its own model
+                    updates.append(compute_update(attack.client_model(prepared, k + 1), data.inputs[oidx],
+                                                  data.labels[oidx], training, chain,
+                                                  stream(spec.seed, "client", "other", b, k),
                                                   modality=data.modality))
                 update = aggregate_updates(updates)
                 batch_total = update.samples
@@ -176,7 +178,7 @@ def attack_observations(spec: AttackRunSpec, attack: Attack, batches: Iterable[t
     metrics["iterations"] = float(sum(iterations) / len(iterations))
     extras["ladder"] = ladder_summary(ladders, gallery)
     return AttackRunResult(spec, metrics, [s.to_dict() for s in scores], time.perf_counter() - start,
-                           torch.cat(originals), torch.cat(recons), extras, convergence_summary(runs), kind)
+                           torch.cat(originals), torch.cat(recons), extras, convergence_summary(runs), modality=kind)
 
 
 def batch_attack_seed(seed: int, batch: int) -> int:

@@ -22,11 +22,16 @@ choices of our own, measured in docs/analytic-attacks.md:
 Bins: K thresholds at quantiles of the query's distribution (prior data when granted, else the
 server's assumed normal, as in `rtf`). A client's examples in one round (not one batch) share
 the K bins, so K is a few times the examples per round: 4,096 for the Flower example's 400.
-Not here: LOKI's client-specific convolution kernels, which keep clients apart under secure
-aggregation; through `secagg` the bins hold every client's examples.
+Through secure aggregation (`clients` = the group's size): LOKI keeps the clients apart with
+client-specific convolution kernels; here each client of the group gets its own block of bins
+(`client_model`: the other blocks' biases put them out of reach), so the aggregate's block 0
+holds the attacked client's examples alone, and the other clients' weight decay, the same on
+every row of a block, cancels in the differences. The model grows with the group (2·K·clients
+rows).
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -50,6 +55,8 @@ class LokiOptions:
     calibration: Literal["auto", "prior", "assumed"] = "auto"  # auto = prior if granted
     assumed_mean: float = 0.15  # query distribution assumed without prior data
     assumed_std: float = 0.06
+    # clients in the secure-aggregation group: one block of 2K bins each
+    clients: int = field(default=1, metadata={"range": (1, 1000)})
     readout: float = field(default=3.0, metadata={"range": (1e-6, 1e6)})  # r: each bank's read-out size
     # a bin whose weight difference is below this fraction of the largest counts as empty
     min_difference: float = field(default=1e-3, metadata={"range": (0.0, 1.0)})
@@ -58,24 +65,38 @@ class LokiOptions:
         check(self.bins >= 2, "attack 'loki': bins must be >= 2")
         check(self.assumed_std > 0, "attack 'loki': assumed_std must be > 0")
         check(self.readout > 0, "attack 'loki': readout must be > 0")
+        check(self.clients >= 1, "attack 'loki': clients must be >= 1")
+
+
+OUT_OF_REACH = 1e4  # a bias no sample's query overcomes: the bin stays at zero
 
 
 class TwinImprintedModel(nn.Module):
-    """Two identical banks of K bins in front of the original model, with read-outs that cancel."""
+    """Per client of the group, two identical banks of K bins in front of the original model,
+    with read-outs that cancel; the blocks of the other clients are out of reach."""
 
     def __init__(self, inner: nn.Module, query: torch.Tensor, thresholds: torch.Tensor, readout: float,
-                 generator: torch.Generator):
+                 generator: torch.Generator, clients: int = 1):
         super().__init__()
         d, k = query.numel(), thresholds.numel()
-        self.imprint = nn.Linear(d, 2 * k)
-        self.readout = nn.Linear(2 * k, d, bias=False)
+        self.imprint = nn.Linear(d, 2 * k * clients)
+        self.readout = nn.Linear(2 * k * clients, d, bias=False)
+        self.thresholds = thresholds
         with torch.no_grad():
-            self.imprint.weight.copy_(query.reshape(1, d).expand(2 * k, d))
-            self.imprint.bias.copy_(-torch.cat([thresholds, thresholds]))
+            self.imprint.weight.copy_(query.reshape(1, d).expand(2 * k * clients, d))
             direction = torch.randn(d, 1, generator=generator)
             column = readout * direction / direction.norm()
-            self.readout.weight.copy_(torch.cat([column.expand(d, k), -column.expand(d, k)], 1))
+            self.readout.weight.copy_(torch.cat([column.expand(d, k), -column.expand(d, k)] * clients, 1))
+        self.live(0)
         self.inner = inner
+
+    def live(self, client: int) -> "TwinImprintedModel":
+        """Bins in reach for `client`'s block only."""
+        k2 = 2 * self.thresholds.numel()
+        with torch.no_grad():
+            self.imprint.bias.fill_(-OUT_OF_REACH)
+            self.imprint.bias[client * k2:(client + 1) * k2] = -torch.cat([self.thresholds, self.thresholds])
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.flatten(1)
@@ -115,7 +136,7 @@ def decode_bins(weight_update: torch.Tensor, secrets: LokiSecrets, min_differenc
     """The samples alone in their bins, from the imprint's weight update (2K rows: the + bank,
     then the − bank; a gradient or a delta, either sign)."""
     k = secrets.thresholds.numel()
-    rows = weight_update.double()
+    rows = weight_update.double()[:2 * k]  # block 0: the attacked client's
     # the − bank's signal is the + bank's negated: their difference doubles it, and averages
     # the rounding of the two
     bank = rows[:k] - rows[k:]
@@ -149,8 +170,16 @@ class Loki(Attack):
         query, thresholds = query_thresholds(opt, math.prod(input_shape), ctx.prior_data, gen)
         sent = thresholds.clone()
         sent[0] = sent[0] - 1e3  # the lowest bin holds everything below it
-        crafted = TwinImprintedModel(model, query, sent.float(), opt.readout, gen)
+        crafted = TwinImprintedModel(model, query, sent.float(), opt.readout, gen, opt.clients)
         return PreparedModel(crafted, LokiSecrets(query=query, thresholds=thresholds))
+
+    def client_model(self, prepared: PreparedModel, client: int) -> nn.Module:
+        if client == 0 or not isinstance(prepared.model, TwinImprintedModel):
+            return prepared.model
+        if client >= self.options.clients:
+            raise GradleakError(f"attack 'loki': a secure-aggregation group of more than clients="
+                                f"{self.options.clients} (set loki:clients to the group's size)")
+        return copy.deepcopy(prepared.model).live(client)
 
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
         secrets = obs.server_secrets

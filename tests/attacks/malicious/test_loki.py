@@ -1,8 +1,10 @@
 """loki: the twin-bank imprint that stays decodable over the client's local steps, against rtf
 on the same client (MNIST test split, lenet5, 400 examples as 13 momentum steps of 32)."""
+import pytest
 import torch
 
 from gradleak.attacks import AttackContext, make_attack
+from gradleak.errors import GradleakError
 from gradleak.models import ModelSpec, build_model
 from gradleak.run.experiment import AttackRunSpec, run_attack
 
@@ -35,3 +37,13 @@ def test_the_twin_banks_leave_the_models_output_unchanged():
 def test_too_few_bins_for_the_round_collide():
     few = _copied(run_attack(AttackRunSpec(attack="loki:bins=64", seed=5, **ROUND)))
     assert few < 0.3, few  # 400 examples in 64 bins: almost none alone
+
+
+def test_through_secure_aggregation_each_client_has_its_own_block():
+    # 3 clients of 100 examples each, summed: the attacked client's block holds its examples alone
+    group = dict(ROUND, batch_size=100, defenses=("secagg:clients=3",))
+    alone = _copied(run_attack(AttackRunSpec(attack="loki:bins=1024", seed=5, **dict(ROUND, batch_size=100))))
+    summed = _copied(run_attack(AttackRunSpec(attack="loki:bins=1024,clients=3", seed=5, **group)))
+    assert summed >= 0.8 and abs(summed - alone) <= 0.05, (summed, alone)
+    with pytest.raises(GradleakError, match="loki:clients"):
+        run_attack(AttackRunSpec(attack="loki:bins=1024", seed=5, **group))
