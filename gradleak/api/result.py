@@ -8,7 +8,6 @@ from pathlib import Path
 
 from ..fl.training_check import TrainingCheck
 from ..leakage import Tolerance
-from ..options import parse_spec
 from ..run.scenario.outputs import result_record
 from ..run.scenario.spec import AttackRunResult
 from .selection import SkippedAttack
@@ -109,7 +108,7 @@ class AuditResult:
             for skip in self.skipped:
                 spec = {"attack": skip.attack, "threat": self.setting.get("threat"), **self._scenario_labels(),
                         **self._identity(), **extra}
-                row_labels = {"attack": parse_spec(skip.attack, "attack").name, "attack_spec": skip.attack,
+                row_labels = {"attack": skip.name, "attack_spec": skip.attack,
                               "reason": skip.reason, **self._scenario_labels(), **extra}
                 record = CellRecord(cell_key("skipped", spec), "skipped", sweep, spec, row_labels,
                                     {}, {"reason": skip.reason}, 0.0)

@@ -31,6 +31,12 @@ class SkippedAttack:
     attack: str
     reason: str
 
+    @property
+    def name(self) -> str:
+        """The attack's registered name: `attack` is canonical (`str(ComponentSpec)`), its name
+        before the options."""
+        return self.attack.partition(":")[0]
+
     def to_dict(self) -> dict:
         return {"attack": self.attack, "reason": self.reason}
 

@@ -22,7 +22,6 @@ from ..leakage import parse_tolerance
 from ..metrics.reidentify import Gallery
 from ..models.base import model_digest
 from ..models.references import parse_model_reference, resolve_model
-from ..options import parse_spec
 from ..progress import attack_progress
 from ..run.experiment import run_scenario
 from ..run.scenario.gallery import GALLERY_SIZE, resolved_gallery, with_extra
@@ -135,7 +134,7 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
                              knows=tuple(knows), seq_len=seq_len, lpips=lpips, device=device,
                              doublings=BUDGET_DOUBLINGS[budget])
         for text in selected:
-            if only is not None and str(parse_spec(text, "attack")) not in only:
+            if only is not None and text not in only:  # both canonical (select_attacks, the stored specs)
                 continue
             spec = dataclasses.replace(base, attack=text)
             try:
