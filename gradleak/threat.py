@@ -108,7 +108,7 @@ class Observation:
     input_shape: tuple[int, ...]
     num_classes: int
     threat: ThreatModel
-    modality: str = "image"
+    modality: str  # what the data is (gradleak.modalities), as the dataset or the batch declared it
     # text: the tokenizer of the ids (gradleak.data.text), public as the vocabulary is; None otherwise
     tokenizer: str | None = None
     _knowledge: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -147,7 +147,7 @@ class Observation:
 
 def observe(update: Update, model: nn.Module, threat: ThreatModel, *, input_shape: tuple[int, ...],
             num_classes: int, training: TrainingSpec, batch_size: int, labels: torch.Tensor,
-            defenses: Sequence[Any], modality: str = "image",
+            defenses: Sequence[Any], modality: str,
             bn_statistics: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
             prior_data: Any = None, server_secrets: Any = None, tokenizer: str | None = None,
             inputs: torch.Tensor | None = None) -> Observation:

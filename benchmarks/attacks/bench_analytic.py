@@ -124,10 +124,11 @@ def _exact(quick: bool) -> dict:
                                      data.input_shape, 10, AttackContext()).model
         update = compute_update(model, x, y, TrainingSpec())
         obs = observe(update, model, make_threat_model("malicious"), input_shape=data.input_shape,
-                      num_classes=10, training=TrainingSpec(), batch_size=8, labels=y, defenses=[])
+                      num_classes=10, training=TrainingSpec(), batch_size=8, labels=y, defenses=[],
+                      modality=data.modality)
         rec = attack.reconstruct(obs, AttackContext())
         idx = (y == target).nonzero().flatten()
-        psnrs[target] = round(score_batch(x[idx], y[idx], rec.inputs, rec.labels, lpips="none")[0][0].psnr, 2)
+        psnrs[target] = round(score_batch(x[idx], y[idx], rec.inputs, rec.labels, "image", lpips="none")[0][0].psnr, 2)
     return {"fc_analytic_B1_psnr": round(fc.metrics["psnr"], 2), "fishing_target_psnr_by_class": psnrs}
 
 

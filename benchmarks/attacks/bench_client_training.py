@@ -49,7 +49,8 @@ def _client_row(dataset: str, model_name: str, batch: int, local_batch: int, epo
     gallery = train.inputs[torch.randperm(len(train.labels), generator=torch.Generator().manual_seed(99))[:1000]]
     # the offline cifar10 samples are one set of 20 for both splits: never the client's own examples
     gallery = gallery[torch.tensor([not any(torch.equal(g, t) for t in x) for g in gallery])]
-    model = build_named_model(model_name, tuple(test.input_shape), test.num_classes, seed=seed)
+    model = build_named_model(model_name, tuple(test.input_shape), test.num_classes, seed=seed,
+                              modality=test.modality)
     known = TrainingSpec(lr=lr, local_epochs=epochs, local_batch_size=local_batch, optimizer=optimizer,
                          shuffle_seed=seed + 1)
     unknown = dataclasses.replace(known, shuffle="unknown")

@@ -54,7 +54,7 @@ def _summary(cos: torch.Tensor) -> dict:
 def _client(args, seed: int, test, gallery, train, gallery_rows) -> dict:
     pick = torch.randperm(len(test.labels), generator=torch.Generator().manual_seed(seed))[:args.images]
     x, y = test.inputs[pick], test.labels[pick]
-    model = build_named_model(args.model, (1, 28, 28), 10, seed=seed)
+    model = build_named_model(args.model, (1, 28, 28), 10, seed=seed, modality="image")
     client = TrainingSpec(lr=args.lr, local_epochs=args.epochs, local_batch_size=args.local_batch,
                           optimizer="sgd", shuffle="unknown", shuffle_seed=seed + 11)
     update = compute_update(model, x, y, client)
@@ -78,7 +78,7 @@ def _client(args, seed: int, test, gallery, train, gallery_rows) -> dict:
         prior = train.subset(torch.tensor([i for i in order if i not in kept_apart][:args.starts]))
     threat = make_threat_model("honest", ["prior_data"] if prior is not None else [])
     obs = observe(update, model, threat, input_shape=(1, 28, 28), num_classes=10, training=client.server_view(),
-                  batch_size=args.images, labels=y, defenses=[], prior_data=prior)
+                  batch_size=args.images, labels=y, defenses=[], prior_data=prior, modality="image")
     start = time.perf_counter()
     found = next(iter(attack.search(obs, AttackContext(seed=seed))))
     best = (nn.functional.normalize(found.pooled, dim=1) @ nn.functional.normalize(true, dim=1).T).max(0).values

@@ -87,12 +87,12 @@ def _client(args, seed: int, test, gallery) -> dict:
     device = torch.device(args.device)
     pick = torch.randperm(len(test.labels), generator=torch.Generator().manual_seed(seed))[:args.images]
     x, y = test.inputs[pick], test.labels[pick]
-    model = build_named_model(args.model, (1, 28, 28), 10, seed=seed)
+    model = build_named_model(args.model, (1, 28, 28), 10, seed=seed, modality="image")
     client = TrainingSpec(lr=args.lr, local_epochs=args.epochs, local_batch_size=args.local_batch,
                           optimizer=args.optimizer, shuffle=args.order, shuffle_seed=seed + 11)
     update = compute_update(model, x, y, client)
     obs = observe(update, model, make_threat_model("honest"), input_shape=(1, 28, 28), num_classes=10,
-                  training=client.server_view(), batch_size=args.images, labels=y, defenses=[])
+                  training=client.server_view(), batch_size=args.images, labels=y, defenses=[], modality="image")
     attack = make_attack(f"fedavg:iterations={args.iterations},distance={args.distance},replay={args.replay},"
                          f"lr={args.attack_lr},tv={args.tv},optimizer={args.attack_optimizer},"
                          f"restarts={args.restarts},label_trials={args.label_trials},"
@@ -122,7 +122,7 @@ def _client(args, seed: int, test, gallery) -> dict:
         reference = {"class_means": judge_reconstruction(x, y, means, y, gallery)}
         oracle = observe(update, model, make_threat_model("honest"), input_shape=(1, 28, 28), num_classes=10,
                          training=dataclasses.replace(client, shuffle="known"), batch_size=args.images, labels=y,
-                         defenses=[])
+                         defenses=[], modality="image")
         sims = {"true_order": UpdateSimulator(oracle)}
         if result.extras.get("replay") == "epochs":
             sims["epoch_replay"] = EpochReplay(obs)

@@ -60,7 +60,7 @@ def iteration_cost(name: str, batch_size: int, repeats: int, rounds: int = 5) ->
     training = TrainingSpec(lr=0.1)
     obs = observe(compute_update(model, x, y, training), model, make_threat_model("honest"),
                   input_shape=shape, num_classes=classes, training=training, batch_size=batch_size,
-                  labels=y, defenses=[])
+                  labels=y, defenses=[], modality="image")
     candidate = torch.rand_like(x).requires_grad_(True)
     attack_opt = torch.optim.Adam([candidate], lr=0.1)
 

@@ -119,7 +119,8 @@ def sign_rows(images: int) -> dict:
         x, y = data.inputs[i:i + 1], data.labels[i:i + 1]
         update = compute_update(model, x, y, training, make_chain(["sign:scale=none"]))
         obs = observe(update, model, make_threat_model("honest"), input_shape=data.input_shape,
-                      num_classes=data.num_classes, training=training, batch_size=1, labels=y, defenses=[])
+                      num_classes=data.num_classes, training=training, batch_size=1, labels=y, defenses=[],
+                      modality=data.modality)
         attack = make_attack(SIGN_ATTACK)
         optimised: list[torch.Tensor] = []
         finish = attack.finish

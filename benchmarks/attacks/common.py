@@ -32,7 +32,7 @@ def mnist_client_data(keep_train: bool = False):
 
 
 def judge_reconstruction(x, y, reconstruction, labels, gallery) -> dict:
-    scores, _ = score_batch(x, y, reconstruction.detach().cpu(), labels, gallery=gallery)
+    scores, _ = score_batch(x, y, reconstruction.detach().cpu(), labels, gallery=gallery, modality="image")
     summary = summarize(scores)
     return {"recognizable": sum(bool(s.recognizable) for s in scores), "copied": sum(bool(s.success) for s in scores),
             "recognizable_or_copied": sum(bool(s.recognizable) or bool(s.success) for s in scores),

@@ -111,7 +111,7 @@ def match_reconstruction(originals: torch.Tensor, candidates: torch.Tensor) -> l
 
 
 def score_batch(originals: torch.Tensor, labels: torch.Tensor, reconstruction: torch.Tensor,
-                recovered_labels: torch.Tensor | None, modality: str = "image",
+                recovered_labels: torch.Tensor | None, modality: str,
                 lpips: Literal["alex", "vgg", "none"] = "alex",
                 asr_mse: float = ASR_MSE_THRESHOLD, gallery: Gallery | None = None,
                 tokenizer: str | None = "gpt2") -> tuple[list, torch.Tensor]:

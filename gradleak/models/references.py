@@ -42,15 +42,16 @@ def parse_model_reference(text: str) -> ModelReference:
 
 
 def build_named_model(text: str, input_shape, num_classes: int, seed: int = 0,
-                      activation: str | None = None, modality: str = "image") -> nn.Module:
+                      activation: str | None = None, *, modality: str) -> nn.Module:
     """A built-in model (`name[:k=v,...]`) or the user's own
     (`path/to/file.py:factory[:k=v,...]`, `package.module:factory[:k=v,...]`),
     seeded, checked to output at least one logit per class."""
-    return build_reference(parse_model_reference(text), input_shape, num_classes, seed, activation, modality)
+    return build_reference(parse_model_reference(text), input_shape, num_classes, seed, activation,
+                           modality=modality)
 
 
 def build_reference(reference: ModelReference, input_shape, num_classes: int, seed: int = 0,
-                    activation: str | None = None, modality: str = "image") -> nn.Module:
+                    activation: str | None = None, *, modality: str) -> nn.Module:
     """The model a parsed reference names, built and seeded, checked to output at least one
     logit per class."""
     from .user import build_user_model, check_model_fits
@@ -64,7 +65,7 @@ def build_reference(reference: ModelReference, input_shape, num_classes: int, se
         activation = activation or options.pop("activation", None)
         model = build_model(ModelSpec(reference.name, tuple(input_shape), num_classes,
                                       activation=activation, seed=seed, options=options))
-    check_model_fits(model, tuple(input_shape), num_classes, f"model '{reference.text}'", modality)
+    check_model_fits(model, tuple(input_shape), num_classes, f"model '{reference.text}'", modality=modality)
     return model
 
 
@@ -110,7 +111,7 @@ def fit_classes(model: nn.Module, data: Dataset) -> Dataset:
     when the model has more outputs than the data's labels reach."""
     from .user import check_model_fits
 
-    width = check_model_fits(model, data.input_shape, data.num_classes, "model", data.modality)
+    width = check_model_fits(model, data.input_shape, data.num_classes, "model", modality=data.modality)
     if width > data.num_classes:
         names = list(data.class_names) + [str(i) for i in range(data.num_classes, width)]
         data = dataclasses.replace(data, class_names=names)

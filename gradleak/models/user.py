@@ -88,7 +88,7 @@ def build_user_model(text: str, input_shape: tuple[int, ...], num_classes: int, 
 
 
 def check_model_fits(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, where: str = "model",
-                     modality: str = "image") -> int:
+                     *, modality: str) -> int:
     """Run one zero example of the modality's input type through `model` (its state untouched):
     the output must be (1, K) logits with K >= num_classes, or (1, T, K) next-token logits for
     token sequences of length T. Returns K."""

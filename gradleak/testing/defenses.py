@@ -70,7 +70,8 @@ def _client_update(name: str | None, model_text: str, modality: str, training: T
     """A fresh client (its model built and transformed by the defense) and its update."""
     data = modality_data(modality)
     chain = make_chain([name] if name else [])
-    model = chain.transform_model(build_named_model(model_text, data.input_shape, data.num_classes, seed=0))
+    model = chain.transform_model(build_named_model(model_text, data.input_shape, data.num_classes, seed=0,
+                                                    modality=data.modality))
     before = copy.deepcopy(model.state_dict())
     x, y = data.inputs[:4], data.labels[:4]
     update = compute_update(model, x, y, training, chain, torch.Generator().manual_seed(seed))
@@ -106,7 +107,8 @@ def check_defense_depends_only_on_the_stream(name: str) -> None:
     the client's stream: the same model object trained twice on one stream sends one update."""
     data = modality_data("image")
     chain = make_chain([name])
-    model = chain.transform_model(build_named_model("lenet", data.input_shape, data.num_classes, seed=0))
+    model = chain.transform_model(build_named_model("lenet", data.input_shape, data.num_classes, seed=0,
+                                                    modality=data.modality))
     x, y = data.inputs[:4], data.labels[:4]
     first, second = (compute_update(model, x, y, TrainingSpec(), make_chain([name]), torch.Generator().manual_seed(3))
                      for _ in range(2))

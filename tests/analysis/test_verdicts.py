@@ -145,7 +145,7 @@ def test_the_engine_resumes_where_the_last_rung_stopped(mnist_test):
     training = TrainingSpec(lr=0.1)
     update = compute_update(model, x, y, training, make_chain([]), stream(0, "client"))
     obs = observe(update, model, make_threat_model("honest"), input_shape=(1, 28, 28), num_classes=10,
-                  training=training, batch_size=1, labels=y, defenses=[])
+                  training=training, batch_size=1, labels=y, defenses=[], modality="image")
     attack = make_attack("ig:iterations=20")
     ctx = AttackContext(seed=0)
     first = attack.reconstruct(obs, ctx)

@@ -21,7 +21,8 @@ def test_a_model_reference_is_parsed_once_into_what_building_takes(mnist_test):
         parse_model_reference(":width=3")
     # built from the parsed reference, the model is the one its name builds, same seed, same weights
     built, label, _ = resolve_model(parse_model_reference("lenet"), mnist_test, seed=3)
-    by_name = build_named_model("lenet", mnist_test.input_shape, mnist_test.num_classes, seed=3)
+    by_name = build_named_model("lenet", mnist_test.input_shape, mnist_test.num_classes, seed=3,
+                                modality=mnist_test.modality)
     assert label == "lenet"
     assert all(torch.equal(a, b) for a, b in zip(built.state_dict().values(), by_name.state_dict().values()))
 

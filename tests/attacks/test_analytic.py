@@ -20,7 +20,7 @@ from gradleak.threat import make_threat_model, observe
 def _observe(model, x, y, threat="honest"):
     update = compute_update(model, x, y, TrainingSpec())
     return observe(update, model, make_threat_model(threat), input_shape=tuple(x.shape[1:]),
-                   num_classes=10, training=TrainingSpec(), batch_size=len(x), labels=y, defenses=[])
+                   num_classes=10, training=TrainingSpec(), batch_size=len(x), labels=y, defenses=[], modality="image")
 
 
 def _mlp(width=256, seed=0):
@@ -32,7 +32,7 @@ def test_fc_analytic_is_exact_for_one_sample(mnist_test):
     for i in (0, 1):
         x, y = mnist_test.inputs[i:i + 1], mnist_test.labels[i:i + 1]
         rec = make_attack("fc-analytic").reconstruct(_observe(_mlp(), x, y), AttackContext())
-        scores, _ = score_batch(x, y, rec.inputs, rec.labels, lpips="none")
+        scores, _ = score_batch(x, y, rec.inputs, rec.labels, lpips="none", modality="image")
         assert scores[0].psnr > 60 and scores[0].recovered_label == int(y[0])
 
 
@@ -74,11 +74,11 @@ def test_fishing_isolates_and_recovers_the_target_class(mnist_test):
     assert torch.allclose(obs.update.tensors["1.weight"], alone, atol=1e-6 * float(alone.abs().max()))
     rec = attack.reconstruct(obs, AttackContext())
     assert rec.labels.tolist() == [target]
-    scores, _ = score_batch(x[:1], y[:1], rec.inputs, rec.labels, lpips="none")
+    scores, _ = score_batch(x[:1], y[:1], rec.inputs, rec.labels, lpips="none", modality="image")
     assert scores[0].psnr > 60
     # without the malicious edit the same inversion only sees a mixture of the batch
     honest = make_attack("fc-analytic").reconstruct(_observe(_mlp(), x, y), AttackContext())
-    mixed, _ = score_batch(x[:1], y[:1], honest.inputs[:1], None, lpips="none")
+    mixed, _ = score_batch(x[:1], y[:1], honest.inputs[:1], None, lpips="none", modality="image")
     assert mixed[0].psnr < scores[0].psnr
 
 
@@ -94,7 +94,7 @@ def test_fishing_inverts_the_isolated_gradient_of_a_conv_first_model(mnist_test)
         assert torch.allclose(obs.update.tensors[name], alone[name] / 8, atol=1e-6 * float(alone[name].abs().max()))
     rec = attack.reconstruct(obs, AttackContext())
     assert rec.extras == {"target_count": 1, "inversion": "ig"} and rec.labels.tolist() == [7]
-    scores, _ = score_batch(x[:1], y[:1], rec.inputs, rec.labels, lpips="none")
+    scores, _ = score_batch(x[:1], y[:1], rec.inputs, rec.labels, lpips="none", modality="image")
     assert scores[0].psnr >= 40, scores[0]
 
 
@@ -102,7 +102,7 @@ def test_fishing_inverts_the_isolated_gradient_of_a_conv_first_model(mnist_test)
 def test_cpa_separates_a_batch_of_32(mnist_test):
     x, y = mnist_test.inputs[:32], mnist_test.labels[:32]
     rec = make_attack("cpa").reconstruct(_observe(_mlp(256), x, y), AttackContext())
-    summary = summarize(score_batch(x, y, rec.inputs, rec.labels, lpips="none")[0])
+    summary = summarize(score_batch(x, y, rec.inputs, rec.labels, lpips="none", modality="image")[0])
     assert summary["ssim"] >= 0.6, summary
 
 
@@ -110,11 +110,11 @@ def test_cpa_without_bias_uses_skew_and_range(mnist_test):
     x, y = mnist_test.inputs[8:16], mnist_test.labels[8:16]
     model = build_model(ModelSpec("twolayer", (1, 28, 28), 10, seed=0, options={"width": 256}))
     rec = make_attack("cpa").reconstruct(_observe(model, x, y), AttackContext())
-    summary = summarize(score_batch(x, y, rec.inputs, None, lpips="none")[0])
+    summary = summarize(score_batch(x, y, rec.inputs, None, lpips="none", modality="image")[0])
     assert summary["ssim"] >= 0.8, summary
     # plain FastICA (no non-negative search) is clearly weaker on MNIST digits
     ica = make_attack("cpa:nonnegative=false").reconstruct(_observe(model, x, y), AttackContext())
-    assert summarize(score_batch(x, y, ica.inputs, None, lpips="none")[0])["ssim"] < summary["ssim"]
+    assert summarize(score_batch(x, y, ica.inputs, None, lpips="none", modality="image")[0])["ssim"] < summary["ssim"]
 
 
 def test_feature_extractor_stops_at_the_first_linear_layer(mnist_test):
@@ -133,7 +133,7 @@ def test_cpa_inverts_features_behind_convolutions(mnist_test):
     model = build_model(ModelSpec("lenet5", (1, 28, 28), 10, activation="relu", seed=0))
     rec = make_attack("cpa:feature_steps=500").reconstruct(_observe(model, x, y), AttackContext())
     assert rec.extras["feature_layer"] == "7" and rec.extras["nonnegative_search"]
-    summary = summarize(score_batch(x, y, rec.inputs, rec.labels, lpips="none")[0])
+    summary = summarize(score_batch(x, y, rec.inputs, rec.labels, lpips="none", modality="image")[0])
     assert summary["ssim"] >= 0.75, summary
 
 

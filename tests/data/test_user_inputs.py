@@ -152,7 +152,7 @@ def test_user_model_references(tmp_path):
     a = build_user_model(f"{path}:Net:width=6", (1, 8, 8), 10, seed=3)
     b = build_user_model(f"{path}:Net:width=6", (1, 8, 8), 10, seed=3)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
-    assert a.body[0].out_channels == 6 and check_model_fits(a, (1, 8, 8), 10) == 10
+    assert a.body[0].out_channels == 6 and check_model_fits(a, (1, 8, 8), 10, modality="image") == 10
     module_model = build_user_model("torch.nn:Linear:in_features=3,out_features=2", (3,), 2, seed=0)
     assert isinstance(module_model, nn.Linear)
     for ref, message in [(f"{path}:empty", "no parameters"), (f"{path}:raises", "SystemExit"),
@@ -161,9 +161,9 @@ def test_user_model_references(tmp_path):
         with pytest.raises(GradleakError, match=message):
             build_user_model(ref, (1, 8, 8), 10, seed=0)
     with pytest.raises(GradleakError, match="outputs 10 logits"):
-        check_model_fits(a, (1, 8, 8), 12)
+        check_model_fits(a, (1, 8, 8), 12, modality="image")
     with pytest.raises(GradleakError, match="cannot take inputs"):
-        check_model_fits(a, (3, 8, 8), 10)
+        check_model_fits(a, (3, 8, 8), 10, modality="image")
 
 
 def test_user_model_with_checkpoint_through_the_cli(tmp_path, capsys):

@@ -201,7 +201,8 @@ def test_sent_entries_masks_only_for_sparsifiers(mnist_test):
     def observation(defense, grants=frozenset({"batch_size", "defenses"})):
         update = _update(mnist_test, defense, n=1)
         return observe(update, _model(), ThreatModel("t", grants), input_shape=(1, 28, 28), num_classes=10,
-                       training=FEDSGD, batch_size=1, labels=mnist_test.labels[:1], defenses=[defense])
+                       training=FEDSGD, batch_size=1, labels=mnist_test.labels[:1], defenses=[defense],
+                       modality="image")
 
     obs = observation("topk:sparsity=0.9")
     masks = sent_entries(obs, obs.update.tensors)

@@ -34,7 +34,7 @@ def _batch(n: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _observe(model, update, training, x, y, threat="honest"):
     return observe(update, model, make_threat_model(threat), input_shape=SHAPE, num_classes=10,
-                   training=training, batch_size=len(x), labels=y, defenses=[])
+                   training=training, batch_size=len(x), labels=y, defenses=[], modality="image")
 
 
 def _close(derived, truth):
@@ -148,7 +148,7 @@ def test_several_steps_and_aggregates_give_no_statistics():
                                (updates[0].buffers["bn0.running_mean"] + updates[1].buffers["bn0.running_mean"]) / 2)
     assert int(summed.buffers["bn0.num_batches_tracked"]) == 1
     aggregated = observe(summed, model, make_threat_model("honest"), input_shape=SHAPE, num_classes=10,
-                         training=one, batch_size=8, labels=torch.cat([y, other_y]), defenses=[])
+                         training=one, batch_size=8, labels=torch.cat([y, other_y]), defenses=[], modality="image")
     with pytest.raises(GradleakError, match="aggregate of several clients"):
         aggregated.get("bn_statistics")
 

@@ -91,7 +91,7 @@ def test_an_attack_that_replays_the_clients_momentum_recovers_what_plain_sgd_rep
         x, y = data.inputs[seed:seed + 1], data.labels[seed:seed + 1]
         update = compute_update(model, x, y, client)
         obs = observe(update, model, make_threat_model("honest"), input_shape=data.input_shape, num_classes=10,
-                      training=declared, batch_size=1, labels=y, defenses=[])
+                      training=declared, batch_size=1, labels=y, defenses=[], modality=data.modality)
         scores = climb_budget_ladder(make_attack(spec.attack), obs, x, y, AttackContext(seed=seed), "none", None,
                                      0).scores
         return summarize(scores)["psnr"]
@@ -138,7 +138,7 @@ def test_the_server_replays_the_known_order_and_only_the_known_order(mnist_test)
 
     def mismatch(declared: TrainingSpec) -> float:
         obs = observe(update, model, make_threat_model("honest"), input_shape=(1, 28, 28), num_classes=10,
-                      training=declared, batch_size=4, labels=y, defenses=[])
+                      training=declared, batch_size=4, labels=y, defenses=[], modality="image")
         simulated = make_simulator(obs)(x, y)  # the low-rank head replay on this Sequential LeNet
         return max(float((simulated[n].detach() - update.tensors[n]).abs().max()) for n in update.tensors)
 

@@ -25,7 +25,7 @@ def test_reconstructions_that_are_not_finite_are_scored_as_not_reconstructed():
     x = torch.rand(3, 1, 8, 8)
     recon = x.clone()
     recon[1] = float("nan")
-    scores, aligned = score_batch(x, torch.arange(3), recon, None, lpips="none")
+    scores, aligned = score_batch(x, torch.arange(3), recon, None, lpips="none", modality="image")
     assert [s.matched for s in scores] == [True, False, True]
     assert scores[1].mse == float(x[1].pow(2).mean()) and not aligned[1].any()
     # an attack on an update a defense zeroed entirely: CPA divides by nothing

@@ -114,7 +114,8 @@ def test_a_noisy_copy_is_recognizable_and_speckle_that_ranks_first_by_chance_is_
     gallery = Gallery(mnist_test.inputs[1000:1300], "mnist")
     noisy = _noisy(originals, 0.1, 3)
     # one example per batch: with several, each original competes with the others' copies (candidate_set)
-    scores = [score_batch(originals[i:i + 1], labels[i:i + 1], noisy[i:i + 1], None, gallery=gallery)[0][0]
+    scores = [score_batch(originals[i:i + 1], labels[i:i + 1], noisy[i:i + 1], None, gallery=gallery,
+                          modality="image")[0][0]
               for i in range(10)]
     assert all(s.identified and s.recognizable for s in scores)
     summary = summarize(scores)
@@ -128,7 +129,7 @@ def test_a_noisy_copy_is_recognizable_and_speckle_that_ranks_first_by_chance_is_
     distances = 1 - __import__("gradleak.metrics.image", fromlist=["ssim"]).ssim(speckle.expand_as(candidates),
                                                                                  candidates)
     original = candidates[int(distances.argmin())][None]
-    scores, _ = score_batch(original, labels[:1], speckle, None, lpips="none",
+    scores, _ = score_batch(original, labels[:1], speckle, None, "image", lpips="none",
                             gallery=Gallery(torch.cat([candidates[:int(distances.argmin())],
                                                        candidates[int(distances.argmin()) + 1:]]), "mnist"))
     assert scores[0].identified and scores[0].ssim < RECOGNIZABLE_SSIM
@@ -200,7 +201,7 @@ def test_candidates_matched_with_the_ground_truth_link_at_chance(mnist_test):
             batch = mnist_test.inputs[torch.randperm(1000, generator=generator)[:4]]
             noise = torch.rand(candidates, 1, 28, 28, generator=generator) * 0.5
             scores, _ = score_batch(batch, torch.zeros(4, dtype=torch.long), noise, None, lpips="none",
-                                    gallery=gallery)
+                                    gallery=gallery, modality="image")
             links += [s.linkage for s in scores]
     # 64 examples in 16 batches: the batch's four share their gallery side, so the mean wanders
     # more than 64 independent ones would (another draw of 60 each: 0.45 at 4 candidates, 0.51 at 40)
@@ -303,7 +304,7 @@ def test_the_linkage_test_keeps_its_level_with_the_permutation_null(mnist_test):
             x = mnist_test.inputs[pick]
             noise = torch.rand(x.shape, generator=generator)
             nothing = noise if group % 2 else (noise > 0.5).float()
-            scores, _ = score_batch(x, mnist_test.labels[pick], nothing, None, gallery=gallery)
+            scores, _ = score_batch(x, mnist_test.labels[pick], nothing, None, gallery=gallery, modality="image")
             links += [s.linkage for s in scores]
             nulls += [s.linkage_null_var for s in scores]
         zs.append((sum(links) - 0.5 * len(links)) / math.sqrt(sum(nulls)))

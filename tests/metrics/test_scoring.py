@@ -17,7 +17,7 @@ from gradleak.threat import make_threat_model, observe
 def test_one_failed_image_pulls_the_headline_psnr_down_to_its_level(mnist_test):
     x, y = mnist_test.inputs[:4], mnist_test.labels[:4]
     failed = torch.full_like(x[3:], 0.5)  # a flat grey image: a reconstruction that failed
-    scores, _ = score_batch(x, y, torch.cat([x[:3], failed]), None, lpips="none")
+    scores, _ = score_batch(x, y, torch.cat([x[:3], failed]), None, lpips="none", modality="image")
     bad = scores[3]
     assert [s.psnr for s in scores[:3]] == [100.0] * 3 and bad.psnr < 10
     summary = summarize(scores)
@@ -32,7 +32,7 @@ def test_one_failed_image_pulls_the_headline_psnr_down_to_its_level(mnist_test):
 
 def test_psnr_aggregate_keeps_the_per_image_cap():
     x = torch.rand(3, 1, 8, 8)
-    summary = summarize(score_batch(x, torch.zeros(3), x.clone(), None, lpips="none")[0])
+    summary = summarize(score_batch(x, torch.zeros(3), x.clone(), None, lpips="none", modality="image")[0])
     assert summary["psnr"] == summary["psnr_min"] == 100.0
 
 
@@ -50,7 +50,7 @@ def _fished_observation(mnist_test, target, n=3):
     model = attack.prepare_model(mlp, (1, 28, 28), 10, AttackContext()).model
     obs = observe(compute_update(model, x, y, TrainingSpec()), model, make_threat_model("malicious"),
                   input_shape=(1, 28, 28), num_classes=10, training=TrainingSpec(), batch_size=n,
-                  labels=y, defenses=[])
+                  labels=y, defenses=[], modality="image")
     return attack, obs, x, y
 
 
@@ -62,7 +62,7 @@ def test_fishing_without_the_target_class_says_it_reconstructed_nothing(mnist_te
     assert rec.inputs.shape[0] == 0 and rec.extras["nothing_reconstructed"] is True
     # the classes the same update shows (from its head-bias gradient, not the labels)
     assert "classes 1, 2, 7" in rec.extras["message"] and rec.extras["message"] == str(caught[0].message)
-    summary = summarize(score_batch(x, y, rec.inputs, rec.labels, lpips="none")[0])
+    summary = summarize(score_batch(x, y, rec.inputs, rec.labels, lpips="none", modality="image")[0])
     assert summary["matched"] == 0.0 and summary["asr"] == 0.0 and summary["psnr"] < 15
 
 

@@ -22,7 +22,7 @@ def _observation(dataset, idx, training=TrainingSpec(), threat="honest", model=N
     update = compute_update(model, x, y, training)
     obs = observe(update, model, make_threat_model(threat, knows), input_shape=dataset.input_shape,
                   num_classes=dataset.num_classes, training=training, batch_size=len(idx), labels=y,
-                  defenses=[])
+                  defenses=[], modality=dataset.modality)
     return x, y, obs
 
 
@@ -88,7 +88,7 @@ def test_label_counts_for_batches(mnist_test):
 def test_hungarian_matching_undoes_permutation(mnist_test):
     x, y = mnist_test.inputs[:6], mnist_test.labels[:6]
     perm = torch.tensor([3, 5, 0, 1, 4, 2])
-    scores, aligned = score_batch(x, y, x[perm] + 0.01, y[perm], lpips="none")
+    scores, aligned = score_batch(x, y, x[perm] + 0.01, y[perm], lpips="none", modality="image")
     assert torch.allclose(aligned, (x + 0.01).clamp(0, 1))
     summary = summarize(scores)
     assert summary["label_acc"] == 1.0 and summary["asr"] == 1.0
@@ -98,7 +98,7 @@ def test_hungarian_matching_undoes_permutation(mnist_test):
 def test_an_example_nothing_matched_counts_in_every_mean(mnist_test):
     # two reconstructions for three originals: the third scores as an all-zero image
     x, y = mnist_test.inputs[:3], mnist_test.labels[:3]
-    scores, aligned = score_batch(x, y, x[:2], None, lpips="none")
+    scores, aligned = score_batch(x, y, x[:2], None, lpips="none", modality="image")
     missing = scores[2]
     assert not missing.success and missing.ssim == 0.0
     assert missing.psnr == pytest.approx(10 * math.log10(1 / float(x[2].pow(2).mean())), abs=1e-4)
@@ -113,7 +113,7 @@ def test_inverting_gradients_reconstructs_mnist(mnist_test):
     for i in (0, 1):
         x, y, obs = _observation(mnist_test, [i])
         rec = attack.reconstruct(obs, AttackContext(seed=i))
-        scores, _ = score_batch(x, y, rec.inputs, rec.labels, lpips="alex")
+        scores, _ = score_batch(x, y, rec.inputs, rec.labels, lpips="alex", modality="image")
         psnrs.append(scores[0].psnr)
         assert scores[0].recovered_label == int(y[0])
         assert scores[0].lpips < 0.2
@@ -132,9 +132,9 @@ def test_noise_defense_changes_update_and_hurts_ig(mnist_test):
     diff = (noisy.flat() - clean.flat())
     assert abs(float(diff.std()) - 0.05) < 0.005
     obs = observe(noisy, model, make_threat_model(), input_shape=(1, 28, 28), num_classes=10,
-                  training=TrainingSpec(), batch_size=1, labels=y, defenses=["noise"])
+                  training=TrainingSpec(), batch_size=1, labels=y, defenses=["noise"], modality="image")
     rec = make_attack("ig:iterations=600").reconstruct(obs, AttackContext())
-    scores, _ = score_batch(x, y, rec.inputs, rec.labels, lpips="none")
+    scores, _ = score_batch(x, y, rec.inputs, rec.labels, lpips="none", modality="image")
     assert scores[0].psnr < 20  # the clean update gives >= 25 dB (test above)
 
 
@@ -223,7 +223,7 @@ def test_bn_mode_eval_uses_running_statistics_and_attacks_replay_it(steps):
     assert torch.allclose(got, expected, atol=1e-6)
     # an honest server replays the frozen batch norm: the true batch matches exactly
     obs = observe(update, model, make_threat_model("honest"), input_shape=(3, 16, 16), num_classes=10,
-                  training=frozen, batch_size=2, labels=y, defenses=[])
+                  training=frozen, batch_size=2, labels=y, defenses=[], modality="image")
     sim = UpdateSimulator(obs)
     assert float(update_distance(sim(x, y), sim.target, "l2").detach()) < 1e-10
     assert float(update_distance(sim(x.flip(-1), y), sim.target, "l2").detach()) > 1e-6

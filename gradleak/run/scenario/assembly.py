@@ -19,7 +19,7 @@ from .spec import AttackRunSpec
 
 
 def build_scenario_model(spec: AttackRunSpec, input_shape, num_classes, modality: str):
-    return build_named_model(spec.model, input_shape, num_classes, spec.seed, spec.activation, modality)
+    return build_named_model(spec.model, input_shape, num_classes, spec.seed, spec.activation, modality=modality)
 
 
 def scenario_data(spec: AttackRunSpec, load: Callable[[DatasetSpec], Dataset] = load_dataset) -> Dataset:

@@ -123,7 +123,7 @@ class AttackRunResult:
     # converged / final_distance / trace as the attack reported them (None: not reported)
     convergence: dict = field(default_factory=dict)
     # the attacked data's modality (gradleak.modalities), as the observation carried it
-    modality: str = "image"
+    modality: str = field(kw_only=True)
 
     def __repr__(self) -> str:
         return f"AttackRunResult({self.summary()})"

@@ -29,7 +29,7 @@ def _client(mnist_test, mnist_train, seed, prior=True, images=10, digits=None):
     pick = torch.randperm(len(mnist_test.labels),
                           generator=torch.Generator().manual_seed(seed if digits is None else digits))[:images]
     x, y = mnist_test.inputs[pick], mnist_test.labels[pick]
-    model = build_named_model("lenet5:activation=relu", (1, 28, 28), 10, seed=seed)
+    model = build_named_model("lenet5:activation=relu", (1, 28, 28), 10, seed=seed, modality="image")
     update = compute_update(model, x, y, CLIENT, generator=torch.Generator().manual_seed(seed + 11))
     held_out = None
     if prior:
@@ -37,7 +37,7 @@ def _client(mnist_test, mnist_train, seed, prior=True, images=10, digits=None):
         held_out = mnist_train.subset(rows)
     obs = observe(update, model, make_threat_model("honest", ["prior_data"] if prior else []),
                   input_shape=(1, 28, 28), num_classes=10, training=CLIENT.server_view(), batch_size=images,
-                  labels=y, defenses=[], prior_data=held_out)
+                  labels=y, defenses=[], prior_data=held_out, modality="image")
     return model, x, y, obs
 
 
@@ -81,9 +81,9 @@ def test_the_features_are_not_found_in_an_update_of_other_digits(mnist_test, mni
 
 def test_refuses_what_it_cannot_attack(mnist_test, mnist_train):
     attack = make_attack("dense-vertices")
-    mlp = build_named_model("mlp", (1, 28, 28), 10)
+    mlp = build_named_model("mlp", (1, 28, 28), 10, modality="image")
     assert "behind convolutions" in attack.unsupported(mlp, (1, 28, 28), 10, "image")
-    sigmoid = build_named_model("lenet5", (1, 28, 28), 10)
+    sigmoid = build_named_model("lenet5", (1, 28, 28), 10, modality="image")
     assert "ReLU" in attack.unsupported(sigmoid, (1, 28, 28), 10, "image")
     with pytest.raises(GradleakError, match="zeros"):
         make_attack("dense-vertices:zeros=abc")
@@ -91,17 +91,17 @@ def test_refuses_what_it_cannot_attack(mnist_test, mnist_train):
     _, _, _, obs = _client(mnist_test, mnist_train, 0, images=10)
     obs = observe(obs.update, obs.model, make_threat_model("honest"), input_shape=(1, 28, 28), num_classes=10,
                   training=CLIENT.server_view(), batch_size=200, labels=torch.zeros(200, dtype=torch.long),
-                  defenses=[])
+                  defenses=[], modality="image")
     with pytest.raises(GradleakError, match="too few"):
         attack.reconstruct(obs, AttackContext(seed=0))
 
 
 def test_auto_runs_it_where_a_relu_dense_layer_follows_convolutions():
     threat = make_threat_model("honest")
-    relu = build_named_model("lenet5:activation=relu", (1, 28, 28), 10)
+    relu = build_named_model("lenet5:activation=relu", (1, 28, 28), 10, modality="image")
     ran, _ = select_attacks("auto", relu, (1, 28, 28), 10, "image", threat, training=CLIENT, samples=50)
     assert any(s.startswith("dense-vertices") for s in ran)
-    sigmoid = build_named_model("lenet5", (1, 28, 28), 10)
+    sigmoid = build_named_model("lenet5", (1, 28, 28), 10, modality="image")
     _, skipped = select_attacks("auto", sigmoid, (1, 28, 28), 10, "image", threat, training=CLIENT, samples=50)
     assert "ReLU" in {s.attack.split(":")[0]: s.reason for s in skipped}["dense-vertices"]
 

@@ -24,7 +24,7 @@ def _observation(dataset, index=0, batch=1):
     training = TrainingSpec()
     obs = observe(compute_update(model, x, y, training), model, make_threat_model("honest"),
                   input_shape=dataset.input_shape, num_classes=dataset.num_classes, training=training,
-                  batch_size=batch, labels=y, defenses=[])
+                  batch_size=batch, labels=y, defenses=[], modality=dataset.modality)
     return obs, x, y
 
 
@@ -86,7 +86,7 @@ def test_reconstruction_carries_the_trace_with_seconds(mnist_test):
     assert rec.converged is True and rec.iterations < 300
     assert len(rec.trace) == len(rec.trace_iterations) == len(rec.trace_seconds) == rec.iterations
     assert rec.trace_iterations == list(range(1, rec.iterations + 1)) and math.isfinite(rec.final_distance)
-    scores, _ = score_batch(x, y, rec.inputs, rec.labels, lpips="none")
+    scores, _ = score_batch(x, y, rec.inputs, rec.labels, lpips="none", modality="image")
     assert scores[0].psnr > 30  # CPL's patterned start on an MNIST digit converges (test_attacks_optim)
 
 

@@ -33,7 +33,7 @@ def _observation(x, y, defenses=(), threat="honest", training=TrainingSpec(lr=0.
     chain = make_chain([parse_spec(d, "defense") for d in defenses])
     update = compute_update(model, x, y, training, chain, torch.Generator().manual_seed(1))
     return observe(update, model, make_threat_model(threat), input_shape=tuple(x.shape[1:]), num_classes=10,
-                   training=training, batch_size=len(x), labels=y, defenses=chain.defenses)
+                   training=training, batch_size=len(x), labels=y, defenses=chain.defenses, modality="image")
 
 
 def test_the_sketch_is_linear_and_fixed_by_its_seed():

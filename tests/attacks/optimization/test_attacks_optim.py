@@ -19,9 +19,10 @@ def _attack_one(dataset, index, attack, training=TrainingSpec(), seed=None, thre
     model = build_model(ModelSpec("lenet", dataset.input_shape, dataset.num_classes, seed=0))
     update = compute_update(model, x, y, training)
     obs = observe(update, model, threat or make_threat_model("honest"), input_shape=dataset.input_shape,
-                  num_classes=dataset.num_classes, training=training, batch_size=1, labels=y, defenses=[])
+                  num_classes=dataset.num_classes, training=training, batch_size=1, labels=y, defenses=[],
+                  modality=dataset.modality)
     rec = make_attack(attack).reconstruct(obs, AttackContext(seed=index if seed is None else seed))
-    scores, _ = score_batch(x, y, rec.inputs, rec.labels, lpips="none")
+    scores, _ = score_batch(x, y, rec.inputs, rec.labels, lpips="none", modality="image")
     return rec, scores[0], int(y[0])
 
 

@@ -40,7 +40,8 @@ def _probe_observation(cifar, batch: int, width: int = 20000):
     x, y = cifar.inputs[:batch], cifar.labels[:batch]
     update = compute_update(model, x, y, TrainingSpec())
     obs = observe(update, model, make_threat_model("malicious"), input_shape=cifar.input_shape,
-                  num_classes=10, training=TrainingSpec(), batch_size=batch, labels=y, defenses=[])
+                  num_classes=10, training=TrainingSpec(), batch_size=batch, labels=y, defenses=[],
+                  modality=cifar.modality)
     _, probe = find_probe(model)
     captured = []
     handle = probe.register_forward_hook(lambda _m, inputs, _o: captured.append(inputs[0].detach()))

@@ -19,7 +19,7 @@ from gradleak.threat import make_threat_model, observe
 
 def _observe(model, update, training, x, y):
     return observe(update, model, make_threat_model("honest"), input_shape=tuple(x.shape[1:]), num_classes=10,
-                   training=training, batch_size=len(x), labels=y, defenses=[])
+                   training=training, batch_size=len(x), labels=y, defenses=[], modality="image")
 
 
 def _worst(simulated, update) -> float:
@@ -94,7 +94,7 @@ def test_a_client_whose_order_the_server_does_not_know_is_still_reconstructed(mn
     for seed in range(3):
         pick = torch.randperm(len(mnist_train.labels), generator=torch.Generator().manual_seed(seed))[:4]
         x, y = mnist_train.inputs[pick], mnist_train.labels[pick]
-        model = build_named_model("lenet5", (1, 28, 28), 10, seed=seed)
+        model = build_named_model("lenet5", (1, 28, 28), 10, seed=seed, modality="image")
         client = TrainingSpec(lr=0.01, local_epochs=2, local_batch_size=2, shuffle="unknown", shuffle_seed=seed + 11)
         update = compute_update(model, x, y, client)
         fedavg = make_attack("fedavg:iterations=400").reconstruct(
@@ -164,7 +164,7 @@ def test_many_steps_in_an_unknown_order_are_attacked_by_the_epoch_replay(mnist_t
             if len(chosen) == 4:
                 break
         x, y = mnist_train.inputs[chosen], mnist_train.labels[chosen]
-        model = build_named_model("lenet", (1, 28, 28), 10, seed=seed)
+        model = build_named_model("lenet", (1, 28, 28), 10, seed=seed, modality="image")
         client = TrainingSpec(lr=0.001, local_epochs=4, local_batch_size=1, shuffle="unknown", shuffle_seed=seed + 11)
         update = compute_update(model, x, y, client)
         result = make_attack("fedavg:iterations=300").reconstruct(
@@ -191,7 +191,7 @@ def test_the_polish_finishes_a_basin_that_signed_adam_only_finds(mnist_test):
     for seed in range(2):
         pick = torch.randperm(len(mnist_test.labels), generator=torch.Generator().manual_seed(seed))[:4]
         x, y = mnist_test.inputs[pick], mnist_test.labels[pick]
-        model = build_named_model("lenet", (1, 28, 28), 10, seed=seed)
+        model = build_named_model("lenet", (1, 28, 28), 10, seed=seed, modality="image")
         client = TrainingSpec(lr=0.01, local_epochs=2, local_batch_size=2, shuffle="known", shuffle_seed=seed + 11)
         obs = _observe(model, compute_update(model, x, y, client), client.server_view(), x, y)
         attack = make_attack("fedavg:iterations=200")

@@ -82,7 +82,8 @@ def test_partial_matching_of_a_simulated_lenet_gradient(mnist_test):
     model = build_model(ModelSpec("lenet", mnist_test.input_shape, mnist_test.num_classes, seed=0))
     update = compute_update(model, x, y, TrainingSpec())
     obs = observe(update, model, make_threat_model("honest"), input_shape=mnist_test.input_shape,
-                  num_classes=mnist_test.num_classes, training=TrainingSpec(), batch_size=2, labels=y, defenses=[])
+                  num_classes=mnist_test.num_classes, training=TrainingSpec(), batch_size=2, labels=y, defenses=[],
+                  modality=mnist_test.modality)
     sim = UpdateSimulator(obs)
     partial = PartialDistance()
     candidate = torch.rand((2, *mnist_test.input_shape), generator=torch.Generator().manual_seed(0))
@@ -131,9 +132,10 @@ def _attack(dataset, spec, batch, seed, training=TrainingSpec()):
     model = build_model(ModelSpec("lenet", dataset.input_shape, dataset.num_classes, seed=0))
     update = compute_update(model, x, y, training)
     obs = observe(update, model, make_threat_model("honest"), input_shape=dataset.input_shape,
-                  num_classes=dataset.num_classes, training=training, batch_size=batch, labels=y, defenses=[])
+                  num_classes=dataset.num_classes, training=training, batch_size=batch, labels=y, defenses=[],
+                  modality=dataset.modality)
     rec = make_attack(spec).reconstruct(obs, AttackContext(seed=seed))
-    scores, _ = score_batch(x, y, rec.inputs, rec.labels, lpips="none")
+    scores, _ = score_batch(x, y, rec.inputs, rec.labels, lpips="none", modality="image")
     return rec, scores
 
 

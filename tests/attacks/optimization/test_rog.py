@@ -72,7 +72,7 @@ def _observation(dataset: str, n: int, model: str = "lenet", options: dict | Non
     update = compute_update(net, x, y, training, make_chain(list(defenses)), torch.Generator().manual_seed(0))
     obs = observe(update, net, make_threat_model("honest"), input_shape=data.input_shape,
                   num_classes=data.num_classes, training=training, batch_size=n, labels=y,
-                  defenses=list(defenses))
+                  defenses=list(defenses), modality=data.modality)
     return obs, x, y
 
 
@@ -127,7 +127,8 @@ def _sign_observation(dataset: str, n: int):
     update = compute_update(model, x, y, training, make_chain(["sign:scale=none"]))
     assert all(set(t.unique().tolist()) <= {-1.0, 0.0, 1.0} for t in update.tensors.values())
     obs = observe(update, model, make_threat_model("honest"), input_shape=data.input_shape,
-                  num_classes=data.num_classes, training=training, batch_size=n, labels=y, defenses=[])
+                  num_classes=data.num_classes, training=training, batch_size=n, labels=y, defenses=[],
+                  modality=data.modality)
     return obs, x, y
 
 

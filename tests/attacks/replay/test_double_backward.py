@@ -33,7 +33,7 @@ def _observation(name: str, training: TrainingSpec, batch: int = 4):
     y = torch.randint(10, (batch,), generator=gen)
     obs = observe(compute_update(model, x, y, training), model, make_threat_model("honest"),
                   input_shape=shape, num_classes=10, training=training, batch_size=batch, labels=y,
-                  defenses=[])
+                  defenses=[], modality="image")
     candidate = torch.rand(x.shape, generator=gen, dtype=torch.double)
     return obs, candidate, y
 
@@ -155,7 +155,8 @@ def test_matching_iteration_with_fused_cosine_equals_reference(monkeypatch):
     y = torch.randint(10, (4,), generator=gen)
     training = TrainingSpec(lr=0.1)
     obs = observe(compute_update(model, x, y, training), model, make_threat_model("honest"),
-                  input_shape=shape, num_classes=10, training=training, batch_size=4, labels=y, defenses=[])
+                  input_shape=shape, num_classes=10, training=training, batch_size=4, labels=y, defenses=[],
+                  modality="image")
     sim = UpdateSimulator(obs, cheap_double_backward=False)  # materialised (not `factored`)
     assert sum(t.numel() for t in sim.target.values()) >= matching._FUSE_MIN
     candidate = torch.rand(x.shape, generator=gen, dtype=torch.double)

@@ -41,7 +41,7 @@ def _observation(case: str, training=TrainingSpec(lr=0.1), batch: int = 4, threa
         update = dataclasses.replace(update, tensors=kept)
         defenses = [f"topk:sparsity={1 - topk}"]
     obs = observe(update, model, make_threat_model(threat), input_shape=shape, num_classes=10,
-                  training=training, batch_size=batch, labels=y, defenses=defenses)
+                  training=training, batch_size=batch, labels=y, defenses=defenses, modality="image")
     return obs, torch.rand(x.shape, generator=gen), y
 
 

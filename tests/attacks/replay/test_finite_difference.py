@@ -36,7 +36,7 @@ def _observation(name: str, training=TrainingSpec(lr=0.1), batch: int = 3, activ
     y = torch.randint(10, (batch,), generator=gen)
     obs = observe(compute_update(model, x, y, training), model, make_threat_model("honest"),
                   input_shape=shape, num_classes=10, training=training, batch_size=batch, labels=y,
-                  defenses=[])
+                  defenses=[], modality="image")
     return obs, torch.rand(x.shape, generator=gen), y
 
 
@@ -132,7 +132,7 @@ def test_tied_weights_move_in_every_layer_that_holds_them():
     training = TrainingSpec(lr=0.1)
     obs = observe(compute_update(model, x, y, training), model, make_threat_model("honest"),
                   input_shape=(1, 4, 4), num_classes=10, training=training, batch_size=3, labels=y,
-                  defenses=[])
+                  defenses=[], modality="image")
     candidate = torch.rand(x.shape, generator=gen)
     grad_e = _distance_grads(UpdateSimulator(obs), candidate, y)[1][0]
     grad_d = _distance_grads(UpdateSimulator(obs, second_order="difference"), candidate, y)[1][0]
@@ -182,7 +182,7 @@ def test_falls_back_to_exact_where_it_does_not_apply():
     x, y = torch.rand(2, 1, 8, 8), torch.tensor([1, 2])
     obs = observe(compute_update(model, x, y, TrainingSpec(lr=0.1)), model, make_threat_model("honest"),
                   input_shape=(1, 8, 8), num_classes=10, training=TrainingSpec(lr=0.1), batch_size=2,
-                  labels=y, defenses=[])
+                  labels=y, defenses=[], modality="image")
     assert not finite_difference.supports(model)
     assert UpdateSimulator(obs, second_order="difference").differenced is None
     assert finite_difference.supports(build_model(ModelSpec("convnet", (3, 16, 16), 10, seed=0)))

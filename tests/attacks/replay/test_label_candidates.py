@@ -20,11 +20,11 @@ from gradleak.threat import make_threat_model, observe
 def _observe(data, seed: int, optimizer: str):
     pick = torch.randperm(len(data.labels), generator=torch.Generator().manual_seed(seed))[:4]
     x, y = data.inputs[pick], data.labels[pick]
-    model = build_named_model("lenet", (1, 28, 28), 10, seed=seed)
+    model = build_named_model("lenet", (1, 28, 28), 10, seed=seed, modality="image")
     client = TrainingSpec(lr=0.01, local_epochs=2, local_batch_size=2, optimizer=optimizer, shuffle="known",
                           shuffle_seed=seed + 11)
     obs = observe(compute_update(model, x, y, client), model, make_threat_model("honest"), input_shape=(1, 28, 28),
-                  num_classes=10, training=client.server_view(), batch_size=4, labels=y, defenses=[])
+                  num_classes=10, training=client.server_view(), batch_size=4, labels=y, defenses=[], modality="image")
     return obs, y
 
 
@@ -51,5 +51,5 @@ def test_the_true_label_multiset_is_among_the_candidates(mnist_train, optimizer)
 def test_granted_labels_are_the_only_candidate(mnist_train):
     obs, y = _observe(mnist_train, 0, "sgd")
     granted = observe(obs.update, obs.model, make_threat_model("honest", extra=["labels"]), input_shape=(1, 28, 28),
-                      num_classes=10, training=obs.training, batch_size=4, labels=y, defenses=[])
+                      num_classes=10, training=obs.training, batch_size=4, labels=y, defenses=[], modality="image")
     assert [c.tolist() for c in label_candidates(granted)] == [y.tolist()]
