@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from .data.base import DataSignature
 from .errors import GradleakError
 from .fl.buffers import batchnorm_layers, statistics_from_buffers, why_no_batch_statistics
 from .fl.training import TrainingSpec
@@ -105,12 +106,11 @@ class Observation:
 
     update: Update
     model: nn.Module  # the model the server sent (attacks must not modify it)
-    input_shape: tuple[int, ...]
-    num_classes: int
+    # what the data is, as the dataset or the batch declared it: one example's shape, the classes,
+    # the modality (gradleak.modalities) and, for text, the tokenizer of the ids (gradleak.data.text),
+    # public as the vocabulary is
+    signature: DataSignature
     threat: ThreatModel
-    modality: str  # what the data is (gradleak.modalities), as the dataset or the batch declared it
-    # text: the tokenizer of the ids (gradleak.data.text), public as the vocabulary is; None otherwise
-    tokenizer: str | None = None
     _knowledge: dict[str, Any] = field(default_factory=dict, repr=False)
     # What a malicious server remembers about the model it crafted (its own state, not
     # knowledge about the client); set only under a threat model granting malicious_model.
@@ -130,6 +130,22 @@ class Observation:
         if key not in self._knowledge:
             raise GradleakError(f"'{key}' is not available in this observation{why}")
         return self._knowledge[key]
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return self.signature.input_shape
+
+    @property
+    def num_classes(self) -> int:
+        return self.signature.num_classes
+
+    @property
+    def modality(self) -> str:
+        return self.signature.modality
+
+    @property
+    def tokenizer(self) -> str | None:
+        return self.signature.tokenizer
 
     @property
     def batch_size(self) -> int:
@@ -188,8 +204,8 @@ def observe(update: Update, model: nn.Module, threat: ThreatModel, *, input_shap
     }
     knowledge = {k: v for k, v in available.items() if k in threat.grants and v is not None}
     secrets = server_secrets if "malicious_model" in threat.grants else None
-    return Observation(update, model, tuple(input_shape), num_classes, threat, modality, tokenizer, knowledge,
-                       secrets, {k: v for k, v in unavailable.items() if k not in knowledge})
+    return Observation(update, model, DataSignature(tuple(input_shape), num_classes, modality, tokenizer), threat,
+                       knowledge, secrets, {k: v for k, v in unavailable.items() if k not in knowledge})
 
 
 def capture_bn_statistics(model: nn.Module, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -41,12 +41,11 @@ def inspect_attack(dataset: str, model: str, attack: str, batch_size: int = 16,
                             "inspect-model compares the model such an attack sends")
     data = load_dataset(dataset_spec(dataset, "test", resize))
     spec = AttackRunSpec(dataset=dataset, model=model, attack=attack, seed=seed, threat="malicious")
-    received = build_scenario_model(spec, data.input_shape, data.num_classes, data.modality)
+    received = build_scenario_model(spec, data.signature)
     received = attack_obj.prepare_model(received, data.input_shape, data.num_classes,
                                         AttackContext(seed=seed)).model
     honest = build_scenario_model(AttackRunSpec(dataset=dataset, model=model, attack=attack,
-                                                seed=seed + 1), data.input_shape, data.num_classes,
-                                  data.modality)
+                                                seed=seed + 1), data.signature)
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))[:batch_size]
     report = inspect_model(received, honest, data.inputs[order], data.labels[order])
     out = report.to_dict()

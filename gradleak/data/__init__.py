@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..errors import GradleakError
 from ..registry import Registry
-from .base import Dataset, DatasetSpec
+from .base import Dataset, DatasetSpec, DataSignature
 
 DATASETS: Registry = Registry("dataset", {
     "mnist": "gradleak.data.mnist:load_mnist",
@@ -23,7 +23,7 @@ DATASETS: Registry = Registry("dataset", {
     "tensors": "gradleak.data.tensors:load_tensor_file",
 })
 
-__all__ = ["DATASETS", "Dataset", "DatasetSpec", "load_dataset"]
+__all__ = ["DATASETS", "DataSignature", "Dataset", "DatasetSpec", "load_dataset"]
 
 # Built-in datasets that read their files from `path`; the others come from installed
 # packages, and a `path` given to them would be ignored without a word.

@@ -8,6 +8,18 @@ from typing import Literal
 import torch
 
 
+@dataclass(frozen=True)
+class DataSignature:
+    """What a model, an attack and a scorer need to know about the data, as one value (a
+    `Dataset`'s `signature`, an `Observation`'s): one example's shape, the number of classes,
+    the modality (gradleak.modalities) and, for token ids, the tokenizer they come from."""
+
+    input_shape: tuple[int, ...]
+    num_classes: int
+    modality: str
+    tokenizer: str | None = None
+
+
 @dataclass
 class Dataset:
     """Inputs, integer labels and class names.
@@ -43,6 +55,10 @@ class Dataset:
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
+
+    @property
+    def signature(self) -> DataSignature:
+        return DataSignature(self.input_shape, self.num_classes, self.modality, self.tokenizer)
 
     def subset(self, indices: torch.Tensor | list[int]) -> "Dataset":
         idx = torch.as_tensor(indices, dtype=torch.long)

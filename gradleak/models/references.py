@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data import Dataset
+from ..data import Dataset, DataSignature
 from ..errors import GradleakError
 from ..options import parse_spec
 from . import build_model
@@ -46,26 +46,27 @@ def build_named_model(text: str, input_shape, num_classes: int, seed: int = 0,
     """A built-in model (`name[:k=v,...]`) or the user's own
     (`path/to/file.py:factory[:k=v,...]`, `package.module:factory[:k=v,...]`),
     seeded, checked to output at least one logit per class."""
-    return build_reference(parse_model_reference(text), input_shape, num_classes, seed, activation,
-                           modality=modality)
+    return build_reference(parse_model_reference(text), DataSignature(tuple(input_shape), num_classes, modality),
+                           seed, activation)
 
 
-def build_reference(reference: ModelReference, input_shape, num_classes: int, seed: int = 0,
-                    activation: str | None = None, *, modality: str) -> nn.Module:
-    """The model a parsed reference names, built and seeded, checked to output at least one
-    logit per class."""
+def build_reference(reference: ModelReference, signature: DataSignature, seed: int = 0,
+                    activation: str | None = None) -> nn.Module:
+    """The model a parsed reference names for data of `signature`, built and seeded, checked to
+    output at least one logit per class."""
     from .user import build_user_model, check_model_fits
 
+    shape, classes = tuple(signature.input_shape), signature.num_classes
     if reference.user:
         if activation:
             raise GradleakError("--activation applies to built-in models only; set it in your own model")
-        model = build_user_model(reference.text, tuple(input_shape), num_classes, seed)
+        model = build_user_model(reference.text, shape, classes, seed)
     else:
         options = dict(reference.options)
         activation = activation or options.pop("activation", None)
-        model = build_model(ModelSpec(reference.name, tuple(input_shape), num_classes,
-                                      activation=activation, seed=seed, options=options))
-    check_model_fits(model, tuple(input_shape), num_classes, f"model '{reference.text}'", modality=modality)
+        model = build_model(ModelSpec(reference.name, shape, classes, activation=activation, seed=seed,
+                                      options=options))
+    check_model_fits(model, shape, classes, f"model '{reference.text}'", modality=signature.modality)
     return model
 
 
@@ -89,7 +90,7 @@ def _built(model: Any, data: Dataset, seed: int) -> tuple[nn.Module, str]:
     if isinstance(model, str):
         model = parse_model_reference(model)
     if isinstance(model, ModelReference):
-        return build_reference(model, data.input_shape, data.num_classes, seed, modality=data.modality), model.text
+        return build_reference(model, data.signature, seed), model.text
     if callable(model):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(seed))

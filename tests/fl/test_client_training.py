@@ -86,8 +86,7 @@ def test_an_attack_that_replays_the_clients_momentum_recovers_what_plain_sgd_rep
     client = TrainingSpec(lr=0.1, local_epochs=4, local_batch_size=1, optimizer="sgd:momentum=0.9")
 
     def attack(seed: int, declared: TrainingSpec) -> float:
-        model = build_scenario_model(dataclasses.replace(spec, seed=seed), data.input_shape, data.num_classes,
-                                     data.modality)
+        model = build_scenario_model(dataclasses.replace(spec, seed=seed), data.signature)
         x, y = data.inputs[seed:seed + 1], data.labels[seed:seed + 1]
         update = compute_update(model, x, y, client)
         obs = observe(update, model, make_threat_model("honest"), input_shape=data.input_shape, num_classes=10,

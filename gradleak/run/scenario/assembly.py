@@ -9,17 +9,18 @@ from torch import nn
 from ...attacks import Attack, make_attack
 from ...attacks.base import check_fits
 from ...data import Dataset, DatasetSpec, load_dataset
+from ...data.base import DataSignature
 from ...data.references import dataset_spec
 from ...defenses import DefenseChain, make_chain
 from ...errors import GradleakError
-from ...models.references import build_named_model
+from ...models.references import build_reference, parse_model_reference
 from ...options import ComponentSpec, parse_spec
 from ...threat import ThreatModel, expected_view, make_threat_model
 from .spec import AttackRunSpec
 
 
-def build_scenario_model(spec: AttackRunSpec, input_shape, num_classes, modality: str):
-    return build_named_model(spec.model, input_shape, num_classes, spec.seed, spec.activation, modality=modality)
+def build_scenario_model(spec: AttackRunSpec, signature: DataSignature):
+    return build_reference(parse_model_reference(spec.model), signature, spec.seed, spec.activation)
 
 
 def scenario_data(spec: AttackRunSpec, load: Callable[[DatasetSpec], Dataset] = load_dataset) -> Dataset:
@@ -28,7 +29,7 @@ def scenario_data(spec: AttackRunSpec, load: Callable[[DatasetSpec], Dataset] = 
 
 def scenario_model(spec: AttackRunSpec, data: Dataset) -> nn.Module:
     """The attacked model as `run_attack` builds it, with its checkpoint (before pre-training)."""
-    model = build_scenario_model(spec, data.input_shape, data.num_classes, data.modality)
+    model = build_scenario_model(spec, data.signature)
     if spec.checkpoint:
         from ...models.checkpoint import load_checkpoint
         load_checkpoint(model, spec.checkpoint)
