@@ -15,7 +15,6 @@ See docs/guard.md.
 """
 from __future__ import annotations
 
-import copy
 import json
 import time
 from dataclasses import dataclass, field
@@ -32,9 +31,12 @@ from ..seeding import stream
 from .config import DEFAULT_LADDER, GuardConfig, Rung, parse_ladder
 from .inbound import Finding, InboundReport, inspect_received, state_of
 from .outbound import (
+    LadderAudit,
+    LadderCheck,
     OutboundAudit,
     OutboundCase,
     UpdateGrade,
+    audit_ladder,
     audit_outbound,
     judge_update,
     update_evidence,
@@ -42,8 +44,8 @@ from .outbound import (
 )
 
 __all__ = ["guard", "Guard", "GuardConfig", "GuardDecision", "check_received", "InboundReport", "Finding",
-           "OutboundAudit", "OutboundCase", "UpdateGrade", "judge_update", "update_evidence", "update_leaks",
-           "parse_ladder", "DEFAULT_LADDER"]
+           "OutboundAudit", "OutboundCase", "LadderAudit", "LadderCheck", "audit_ladder", "audit_outbound",
+           "UpdateGrade", "judge_update", "update_evidence", "update_leaks", "parse_ladder", "DEFAULT_LADDER"]
 
 
 @dataclass
@@ -172,31 +174,31 @@ class Guard:
                                      f"round not audited (every {cfg.every}); the last chosen rung applied",
                                      time.perf_counter() - start)
         else:
-            decision = None
             first = self.rung if cfg.start == "last" else 0
-            # the examples wrapped and the attacks chosen once for every rung checked
-            case = OutboundCase(x, y, num_classes=self.num_classes, tokenizer=self.tokenizer)
-            for rung in range(first, len(cfg.rungs) + 1):
-                # a defense with memory (DGC's residuals) keeps only the chosen rung's
-                state = copy.deepcopy(self.client_state)
-                candidate = self.defended(rung, model_before, update, x, y, training, server_round, state)
-                audit = audit_outbound(
-                    model_before, candidate, x, y, training=training, tolerance=cfg.tolerance, attacks=cfg.attacks,
-                    strongest=cfg.strongest, gallery=gallery, defenses=self._rung_defenses(rung), budget=cfg.budget,
-                    time_budget=cfg.time_budget, num_classes=self.num_classes, tokenizer=self.tokenizer,
-                    seed=cfg.seed, case=case)
-                audits.append(audit)
-                if not audit.leaks:
-                    self.rung, self.client_state = rung, state
-                    decision = GuardDecision(True, candidate, rung, self._rung_text(rung), audit.grade, audit.reason,
-                                             time.perf_counter() - start, audits)
-                    break
-            if decision is None and not audits[-1].beyond_chance:
+            # the whole ladder to one walk below (audit_ladder): the rungs in order until the first
+            # whose update does not leak, the examples wrapped and the attacks chosen once
+            ladder = audit_ladder(
+                model_before, update, x, y, training=training,
+                checks=[LadderCheck(rung, self._rung_defenses(rung)) for rung in range(first, len(cfg.rungs) + 1)],
+                defend=lambda rung, state: self.defended(rung, model_before, update, x, y, training, server_round,
+                                                         state),
+                client_state=self.client_state, tolerance=cfg.tolerance, attacks=cfg.attacks,
+                strongest=cfg.strongest, gallery=gallery, budget=cfg.budget, time_budget=cfg.time_budget,
+                num_classes=self.num_classes, tokenizer=self.tokenizer, seed=cfg.seed,
+                case=OutboundCase(x, y, num_classes=self.num_classes, tokenizer=self.tokenizer))
+            audits = ladder.audits
+            decision = None
+            if ladder.passed is not None:
+                rung, audit = first + ladder.passed, audits[ladder.passed]
+                self.rung, self.client_state = rung, ladder.states[ladder.passed]
+                decision = GuardDecision(True, ladder.candidates[ladder.passed], rung, self._rung_text(rung),
+                                         audit.grade, audit.reason, time.perf_counter() - start, audits)
+            elif not audits[-1].beyond_chance:
                 # above the tolerance as measured, but no more than chance gives: withholding would
                 # refuse a well-defended update on chance; the strongest rung goes out
-                self.rung, self.client_state = len(cfg.rungs), state
-                decision = GuardDecision(True, candidate, self.rung, self._rung_text(self.rung), "within chance",
-                                         f"the top rung is above the tolerance only within chance "
+                self.rung, self.client_state = len(cfg.rungs), ladder.states[-1]
+                decision = GuardDecision(True, ladder.candidates[-1], self.rung, self._rung_text(self.rung),
+                                         "within chance", f"the top rung is above the tolerance only within chance "
                                          f"({audits[-1].reason}); sent under it", time.perf_counter() - start, audits)
             self.withholding = decision is None
             if decision is None:

@@ -24,10 +24,11 @@ whether chance could explain them (docs/guard.md, "The leak rule"):
 """
 from __future__ import annotations
 
+import copy
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -155,9 +156,10 @@ class OutboundAudit:
 @dataclass
 class OutboundCase:
     """What the audits of one round's update share, whatever rung each checks: the client's
-    examples as a dataset (wrapped once) and the attacks to run on them (the honest server's
-    expected view and the selection, made once per sample and client count of the update; every
-    audit of one case attacks the same model, trained the same way, with the same attacks)."""
+    examples as a dataset (wrapped once) and the attacks to run on them (`orders`: the honest
+    server's expected view and the selection, made once per sample and client count of the
+    update; every audit of one case attacks the same model, trained the same way, with the same
+    attacks)."""
 
     inputs: torch.Tensor
     labels: torch.Tensor
@@ -174,14 +176,27 @@ class OutboundCase:
                                              tokenizer=self.tokenizer)
         return self.data
 
-    def attack_order(self, attacks, strongest: Sequence[str], model: nn.Module, training: TrainingSpec,
-                     update: Update):
-        """The attacks to run, cheapest first, and the skipped ones (see `attack_order`)."""
-        key = (update.samples, update.clients)
-        if key not in self.orders:
-            self.orders[key] = attack_order(attacks, strongest, model, self.dataset(), training, update)
-        chosen, skipped = self.orders[key]
-        return list(chosen), list(skipped)
+
+@dataclass(frozen=True)
+class LadderCheck:
+    """One rung the ladder walk may check: its index (0: the update as it is; k: the k-th rung
+    of the ladder) and the defenses it applies, named to the audit (what its threat model may
+    know)."""
+
+    rung: int
+    defenses: tuple[str, ...] = ()
+
+
+@dataclass
+class LadderAudit:
+    """The walk of a ladder (`audit_ladder`): per rung checked, in order, its audit, the update
+    it would send and the client's defense memory after it; `passed`: the position (in those
+    lists) of the first rung whose update does not leak, None when every rung checked leaks."""
+
+    audits: list[OutboundAudit] = field(default_factory=list)
+    candidates: list[Update] = field(default_factory=list)
+    states: list[dict] = field(default_factory=list)
+    passed: int | None = None
 
 
 def audit_outbound(model_before: nn.Module, update: Update, inputs: torch.Tensor, labels: torch.Tensor, *,
@@ -192,57 +207,96 @@ def audit_outbound(model_before: nn.Module, update: Update, inputs: torch.Tensor
                    case: OutboundCase | None = None) -> OutboundAudit:
     """Attack `update` (computed from `model_before` on `inputs`, `labels`) and decide: after
     each attack, `judge_update` on the evidence of every attack so far; the first leak stops.
-    `case`: what the audits of the same round's update share (`Guard.outbound` checks every
-    rung with one); None: this audit's own."""
+    `defenses`: what the client applied to it. `case`: what the audits of the same round's
+    update share; None: this audit's own. (A ladder of one rung, the update as it is.)"""
+    return audit_ladder(model_before, update, inputs, labels, training=training,
+                        checks=[LadderCheck(0, tuple(defenses))], tolerance=tolerance, attacks=attacks,
+                        strongest=strongest, gallery=gallery, budget=budget, time_budget=time_budget,
+                        num_classes=num_classes, tokenizer=tokenizer, seed=seed, case=case).audits[0]
+
+
+def audit_ladder(model_before: nn.Module, update: Update, inputs: torch.Tensor, labels: torch.Tensor, *,
+                 training: TrainingSpec, checks: Sequence[LadderCheck],
+                 defend: Callable[[int, dict], Update] | None = None, client_state: dict | None = None,
+                 tolerance: Tolerance | str | None = None, attacks="auto",
+                 strongest: Sequence[str] = ("ig:iterations=300",), gallery: torch.Tensor | None = None,
+                 budget: str = "quick", time_budget: float = 60.0, num_classes: int | None = None,
+                 tokenizer: str | None = None, seed: int = 0, case: OutboundCase | None = None) -> LadderAudit:
+    """Check the rungs of `checks` in order until the first whose update does not leak (the
+    guard's walk up its ladder, one call per round): each rung's update is `defend(rung, state)`
+    (`update` itself without `defend`), `state` a copy of `client_state` that the rung's defense
+    may change; it is attacked as `audit_outbound` describes (after each attack, `judge_update`
+    on the evidence of every attack so far; the first leak stops; `time_budget` seconds per
+    rung, counted from the rung's update). The examples are wrapped, and the attacks chosen, once
+    for all the rungs (`case`, shared with the caller's other audits of this update; None: the
+    walk's own); the layers below are called from here alone, so that the walk goes down once
+    per rung rather than back through the guard."""
     from ..api import audit_update
+    from ..models import labels_shown
 
     tolerance = tolerance if isinstance(tolerance, Tolerance) else parse_tolerance(tolerance)
-    start = time.perf_counter()
     case = case if case is not None else OutboundCase(inputs, labels, num_classes, tokenizer)
-    data = case.dataset()
-    order = case.attack_order(attacks, strongest, model_before, training, update)
-    result = OutboundAudit(False, "no applicable attack", labels_shown=labels_shown(model_before, update, labels))
-    result.skipped = [f"{s.attack}: {s.reason}" for s in order[1]]
-    evidence: list[tuple[str, Evidence]] = []
-    for text in order[0]:
-        if time.perf_counter() - start > time_budget:
-            result.budget_spent = True
-            result.reason = (f"time budget of {time_budget:g} s spent before {text}; "
-                             + (result.reason if result.attacks_run else "no attack ran"))
+    walked = LadderAudit()
+    for check in checks:
+        # a defense with memory (DGC's residuals) keeps only the chosen rung's
+        state = copy.deepcopy(client_state) if client_state is not None else {}
+        candidate = defend(check.rung, state) if defend is not None else update
+        start = time.perf_counter()
+        key = (candidate.samples, candidate.clients)
+        if key not in case.orders:
+            case.orders[key] = attack_order(attacks, strongest, model_before, case, training, candidate)
+        chosen, passed_over = case.orders[key]
+        data = case.dataset()
+        result = OutboundAudit(False, "no applicable attack",
+                               labels_shown=labels_shown(model_before, candidate.tensors, labels))
+        result.skipped = [f"{s.attack}: {s.reason}" for s in passed_over]
+        evidence: list[tuple[str, Evidence]] = []
+        for text in chosen:
+            if time.perf_counter() - start > time_budget:
+                result.budget_spent = True
+                result.reason = (f"time budget of {time_budget:g} s spent before {text}; "
+                                 + (result.reason if result.attacks_run else "no attack ran"))
+                break
+            attack_start = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                audit = audit_update(model_before, candidate, data.inputs, data.labels, training=training,
+                                     attacks=[text], defenses=check.defenses, num_classes=data.num_classes,
+                                     seed=seed, budget=budget, lpips="none", gallery=gallery,
+                                     tokenizer=tokenizer, data_label="guard")
+            result.skipped += [f"{s.attack}: {s.reason}" for s in audit.skipped]
+            for run in audit.runs:
+                found = update_evidence(run.per_example)
+                evidence.append((text, found))
+                result.attacks_run.append({"attack": text, "seconds": round(time.perf_counter() - attack_start, 3),
+                                           "examples": found.copies_of, "copies": found.copies,
+                                           "recognizable": found.recognizable, "judged": found.examples,
+                                           "linkage": None if found.linkage is None else round(found.linkage, 4)})
+            if evidence:
+                grade = judge_update(evidence, tolerance)
+                result.leaks, result.beyond_chance, result.verdict = grade.leaks, grade.beyond_chance, grade.grade
+                result.attack, result.reason = grade.attack or text, grade.reason
+            if result.leaks:
+                break
+        result.seconds = time.perf_counter() - start
+        walked.audits.append(result)
+        walked.candidates.append(candidate)
+        walked.states.append(state)
+        if not result.leaks:
+            walked.passed = len(walked.audits) - 1
             break
-        attack_start = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            audit = audit_update(model_before, update, data.inputs, data.labels, training=training,
-                                 attacks=[text], defenses=tuple(defenses), num_classes=data.num_classes,
-                                 seed=seed, budget=budget, lpips="none", gallery=gallery,
-                                 tokenizer=tokenizer, data_label="guard")
-        result.skipped += [f"{s.attack}: {s.reason}" for s in audit.skipped]
-        for run in audit.runs:
-            found = update_evidence(run.per_example)
-            evidence.append((text, found))
-            result.attacks_run.append({"attack": text, "seconds": round(time.perf_counter() - attack_start, 3),
-                                       "examples": found.copies_of, "copies": found.copies,
-                                       "recognizable": found.recognizable, "judged": found.examples,
-                                       "linkage": None if found.linkage is None else round(found.linkage, 4)})
-        if evidence:
-            grade = judge_update(evidence, tolerance)
-            result.leaks, result.beyond_chance, result.verdict = grade.leaks, grade.beyond_chance, grade.grade
-            result.attack, result.reason = grade.attack or text, grade.reason
-        if result.leaks:
-            break
-    result.seconds = time.perf_counter() - start
-    return result
+    return walked
 
 
-def attack_order(attacks, strongest: Sequence[str], model: nn.Module, data: Dataset, training: TrainingSpec,
+def attack_order(attacks, strongest: Sequence[str], model: nn.Module, case: OutboundCase, training: TrainingSpec,
                  update: Update):
-    """The attacks to run, cheapest first, and the skipped ones: "auto" is the analytic
-    attacks that apply, then the first of `strongest` that applies."""
+    """The attacks to run on `case`'s examples, cheapest first, and the skipped ones: "auto" is
+    the analytic attacks that apply, then the first of `strongest` that applies."""
     from ..api import select_attacks
     from ..threat import expected_view, make_threat_model
 
     view = expected_view(make_threat_model("honest", ()), training, update.samples, update.clients)
+    data = case.dataset()
     if not (isinstance(attacks, str) and attacks.strip().lower() == "auto"):
         listed = [attacks] if isinstance(attacks, str) else list(attacks)
         return select_attacks(listed, model, data.input_shape, data.num_classes, data.modality, view,
@@ -260,21 +314,3 @@ def attack_order(attacks, strongest: Sequence[str], model: nn.Module, data: Data
         raise GradleakError("guard: no attack applies to this update (model, data and training); the guard "
                             "cannot check it (give `attacks` explicitly)")
     return chosen, skipped
-
-
-def labels_shown(model: nn.Module, update: Update, labels: torch.Tensor) -> dict | None:
-    """The classes the head's bias update points at (negative entries: the loss pushed those
-    logits up, so their examples were in the batch), against the classes trained on: the
-    label leakage of iDLG (Zhao et al.), exact for one FedSGD step."""
-    try:
-        from ..models import last_linear
-
-        name, head = last_linear(model)
-    except ValueError:
-        return None
-    bias = update.tensors.get(f"{name}.bias")
-    if head.bias is None or bias is None or labels.dim() != 1:
-        return None
-    shown = sorted(int(i) for i in (bias < 0).nonzero().flatten())
-    present = sorted({int(v) for v in labels})
-    return {"shown": shown, "present": present, "exact": shown == present}

@@ -19,7 +19,7 @@ MODELS: Registry = Registry("model", {
     "minilm": "gradleak.models.minilm:build_minilm",
 })
 
-__all__ = ["MODELS", "ModelSpec", "ACTIVATIONS", "make_activation", "build_model", "last_linear"]
+__all__ = ["MODELS", "ModelSpec", "ACTIVATIONS", "make_activation", "build_model", "last_linear", "labels_shown"]
 
 
 def build_model(spec: ModelSpec):
@@ -38,3 +38,21 @@ def last_linear(model):
     if found is None:
         raise ValueError("model has no linear layer")
     return found
+
+
+def labels_shown(model, tensors, labels) -> dict | None:
+    """The classes the head's bias update points at (negative entries of `tensors`, an update's
+    tensors by parameter name: the loss pushed those logits up, so their examples were in the
+    batch), against the classes trained on (`labels`): the label leakage of iDLG (Zhao et al.),
+    exact for one FedSGD step. None when the model has no linear head with a bias in the update,
+    or the labels are not one class per example."""
+    try:
+        name, head = last_linear(model)
+    except ValueError:
+        return None
+    bias = tensors.get(f"{name}.bias")
+    if head.bias is None or bias is None or labels.dim() != 1:
+        return None
+    shown = sorted(int(i) for i in (bias < 0).nonzero().flatten())
+    present = sorted({int(v) for v in labels})
+    return {"shown": shown, "present": present, "exact": shown == present}

@@ -79,14 +79,19 @@ def test_the_top_rung_above_the_tolerance_within_chance_is_sent(monkeypatch):
     within chance is sent under it (withholding would refuse it on chance), one beyond chance
     is withheld."""
     import gradleak.guard as guard_module
-    from gradleak.guard.outbound import OutboundAudit
+    from gradleak.guard.outbound import LadderAudit, OutboundAudit
 
     x, y = _one_example()
     update = compute_update(_mlp(), x, y, FEDSGD)
     for top, expected in (((True, False), ("within chance", True)), ((True, True), ("withheld", False))):
-        audits = iter([OutboundAudit(True, "copies", beyond_chance=True), OutboundAudit(*top[:1], "top",
-                                                                                     beyond_chance=top[1])])
-        monkeypatch.setattr(guard_module, "audit_outbound", lambda *a, **k: next(audits))
+        audits = [OutboundAudit(True, "copies", beyond_chance=True), OutboundAudit(*top[:1], "top",
+                                                                                  beyond_chance=top[1])]
+
+        def walk(*args, checks, defend, client_state, audits=audits, **kwargs):
+            states = [dict(client_state) for _ in checks]
+            return LadderAudit(audits, [defend(c.rung, s) for c, s in zip(checks, states)], states)
+
+        monkeypatch.setattr(guard_module, "audit_ladder", walk)
         decision = Guard(GuardConfig(ladder=["noise:sigma=0.01"]), training=FEDSGD).outbound(_mlp(), update, (x, y))
         assert (decision.grade, decision.send) == expected and decision.rung == 1
         assert decision.update is None or not torch.equal(decision.update.tensors["1.weight"],
