@@ -114,13 +114,18 @@ class FlowerGuard:
         try:
             server_round = round_of(msg)
             training = self.training(context, server_round)
+        except GradleakError as exc:
+            return _no_update(msg, self.config, str(exc), "guard-misconfigured")
+        # the received arrays read before the guard is built, so that the mod reads the message
+        # in one stay and then hands down
+        key, received = _arrays_of(msg)
+        try:
             client = context.node_config.get("partition-id", context.node_id)
             guard = Guard(config, training=training, num_classes=self.num_classes, tokenizer=self.tokenizer,
                           client=client, state=kept_state(context.state))
         except GradleakError as exc:
             return _no_update(msg, self.config, str(exc), "guard-misconfigured")
         start = time.perf_counter()
-        key, received = _arrays_of(msg)
         report = guard.inbound(received, server_round)
         if report.crafted:
             if config.on_crafted == "refuse" or guard.previous is None:
