@@ -14,7 +14,6 @@ from ...data.references import dataset_spec
 from ...defenses import DefenseChain, make_chain
 from ...errors import GradleakError
 from ...models.references import build_reference, parse_model_reference
-from ...options import ComponentSpec, parse_spec
 from ...threat import ThreatModel, expected_view, make_threat_model
 from .spec import AttackRunSpec
 
