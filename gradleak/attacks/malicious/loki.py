@@ -57,18 +57,25 @@ class LokiOptions:
     assumed_std: float = 0.06
     # clients in the secure-aggregation group: one block of 2K bins each
     clients: int = field(default=1, metadata={"range": (1, 1000)})
-    readout: float = field(default=3.0, metadata={"range": (1e-6, 1e6)})  # r: each bank's read-out size
+    # r, each bank's read-out size: `gain` over the model's typical per-example input gradient
+    # (measured by the server on its own model, `readout_size`), or this size when > 0
+    readout: float = field(default=0.0, metadata={"range": (0.0, 1e9)})
+    gain: float = field(default=0.007, metadata={"range": (1e-9, 1e3)})
     # a bin whose weight difference is below this fraction of the largest counts as empty
     min_difference: float = field(default=1e-3, metadata={"range": (0.0, 1.0)})
 
     def __post_init__(self):
         check(self.bins >= 2, "attack 'loki': bins must be >= 2")
         check(self.assumed_std > 0, "attack 'loki': assumed_std must be > 0")
-        check(self.readout > 0, "attack 'loki': readout must be > 0")
+        check(self.readout >= 0, "attack 'loki': readout must be >= 0 (0: from gain)")
+        check(self.gain > 0, "attack 'loki': gain must be > 0")
         check(self.clients >= 1, "attack 'loki': clients must be >= 1")
 
 
-OUT_OF_REACH = 1e4  # a bias no sample's query overcomes: the bin stays at zero
+# Another client's bins: no weights and a bias below zero, so they stay at zero without a
+# gradient. Small on purpose: a far-out bias decays by a large amount each step, and summed with
+# the attacked client's update by secure aggregation it would round that update's bins away.
+OUT_OF_REACH = 1.0
 
 
 class TwinImprintedModel(nn.Module):
@@ -80,28 +87,31 @@ class TwinImprintedModel(nn.Module):
         super().__init__()
         d, k = query.numel(), thresholds.numel()
         self.imprint = nn.Linear(d, 2 * k * clients)
-        self.readout = nn.Linear(2 * k * clients, d, bias=False)
-        self.thresholds = thresholds
+        self.thresholds, self.query = thresholds, query
         with torch.no_grad():
-            self.imprint.weight.copy_(query.reshape(1, d).expand(2 * k * clients, d))
             direction = torch.randn(d, 1, generator=generator)
             column = readout * direction / direction.norm()
-            self.readout.weight.copy_(torch.cat([column.expand(d, k), -column.expand(d, k)] * clients, 1))
+            # a fixed part of the architecture (a buffer, not trained): trained read-outs drift
+            # together, stop cancelling, and feed the bins back into the input until training diverges
+            self.register_buffer("readout", torch.cat([column.expand(d, k), -column.expand(d, k)] * clients, 1))
         self.live(0)
         self.inner = inner
 
     def live(self, client: int) -> "TwinImprintedModel":
         """Bins in reach for `client`'s block only."""
         k2 = 2 * self.thresholds.numel()
+        block = slice(client * k2, (client + 1) * k2)
         with torch.no_grad():
+            self.imprint.weight.zero_()
+            self.imprint.weight[block] = self.query.reshape(1, -1)
             self.imprint.bias.fill_(-OUT_OF_REACH)
-            self.imprint.bias[client * k2:(client + 1) * k2] = -torch.cat([self.thresholds, self.thresholds])
+            self.imprint.bias[block] = -torch.cat([self.thresholds, self.thresholds])
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.flatten(1)
         bins = torch.relu(self.imprint(flat))
-        return self.inner((flat + self.readout(bins)).view_as(x))
+        return self.inner((flat + bins @ self.readout.T).view_as(x))
 
 
 @dataclass(frozen=True)
@@ -132,26 +142,55 @@ def query_thresholds(opt, d: int, prior_data, generator: torch.Generator) -> tup
     return query, normal.icdf(levels)
 
 
-def decode_bins(weight_update: torch.Tensor, secrets: LokiSecrets, min_difference: float) -> torch.Tensor:
-    """The samples alone in their bins, from the imprint's weight update (2K rows: the + bank,
-    then the − bank; a gradient or a delta, either sign)."""
+def decode_bins(weight_update: torch.Tensor, bias_update: torch.Tensor, secrets: LokiSecrets,
+                min_difference: float) -> torch.Tensor:
+    """The samples alone in their bins, from the imprint's update (2K rows per client: the +
+    bank, then the − bank; a gradient or a delta, either sign)."""
     k = secrets.thresholds.numel()
-    rows = weight_update.double()[:2 * k]  # block 0: the attacked client's
-    # the − bank's signal is the + bank's negated: their difference doubles it, and averages
-    # the rounding of the two
-    bank = rows[:k] - rows[k:]
-    difference = bank - torch.cat([bank[1:], torch.zeros_like(bank[:1])])
-    size = difference.norm(dim=1)
+
+    def differences(rows: torch.Tensor) -> torch.Tensor:
+        # the − bank's signal is the + bank's negated: their difference doubles it, and averages
+        # the rounding of the two; block 0 is the attacked client's
+        bank = rows[:k] - rows[k:2 * k]
+        return bank - torch.cat([bank[1:], torch.zeros_like(bank[:1])])
+
+    d_w, d_b = differences(weight_update.double()), differences(bias_update.double()[:, None])[:, 0]
+    size = d_w.norm(dim=1)
     occupied = size > min_difference * size.max().clamp_min(1e-300)
-    if not occupied.any():
-        return torch.zeros(0, weight_update.shape[1])
-    c = secrets.thresholds.double()
-    spacing = torch.cat([c[1:] - c[:-1], (c[-1:] - c[-2:-1]) if k > 1 else c[-1:].abs()])
-    middle = c + spacing / 2  # the query of a sample between threshold k and k + 1
-    along = difference[occupied] @ secrets.query.double()
-    usable = along.abs() > 1e-12 * difference[occupied].norm(dim=1)
-    scaled = difference[occupied][usable] * (middle[occupied][usable] / along[usable])[:, None]
-    return scaled.float()
+    d_w, d_b = d_w[occupied], d_b[occupied]
+    # x = Δw / Δb for the one sample between two thresholds, wherever the thresholds moved over
+    # the round. The lowest bin's bias sits far out, so weight decay swamps its Δb: its scale
+    # comes from the query instead (v·x lies below the first threshold as calibrated).
+    along = d_w @ secrets.query.double()
+    from_query = secrets.thresholds.double()[0] / along.where(along.abs() > 0, torch.ones_like(along))
+    scale = torch.where(torch.arange(k)[occupied] == 0, from_query, 1.0 / d_b.where(d_b != 0, torch.ones_like(d_b)))
+    return (d_w * scale[:, None]).float()
+
+
+def readout_size(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, gain: float, prior_data,
+                 generator: torch.Generator) -> float:
+    """The read-out r that gives a sample's bins the signal r·‖∂L/∂x‖ ≈ gain: too small and float32
+    rounds the bins' updates away, too large and the bins' own updates feed back into the input
+    over the round. The server measures the typical per-example input gradient of the model it
+    sends on inputs of its own (prior examples when granted, else uniform noise; within 25% of the
+    real data's for the models measured, docs/analytic-attacks.md), with random labels."""
+    if prior_data is not None:
+        x = prior_data.inputs[:64].float().clone()
+    else:
+        x = torch.rand(64, *input_shape, generator=generator)
+    y = torch.randint(0, num_classes, (x.shape[0],), generator=generator)
+    x.requires_grad_(True)
+    was_training = model.training
+    model.eval()
+    try:
+        loss = nn.functional.cross_entropy(model(x), y, reduction="sum")
+        (grad,) = torch.autograd.grad(loss, x)
+    finally:
+        model.train(was_training)
+    typical = float(grad.flatten(1).norm(dim=1).median())
+    if not math.isfinite(typical) or typical <= 0:
+        raise GradleakError("attack 'loki': the model's output does not depend on its input")
+    return gain / typical
 
 
 class Loki(Attack):
@@ -170,7 +209,9 @@ class Loki(Attack):
         query, thresholds = query_thresholds(opt, math.prod(input_shape), ctx.prior_data, gen)
         sent = thresholds.clone()
         sent[0] = sent[0] - 1e3  # the lowest bin holds everything below it
-        crafted = TwinImprintedModel(model, query, sent.float(), opt.readout, gen, opt.clients)
+        readout = opt.readout or readout_size(model, input_shape, num_classes, opt.gain, ctx.prior_data,
+                                              ctx.generator(103))
+        crafted = TwinImprintedModel(model, query, sent.float(), readout, gen, opt.clients)
         return PreparedModel(crafted, LokiSecrets(query=query, thresholds=thresholds))
 
     def client_model(self, prepared: PreparedModel, client: int) -> nn.Module:
@@ -183,11 +224,11 @@ class Loki(Attack):
 
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
         secrets = obs.server_secrets
-        weight = obs.update.tensors.get(f"{IMPRINT}.weight")
-        if weight is None or not isinstance(secrets, LokiSecrets):
+        weight, bias = obs.update.tensors.get(f"{IMPRINT}.weight"), obs.update.tensors.get(f"{IMPRINT}.bias")
+        if weight is None or bias is None or not isinstance(secrets, LokiSecrets):
             raise GradleakError("attack 'loki': the model has no imprint block (run it with --threat malicious "
                                 "so the server can send its modified model)")
-        x = decode_bins(weight, secrets, self.options.min_difference).reshape(-1, *obs.input_shape)
+        x = decode_bins(weight, bias, secrets, self.options.min_difference).reshape(-1, *obs.input_shape)
         x = obs.kind.clamp(x)
         labels = recover_labels(obs, "auto", ctx.generator(17))
         return Reconstruction(inputs=x, labels=labels, extras={"occupied_bins": int(x.shape[0])})
