@@ -75,6 +75,15 @@ def test_robbing_the_fed_is_a_binning_layer(cnn_rounds, spec):
     assert "structure" in with_previous.checks  # the imprint block is new
 
 
+def test_loki_twin_banks_are_a_binning_layer(cnn_rounds):
+    crafted = _crafted("loki:bins=256", _model(cnn_rounds[2].received))
+    alone = check_received(crafted)
+    assert "duplicate_rows" in alone.checks
+    assert any("binning layer" in f.detail for f in alone.findings if f.tensor == "imprint.weight")
+    with_previous = check_received(crafted, cnn_rounds[1].received, cnn_rounds[1].updates[0].tensors)
+    assert "structure" in with_previous.checks
+
+
 @pytest.mark.parametrize("spec", ["fishing", "fishing:target_class=3,fish_bias=5"])
 def test_class_fishing_zeroes_the_head(cnn_rounds, spec):
     crafted = _crafted(spec, _model(cnn_rounds[2].received))
