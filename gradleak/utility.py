@@ -28,6 +28,7 @@ from .fl.local import batch_loss
 from .fl.training import check_bn_mode
 from .models import ModelSpec, build_model
 from .options import ComponentSpec, parse_chain, parse_spec
+from .rero import RDP_ORDERS
 from .seeding import stream
 
 DEFAULT_MODEL = "lenet:activation=relu,init=default"
@@ -128,6 +129,9 @@ class UtilityResult:
     num_classes: int | None = None
     next_token: bool = False  # a label at every position: a language model's next tokens
     modality: str | None = None  # the trained-on data's, as its loader declared it (for the store)
+    # DP defenses only: the Rényi DP curve (order, ε) that bounds every client's training, the
+    # pointwise worst over clients; the analysis reads the reconstruction-robustness bound off it
+    rdp: list[tuple[float, float]] | None = None
 
     def to_json(self) -> dict:
         return {"defenses": list(self.spec.defenses), "dataset": self.spec.dataset, "model": self.spec.model,
@@ -143,7 +147,8 @@ class UtilityResult:
             return {"epsilon": None, "delta": None}
         if not math.isfinite(self.epsilon):
             return {"epsilon": None, "delta": self.spec.delta, "dp_guarantee": False}
-        return {"epsilon": self.epsilon, "delta": self.spec.delta}
+        return {"epsilon": self.epsilon, "delta": self.spec.delta,
+                **({"rdp": [list(point) for point in self.rdp]} if self.rdp else {})}
 
 
 def dirichlet_partition(labels: torch.Tensor, clients: int, alpha: float, seed: int) -> list[torch.Tensor]:
@@ -243,8 +248,10 @@ def run_utility(spec: UtilitySpec, progress: Callable[[int, int, dict], None] | 
     train_loss, _ = evaluate(model, train)
     test_loss, test_accuracy = evaluate(model, test)
     epsilon = _epsilon(chain, shards, dp_steps, training, spec.delta)
+    rdp = _rdp(chain, shards, dp_steps, training) if epsilon is not None else None
     return UtilityResult(spec, train_loss, test_accuracy, test_loss, epsilon, time.perf_counter() - start, history,
-                         num_classes=train.num_classes, next_token=train.labels.dim() > 1, modality=train.modality)
+                         num_classes=train.num_classes, next_token=train.labels.dim() > 1, modality=train.modality,
+                         rdp=rdp)
 
 
 def _epsilon(chain, shards, dp_steps, training: TrainingSpec, delta: float) -> float | None:
@@ -259,3 +266,20 @@ def _epsilon(chain, shards, dp_steps, training: TrainingSpec, delta: float) -> f
         if spent:
             worst = max(worst or 0.0, sum(spent))
     return worst
+
+
+
+def _rdp(chain, shards, dp_steps, training: TrainingSpec) -> list[tuple[float, float]] | None:
+    """The worst client's Rényi DP curve over the defenses that account privacy (composed by
+    adding ε at each order), pointwise over clients: a curve that bounds every client's."""
+    worst: list[float] | None = None
+    for client, steps in enumerate(dp_steps):
+        if not steps:
+            continue
+        rate = training.step_batch_size(len(shards[client])) / len(shards[client])
+        curves = [d.rdp(sample_rate=rate, steps=steps, orders=list(RDP_ORDERS)) for d in chain]
+        curves = [c for c in curves if c is not None]
+        if curves:
+            total = [sum(values) for values in zip(*curves)]
+            worst = total if worst is None else [max(a, b) for a, b in zip(worst, total)]
+    return None if worst is None else list(zip(RDP_ORDERS, worst))

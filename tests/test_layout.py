@@ -16,7 +16,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gradleak"
 # equal or lower rank, and equal ranks only within one package.
 RANKS: dict[str, int] = {
     "errors": 0,
-    "options": 1, "registry": 1, "seeding": 1, "progress": 1, "viz": 1, "priors": 1, "stats": 1, "knowledge": 1,
+    "options": 1, "registry": 1, "seeding": 1, "progress": 1, "viz": 1, "priors": 1, "stats": 1, "rero": 1,
+    "knowledge": 1,
     "leakage": 2, "modalities": 2,
     "data": 3, "solvers": 3, "postprocess": 3,
     "models": 4,

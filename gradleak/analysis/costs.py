@@ -7,6 +7,7 @@ import functools
 import math
 from collections import defaultdict
 
+from ..rero import reconstruction_bound
 from ..store import CellRecord
 from .cells import SCENARIO_KEYS, interval95
 
@@ -35,7 +36,9 @@ def utility_table(cells: list[CellRecord]) -> dict[tuple, dict]:
     for key, members in groups.items():
         names = {k for m in members for k, v in m.metrics.items() if isinstance(v, (int, float))}
         table[key] = {"seeds": len(members), "trained_model": members[0].labels.get("trained_model"),
-                      "dataset_spec": members[0].spec.get("dataset") if isinstance(members[0].spec, dict) else None}
+                      "dataset_spec": members[0].spec.get("dataset") if isinstance(members[0].spec, dict) else None,
+                      # a DP defense's Rényi curve: the same spec accounts the same on every seed
+                      "rdp": members[0].extras.get("rdp")}
         for n in names:
             table[key][n], table[key][f"{n}_ci"] = interval95([m.metrics.get(n) for m in members])
     return table
@@ -119,6 +122,25 @@ def utility_loss(entry: dict, utilities: dict, metric: tuple[str, bool] | None) 
     resolved = True if same_run else (loss_ci is not None and loss_ci < abs(loss))
     return {"utility_metric": name, "utility": mine[name], "utility_loss": loss, "utility_loss_ci": loss_ci,
             "utility_model": model, "utility_note": None, "utility_resolved": resolved}
+
+
+def privacy_bound(entry: dict, utilities: dict, members: list[dict]) -> dict:
+    """For a DP defense: its ε (at the utility run's δ) and the reconstruction-robustness bound
+    its Rényi curve gives (gradleak.rero): the largest probability that any attacker
+    re-identifies an example, against the chance of the attacks' gallery (the best of a guess).
+    It bounds an attacker who saw every round of the utility run's training, a stronger one than
+    the audited update's."""
+    row = utilities.get((entry["dataset"], entry["model"], entry["defense"], entry["strength"])) or {}
+    chances = [m["reid_chance"] for m in members if m.get("reid_chance")]
+    epsilon, curve = row.get("epsilon"), row.get("rdp")
+    if epsilon is None:
+        return {}  # no DP defense: no columns (a study without one exports what it did before)
+    if not curve or not chances:
+        return {"epsilon": epsilon, "rero_bound": None, "rero_chance": None, "rero_text": None}
+    chance = max(chances)
+    bound = reconstruction_bound([tuple(p) for p in curve], chance)
+    return {"epsilon": epsilon, "rero_bound": bound, "rero_chance": chance,
+            "rero_text": f"re-identified ≤ {bound:.3g} by any attacker (chance {chance:.3g})"}
 
 
 def mark_frontier(entries: list[dict]) -> None:

@@ -28,7 +28,7 @@ from collections import defaultdict
 from ..leakage import BORDERLINE_FRACTION, Evidence, Tolerance, holm
 from ..store import CellRecord
 from .cells import SCENARIO_KEYS
-from .costs import mark_frontier, utility_loss, utility_metric, utility_table
+from .costs import mark_frontier, privacy_bound, utility_loss, utility_metric, utility_table
 from .rows import attack_rows, failures, with_weaker_threats
 from .wording import attack_name, unconfirmed_text, verdict
 
@@ -88,6 +88,7 @@ def strongest_attacks(cells: list[CellRecord], tolerance: Tolerance | None = Non
         entry["verdict"], entry["verdict_text"] = verdict(entry)
         entry["open"] = still_open(entry)
         entry.update(utility_loss(entry, utilities, metric))
+        entry.update(privacy_bound(entry, utilities, members))
         out.append(entry)
     mark_frontier(out)
     return out

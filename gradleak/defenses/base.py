@@ -80,6 +80,11 @@ class Defense:
         """ε spent by `steps` noisy steps at `sample_rate`, for DP defenses."""
         return None
 
+    def rdp(self, *, sample_rate: float, steps: int, orders: list[float]) -> list[float] | None:
+        """Rényi DP ε at each order of `orders` spent by `steps` noisy steps at `sample_rate`, for
+        DP defenses (None otherwise): what the reconstruction-robustness bound reads."""
+        return None
+
     def __repr__(self) -> str:
         return f"{self.name}({self.options})"
 

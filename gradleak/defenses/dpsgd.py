@@ -104,3 +104,11 @@ class DPSGD(Defense):
         accountant = RDPAccountant()
         accountant.history = [(self.noise_multiplier(), min(1.0, sample_rate), int(steps))]
         return float(accountant.get_epsilon(delta=delta))
+
+    def rdp(self, *, sample_rate: float, steps: int, orders: list[float]) -> list[float] | None:
+        if self.noise_multiplier() == 0:
+            return [math.inf] * len(orders)
+        from opacus.accountants.analysis.rdp import compute_rdp
+
+        return [float(v) for v in compute_rdp(q=min(1.0, sample_rate), noise_multiplier=self.noise_multiplier(),
+                                              steps=int(steps), orders=list(orders))]

@@ -25,11 +25,12 @@ class Table:
 
 
 # columns of one modality's scores, left out of a table where no row has a value
-TEXT_COLUMNS = frozenset({"rouge1", "best_rouge1", "rouge2", "best_rouge2"})
+# shown only where some row has them: text scores, and a DP defense's ε and bound
+OPTIONAL_COLUMNS = frozenset({"rouge1", "best_rouge1", "rouge2", "best_rouge2", "epsilon", "rero_text"})
 
 
 def make_table(rows: list[dict], columns: list[tuple[str, str]], row_class=None) -> Table:
-    columns = [(k, t) for k, t in columns if k not in TEXT_COLUMNS or any(r.get(k) is not None for r in rows)]
+    columns = [(k, t) for k, t in columns if k not in OPTIONAL_COLUMNS or any(r.get(k) is not None for r in rows)]
     return Table([title for _, title in columns],
                  [TableRow([TableCell(fmt(r.get(k)), isinstance(r.get(k), str)) for k, _ in columns],
                            row_class(r) if row_class else "") for r in rows])
@@ -40,7 +41,8 @@ STRONGEST_COLUMNS = [("dataset", "dataset"), ("model", "model"), ("batch_size", 
                      ("verdict", "verdict"), ("verdict_text", "in words"), ("seeds", "seeds"),
                      ("utility", "utility"), ("utility_loss", "utility loss"), ("utility_loss_ci", "±"),
                      ("utility_model", "utility trained on"),
-                     ("grade_text", "grade"), ("linkage_text", "linkage AUC"),
+                     ("grade_text", "grade"), ("epsilon", "DP ε"), ("rero_text", "ReRo bound"),
+                     ("linkage_text", "linkage AUC"),
                      ("recognizable_text", "recognizable"), ("evidence_text", "examples"),
                      ("reid_text", "re-identified"), ("budget_text", "budget"),
                      ("mse", "best MSE"), ("best_mse", "by"), ("psnr", "best PSNR"), ("psnr_ci", "±"),
