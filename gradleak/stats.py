@@ -28,4 +28,3 @@ def above_chance(successes: int, trials: int, chance: float, level: float = LEVE
     """Whether `successes` of `trials` is more than chance could give (the interval's lower end
     is above `chance`)."""
     return successes > 0 and binomial_interval(successes, trials, level)[0] > chance
-
