@@ -39,7 +39,8 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
                  num_classes: int | None = None, seed: int = 0, budget: str = "quick",
                  lpips: str = "alex", device: str = "auto", model_label: str | None = None,
                  data_label: str = "captured", gallery: torch.Tensor | None = None,
-                 artifacts: str | Path | None = None, tokenizer: str | None = None) -> AuditResult:
+                 artifacts: str | Path | None = None, tokenizer: str | None = None,
+                 time_budget: float | None = None) -> AuditResult:
     """Attack one update the server received (e.g. captured from a Flower run).
 
     `model` is the global model the server sent, with the weights before local
@@ -54,11 +55,13 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
     the auditor re-identifies the reconstructions; without one, only exact copies
     can show a leak. `artifacts`: as for `audit` (default $GRADLEAK_CACHE/artifacts).
     `tokenizer`: for token ids, the vocabulary they come from ("gpt2", "minilm"), so that the
-    scores compare texts; None compares the ids.
+    scores compare texts; None compares the ids. `time_budget`: seconds for the whole audit,
+    kept inside the attacks (an attack past it stops where it is, and its ladder decides nothing).
     """
     from ..data.tensors import dataset_from_tensors
 
     start = time.perf_counter()
+    deadline = None if time_budget is None else start + time_budget
     check_budget(budget)
     threat_model = make_threat_model(threat, tuple(knows))
     update.check_finite()
@@ -92,7 +95,7 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
                              knows=tuple(knows), lpips=lpips, device=device, doublings=BUDGET_DOUBLINGS[budget])
         try:
             runs.append(_attack_captured(spec, attack, model, update, data, threat_model, training, judge,
-                                         artifacts_folder(artifacts, None)))
+                                         artifacts_folder(artifacts, None), deadline))
         except GradleakError as exc:
             skipped.append(SkippedAttack(text, str(exc)))
     setting = Setting(dataset=data_label, model=label, model_digest=model_digest(model),
@@ -107,7 +110,7 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
 
 def _attack_captured(spec: AttackRunSpec, attack: Attack, model: nn.Module, update: Update, data: Dataset,
                      threat: ThreatModel, training: TrainingSpec, gallery: Gallery | None,
-                     artifacts: Path | None = None) -> AttackRunResult:
+                     artifacts: Path | None = None, deadline: float | None = None) -> AttackRunResult:
     start = time.perf_counter()
     device = pick_device(spec.device)
     x, y = data.inputs, data.labels
@@ -117,5 +120,6 @@ def _attack_captured(spec: AttackRunSpec, attack: Attack, model: nn.Module, upda
                   training=training, batch_size=update.samples, labels=y,
                   defenses=make_chain(spec.defenses).defenses,
                   modality=data.modality, tokenizer=data.tokenizer, inputs=x)
-    return attack_observations(spec, attack, [(obs, x, y)], gallery, device, artifacts=artifacts, started=start)
+    return attack_observations(spec, attack, [(obs, x, y)], gallery, device, artifacts=artifacts, started=start,
+                               deadline=deadline)
 

@@ -1,6 +1,7 @@
 """Attack interface."""
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -62,6 +63,12 @@ class AttackContext:
     # A folder for what attacks train once and reuse across a study (the learned inverters);
     # None: nothing is kept.
     artifacts: Path | None = None
+    # time.perf_counter() past which an attack stops where it is and returns what it has (a time
+    # budget kept inside the attack, not only between attacks); None: no limit
+    deadline: float | None = None
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.perf_counter() > self.deadline
 
     def generator(self, offset: int = 0) -> torch.Generator:
         return torch.Generator().manual_seed(self.seed * 1_000_003 + offset)

@@ -263,7 +263,8 @@ def audit_ladder(model_before: nn.Module, update: Update, inputs: torch.Tensor, 
                 audit = audit_update(model_before, candidate, data.inputs, data.labels, training=training,
                                      attacks=[text], defenses=check.defenses, num_classes=data.num_classes,
                                      seed=seed, budget=budget, lpips="none", gallery=gallery,
-                                     tokenizer=tokenizer, data_label="guard")
+                                     tokenizer=tokenizer, data_label="guard",
+                                     time_budget=max(0.0, time_budget - (time.perf_counter() - start)))
             result.skipped += [f"{s.attack}: {s.reason}" for s in audit.skipped]
             for run in audit.runs:
                 found = update_evidence(run.per_example)
@@ -272,10 +273,16 @@ def audit_ladder(model_before: nn.Module, update: Update, inputs: torch.Tensor, 
                                            "examples": found.copies_of, "copies": found.copies,
                                            "recognizable": found.recognizable, "judged": found.examples,
                                            "linkage": None if found.linkage is None else round(found.linkage, 4)})
+            cut = any(run.extras.get("ladder", {}).get("decision") == "out of time" for run in audit.runs)
             if evidence:
                 grade = judge_update(evidence, tolerance)
                 result.leaks, result.beyond_chance, result.verdict = grade.leaks, grade.beyond_chance, grade.grade
                 result.attack, result.reason = grade.attack or text, grade.reason
+            if cut:
+                result.budget_spent = True
+                if not result.leaks:
+                    result.reason = (f"time budget of {time_budget:g} s spent inside {text} (stopped where it was); "
+                                     + result.reason)
             if result.leaks:
                 break
         result.seconds = time.perf_counter() - start

@@ -144,13 +144,15 @@ def attack_observations(spec: AttackRunSpec, attack: Attack, batches: Iterable[t
                         gallery: Gallery | None, device: torch.device,
                         progress: Callable[[int, int, float], None] | None = None, artifacts: Path | None = None,
                         started: float | None = None, attack_seed: Callable[[int, int], int] | None = None,
-                        reconstructions: list[Reconstruction] | None = None) -> AttackRunResult:
+                        reconstructions: list[Reconstruction] | None = None,
+                        deadline: float | None = None) -> AttackRunResult:
     """The one run pipeline: attack each observed update (simulated by `run_scenario` or
     `gradleak.run.batch_attack`, or captured from a real client, `gradleak.api.audit_update`) up its
     budget ladder, score it against the batch it came from, and gather the result. `batches`
     yields (observation, inputs, labels); `attack_seed(seed, batch)` is the attack's own seed
     for each batch (default `batch_attack_seed`); each batch's final `Reconstruction` is
-    appended to `reconstructions` when given."""
+    appended to `reconstructions` when given. Past `deadline` (time.perf_counter()) an attack
+    stops where it is and its ladder decides nothing."""
     start = time.perf_counter() if started is None else started
     seed_of = attack_seed or batch_attack_seed
     scores, originals, recons, iterations, extras, runs, ladders = [], [], [], [], {}, [], []
@@ -158,7 +160,7 @@ def attack_observations(spec: AttackRunSpec, attack: Attack, batches: Iterable[t
     for b, (obs, x, y) in enumerate(batches):
         kind = obs.modality
         batch_ctx = AttackContext(seed=seed_of(spec.seed, b), device=device, progress=progress,
-                                  artifacts=artifacts)
+                                  artifacts=artifacts, deadline=deadline)
         climbed = climb_budget_ladder(attack, obs, x, y, batch_ctx, spec.lpips, gallery, spec.doublings)
         rec, batch_scores, aligned = climbed.reconstruction, climbed.scores, climbed.aligned
         ladders.append(climbed.ladder)

@@ -85,6 +85,7 @@ def climb_budget_ladder(attack: Attack, obs: Observation, x: torch.Tensor, y: to
     chance = None
     decision = None
     judging = 0.0
+    out_of_time = False
     first = attack.budget()
     blind = attack.blind_to(obs.training) if obs.knows("local_training") else None
     for index, rec in enumerate(attack.rungs(obs, ctx)):
@@ -103,11 +104,17 @@ def climb_budget_ladder(attack: Attack, obs: Observation, x: torch.Tensor, y: to
         budget = first * 2 ** index if first else None
         rungs.append(score_rung(rec, scores, budget, time.perf_counter() - started, judged))
         analytic = not attack.iterative and not rec.trace
+        if ctx.out_of_time():
+            # the time budget ended this rung early, wherever the attack was: it decides nothing
+            # (a rung cut short looks flat beside the last, which would read as saturated)
+            out_of_time = True
+            break
         decision = rung_decision(rungs, analytic, rec.converged, chance, attack.saturation_floor())
         if decision is not None or index >= doublings:
             break
     seconds = time.perf_counter() - started
-    return Climb(rec, scores, aligned, {"rungs": [r.to_dict() for r in rungs], "decision": decision or "undecided",
+    return Climb(rec, scores, aligned, {"rungs": [r.to_dict() for r in rungs],
+                                        "decision": "out of time" if out_of_time else decision or "undecided",
                                         "saturated": decision is not None, "reid_chance": chance,
                                         "attack_seconds": round(seconds - judging, 3),
                                         "judge_seconds": round(judging, 3)})

@@ -236,3 +236,38 @@ def test_the_text_example_is_not_sent_while_dager_copies_it(monkeypatch):
     assert decision.audits[0].leaks and "dager: 4 of 4 examples copied exactly" in decision.audits[0].reason
     assert decision.send and decision.rung >= 1
     assert any("tag" in s and "FedAvg" in s for s in decision.audits[-1].skipped)
+
+
+def test_the_time_budget_is_kept_inside_an_attack():
+    """An IG of 100,000 iterations against a budget of 2 s: the attack stops where it is, the
+    audit ends within the budget (plus the selection and judging around it), and an attack cut
+    short decides nothing about the update: the guard says the budget was spent inside it."""
+    import time
+
+    g = torch.Generator().manual_seed(4)
+    x, y = torch.rand(4, 1, 8, 8, generator=g), torch.tensor([0, 1, 2, 1])
+    update = compute_update(_mlp(nn.Sigmoid), x, y, FEDSGD)
+    config = GuardConfig(ladder=["noise:sigma=1"], attacks=["ig:iterations=100000"], time_budget=2.0)
+    start = time.perf_counter()
+    decision = guard(_mlp(nn.Sigmoid), update, (x, y), training=FEDSGD, config=config)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 2.0 * 1.1 + 3.0, elapsed  # the budget + 10%, and a few seconds outside the attack
+    [audit] = decision.audits
+    assert audit.budget_spent and "spent inside ig" in audit.reason
+
+
+def test_an_attack_cut_by_its_deadline_is_not_called_saturated(mnist_test):
+    import time
+
+    from gradleak.api import audit_update
+    from gradleak.models import ModelSpec, build_model
+
+    model = build_model(ModelSpec("lenet", (1, 28, 28), 10, seed=0))
+    x, y = mnist_test.inputs[:2], mnist_test.labels[:2]
+    update = compute_update(model, x, y, FEDSGD, modality="image")
+    start = time.perf_counter()
+    result = audit_update(model, update, x, y, training=FEDSGD, attacks=["ig:iterations=100000"], lpips="none",
+                          time_budget=1.5)
+    assert time.perf_counter() - start < 1.5 * 1.1 + 3.0
+    [run] = result.runs
+    assert run.extras["ladder"]["decision"] == "out of time" and not run.extras["ladder"]["saturated"]

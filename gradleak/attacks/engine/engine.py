@@ -199,6 +199,8 @@ class Engine:
     started: float | None = None  # time.perf_counter() the trace's seconds count from (default: this run's start)
     box: bool = False  # clamp the registered mean to [0, 1]
     regulariser: GradientRegularisation | None = None
+    # time.perf_counter() past which the run stops where it is (AttackContext.deadline)
+    deadline: float | None = None
 
     def run(self) -> Outcome:
         """The configured run: `iterations` per restart."""
@@ -285,6 +287,9 @@ class Engine:
             return total_loss
 
         for it in range(iterations):
+            if self.deadline is not None and time.perf_counter() > self.deadline:
+                group.out_of_time = True
+                break
             due = [hook for hook in self.hooks if hook.due(offset + it)]
             if due:
                 with torch.no_grad():
@@ -419,6 +424,7 @@ class _Group:
     steps: int = 0
     converged: bool = False
     diverged: bool = False
+    out_of_time: bool = False  # stopped at the engine's deadline
     first_iteration: int = 0  # where this group's iterations start in the run's count (restarts in turn)
 
 

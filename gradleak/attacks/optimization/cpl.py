@@ -102,7 +102,8 @@ class CPL(ResumableAttack):
                                 history=opt.history_size, line_search=opt.line_search),
             priors=[LabelConfidence(opt.alpha, obs.num_classes)], iterations=opt.iterations, threshold=stop,
             loss_scale=1.0 / stop if opt.normalise and stop > 0 else 1.0, model=sim.model,
-            forward=plain_forward(sim.model, sim.params, sim.buffers), trace_every=1, progress=ctx.progress)
+            forward=plain_forward(sim.model, sim.params, sim.buffers), trace_every=1, progress=ctx.progress,
+            deadline=ctx.deadline)
         for out in engine.start().doublings(opt.iterations):
             yield Reconstruction(inputs=out.inputs.cpu(), labels=labels.cpu(), iterations=out.iterations,
                                  converged=out.converged, final_distance=out.distance, **out.trace_fields(),

@@ -66,7 +66,7 @@ class DLG(ResumableAttack):
             optimizer=Optimizer("lbfgs", opt.lr, inner=opt.inner, history=opt.history_size,
                                 line_search=opt.line_search),
             iterations=opt.iterations, threshold=opt.threshold, model=sim.model, trace_every=1,
-            progress=ctx.progress)
+            progress=ctx.progress, deadline=ctx.deadline)
         for out in engine.start().doublings(opt.iterations):
             yield Reconstruction(inputs=out.inputs.cpu(), labels=out.labels.cpu(), iterations=out.iterations,
                                  converged=out.converged, final_distance=out.distance, **out.trace_fields())

@@ -164,7 +164,7 @@ class FeaturePriorAttack(ResumableAttack):
             matching=Matching(sim, sim.target, "weighted-cosine", weights=weights), labels=FixedLabels(labels),
             candidates=lambda r: Network(generator, noise, opt.train_noise),
             optimizer=Optimizer("adam", opt.lr, schedule=opt.schedule),
-            priors=priors, iterations=opt.iterations, model=sim.model, progress=ctx.progress)
+            priors=priors, iterations=opt.iterations, model=sim.model, progress=ctx.progress, deadline=ctx.deadline)
         for out in engine.start().doublings(opt.iterations):
             yield Reconstruction(inputs=out.inputs.cpu(), labels=labels.cpu(), iterations=out.iterations,
                                  final_distance=out.distance, **out.trace_fields(), extras={"feature_mode": mode})

@@ -263,7 +263,7 @@ class FedAvgAttack(ResumableAttack):
                         optimizer=Optimizer("lbfgs", 1.0, inner=POLISH_EVALUATIONS, line_search=True,
                                             tolerances=False),
                         iterations=math.ceil(self.options.polish * out.iterations / POLISH_EVALUATIONS),
-                        box=image, keep_best=True, model=engine.model)
+                        box=image, keep_best=True, model=engine.model, deadline=engine.deadline)
         result = polish.run()
         if not image:
             return result
@@ -326,7 +326,7 @@ class FedAvgAttack(ResumableAttack):
             priors=[TotalVariation(opt.tv if image else 0.0),
                     EpochOrderInvariance(opt.order_prior, torch.tensor(layout.epoch, device=ctx.device))],
             iterations=iterations, restarts=1 if trial else opt.restarts, box=image, model=sim.model,
-            progress=None if trial else ctx.progress)
+            progress=None if trial else ctx.progress, deadline=ctx.deadline)
         extras = {"labels_arranged": arrange, "replay": "epochs" if by_epoch else "steps", "order_share": share}
         return engine, layout, label_candidate, extras
 

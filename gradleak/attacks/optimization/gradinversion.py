@@ -96,7 +96,8 @@ class GradInversion(ResumableAttack):
                 .to(ctx.device), box=True),
             optimizer=Optimizer("signed-adam" if opt.signed else "adam", opt.lr, schedule="step"), priors=priors,
             iterations=opt.iterations, restarts=opt.restarts, joint=True, final=opt.final, box=True,
-            model=sim.model, forward=plain_forward(sim.model, sim.params, sim.buffers), progress=ctx.progress)
+            model=sim.model, forward=plain_forward(sim.model, sim.params, sim.buffers), progress=ctx.progress,
+            deadline=ctx.deadline)
         for out in engine.start().doublings(opt.iterations):
             yield Reconstruction(inputs=out.inputs.cpu(), labels=labels.cpu(), iterations=out.iterations,
                                  final_distance=out.distance, **out.trace_fields(),

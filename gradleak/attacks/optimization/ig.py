@@ -97,7 +97,7 @@ def pixel_rungs(obs: Observation, ctx: AttackContext, opt, distance, *, halving:
                             schedule=opt.schedule),
         priors=[TotalVariation(opt.tv if image else 0.0)], iterations=opt.iterations, restarts=opt.restarts,
         final=opt.final, mean_within=opt.mean_within, joint=bool(halving), halving=halving, box=image,
-        model=sim.model, progress=ctx.progress, regulariser=regulariser)
+        model=sim.model, progress=ctx.progress, deadline=ctx.deadline, regulariser=regulariser)
     for out in engine.start().doublings(opt.iterations):
         yield Reconstruction(inputs=out.inputs.cpu(), labels=labels.cpu(), iterations=out.iterations,
                              final_distance=out.distance, **out.trace_fields(),

@@ -144,7 +144,7 @@ class ROG(ResumableAttack):
             return Engine(matching=matching, labels=FixedLabels(labels),
                           candidates=lambda r: Latent(start, space.decode, box=opt.box and opt.optimizer == "adam"),
                           optimizer=optimizer, priors=[TotalVariation(opt.tv)], iterations=iterations,
-                          keep_best=True, model=sim.model, trace_every=10, progress=ctx.progress,
+                          keep_best=True, model=sim.model, trace_every=10, progress=ctx.progress, deadline=ctx.deadline,
                           progress_offset=done, progress_total=total, started=started).start()
 
         run = stage(latent.encode(noise).to(ctx.device), latent, opt.iterations, 0)

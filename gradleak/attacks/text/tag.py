@@ -198,7 +198,8 @@ class EmbeddingMatchingAttack(Attack):
                         candidates=lambda restart: candidate, optimizer=optimizer, priors=priors,
                         hooks=[*hooks, Hook(self.options.label_every, labels.update)],
                         iterations=self.options.iterations,
-                        trace_every=max(1, self.options.iterations // TRACE_POINTS), progress=ctx.progress)
+                        trace_every=max(1, self.options.iterations // TRACE_POINTS), progress=ctx.progress,
+                        deadline=ctx.deadline)
         return engine, labels
 
 
