@@ -21,5 +21,7 @@ def reconstruction_bound(rdp: list[tuple[float, float]], baseline: float) -> flo
     best = 1.0
     for order, epsilon in rdp:
         if order > 1 and math.isfinite(epsilon):
-            best = min(best, math.exp((order - 1) / order * (math.log(baseline) + epsilon)))
+            exponent = (order - 1) / order * (math.log(baseline) + epsilon)
+            if exponent < 0:  # at or above 0 the order bounds nothing (and e^exponent may overflow)
+                best = min(best, math.exp(exponent))
     return max(best, baseline)

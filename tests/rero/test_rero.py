@@ -24,6 +24,7 @@ def test_the_bound_is_the_closed_form_minimum_and_never_below_chance():
     bounds = [reconstruction_bound(_gaussian(s), chance) for s in (0.3, 1.0, 3.0, 30.0)]
     assert bounds == sorted(bounds, reverse=True)  # more noise, a lower bound
     assert bounds[0] > 0.9 and chance <= bounds[-1] < 2 * chance  # little noise: no guarantee; much: chance
+    assert reconstruction_bound(_gaussian(0.01), chance) == 1.0  # ε_α in the thousands: no bound, no overflow
     with pytest.raises(ValueError):
         reconstruction_bound(_gaussian(1.0), 0.0)
 
