@@ -115,13 +115,25 @@ def utility_loss(entry: dict, utilities: dict, metric: tuple[str, bool] | None) 
         # no loss at all: a loss of 0 would read as a free defense
         return {**empty, "utility_metric": name, "utility": mine[name], "utility_model": model, "utility_note": note}
     loss = (baseline[name] - mine[name]) if higher else (mine[name] - baseline[name])
+    unusable = _learns_nothing(mine, name)
     spreads = [mine.get(f"{name}_ci"), baseline.get(f"{name}_ci")]
     # independent runs: the half-widths add in quadrature
     loss_ci = math.sqrt(sum(h * h for h in spreads)) if all(h is not None for h in spreads) else None
     same_run = entry["defense"] == "none"
     resolved = True if same_run else (loss_ci is not None and loss_ci < abs(loss))
     return {"utility_metric": name, "utility": mine[name], "utility_loss": loss, "utility_loss_ci": loss_ci,
-            "utility_model": model, "utility_note": None, "utility_resolved": resolved}
+            "utility_model": model, "utility_note": None, "utility_resolved": resolved,
+            **({"unusable": unusable} if unusable else {})}
+
+
+def _learns_nothing(row: dict, name: str) -> str | None:
+    """'the model no longer learns under it (accuracy A ≈ chance C)' when a defended run's
+    accuracy is within NEAR_CHANCE of chance: a defense that breaks the model is no answer."""
+    classes = _num_classes(row)
+    accuracy = row.get(name)
+    if name != "test_accuracy" or classes is None or accuracy is None or accuracy > 1.0 / classes + NEAR_CHANCE:
+        return None
+    return f"the model no longer learns under it (accuracy {accuracy:.3g} ≈ chance {1.0 / classes:.3g})"
 
 
 def privacy_bound(entry: dict, utilities: dict, members: list[dict]) -> dict:

@@ -52,10 +52,21 @@ def study_tolerance(cells: list[CellRecord], tolerance: Tolerance | None = None)
     return Tolerance()
 
 
-def strongest_attacks(cells: list[CellRecord], tolerance: Tolerance | None = None) -> list[dict]:
+def study_utility_budget(cells: list[CellRecord]) -> float | None:
+    """The utility loss a study accepts (`utility.max_loss`, stored with its cells), if it set one."""
+    for c in cells:
+        stored = c.labels.get("utility_budget") if isinstance(c.labels, dict) else None
+        if isinstance(stored, (int, float)) and not isinstance(stored, bool):
+            return float(stored)
+    return None
+
+
+def strongest_attacks(cells: list[CellRecord], tolerance: Tolerance | None = None,
+                      utility_budget: float | None = None) -> list[dict]:
     """Liu et al. Eq. (3) per scenario × defense × strength, with the verdict (grade, holds or
     not shown), the evidence it rests on, utility loss and frontier flags."""
     tolerance = study_tolerance(cells, tolerance)
+    budget = utility_budget if utility_budget is not None else study_utility_budget(cells)
     rows = with_weaker_threats(attack_rows(cells))
     utilities = utility_table(cells)
     metric = utility_metric(utilities)
@@ -89,6 +100,8 @@ def strongest_attacks(cells: list[CellRecord], tolerance: Tolerance | None = Non
         entry["open"] = still_open(entry)
         entry.update(utility_loss(entry, utilities, metric))
         entry.update(privacy_bound(entry, utilities, members))
+        if budget is not None:
+            entry["utility_budget"] = budget
         out.append(entry)
     mark_frontier(out)
     return out

@@ -166,7 +166,9 @@ def answer(entries: list[dict]) -> list[dict]:
     """The answer a practitioner came for, per scenario (threat model, dataset, model, batch
     size, local steps): the cheapest defense setting that holds at the tolerance (least utility
     loss), or the least leaky one when none holds (by grade, then by its worst attack's linkage
-    AUC)."""
+    AUC). With a utility budget (`utility_budget`: the loss the study accepts), what holds within
+    it at 95% (`within_budget`), else both ways out. A setting under which the model no longer
+    learns is said to be unusable wherever it is named."""
     by_scenario: dict[tuple, list[dict]] = defaultdict(list)
     for e in entries:
         by_scenario[tuple(e[k] for k in SCENARIO_KEYS)].append(e)
@@ -174,17 +176,63 @@ def answer(entries: list[dict]) -> list[dict]:
     for key, members in by_scenario.items():
         holds = [e for e in members if e["verdict"] == "holds"]
         scenario = dict(zip(SCENARIO_KEYS, key))
-        if holds:
+        budget = next((e["utility_budget"] for e in members if e.get("utility_budget") is not None), None)
+        if budget is not None:
+            out.append({**scenario, **within_budget(members, holds, budget)})
+        elif holds:
             cheapest = min(holds, key=lambda e: (e.get("utility_loss") is None, e.get("utility_loss") or 0.0))
             out.append({**scenario, "holds": True, "setting": cheapest, "text": (
-                f"cheapest defense that holds: {setting_name(cheapest)}{loss_text(cheapest)} — "
+                f"cheapest defense that holds: {setting_name(cheapest)}{loss_text(cheapest)}{_unusable(cheapest)} — "
                 f"{cheapest['verdict_text']}")})
         else:
             least = min(members, key=_leakiness)
             out.append({**scenario, "holds": False, "setting": least, "text": (
                 f"none of the {len(members)} tested settings is shown to hold; the least leaky is "
-                f"{setting_name(least)} ({least['verdict_text']}){loss_text(least)}")})
+                f"{setting_name(least)} ({least['verdict_text']}){loss_text(least)}{_unusable(least)}")})
     return out
+
+
+def within_budget(members: list[dict], holds: list[dict], budget: float) -> dict:
+    """The answer under a utility budget: the cheapest setting that holds with its utility loss's
+    95% upper bound within `budget` (and a model that still learns); else "nothing tested holds
+    within" it, then (a) the least leaky setting within it and (b) the cheapest that holds, with
+    its cost."""
+    within = [e for e in members if _loss_high(e) is not None and _loss_high(e) <= budget and not e.get("unusable")]
+    shippable = [e for e in holds if e in within]
+    limit = f"a utility loss of {budget:.3g} (at 95%)"
+    if shippable:
+        best = min(shippable, key=lambda e: e["utility_loss"])
+        return {"holds": True, "setting": best, "text": (
+            f"within {limit}, the cheapest defense that holds: {setting_name(best)}{loss_text(best)} — "
+            f"{best['verdict_text']}")}
+    parts = [f"nothing tested holds within {limit}"]
+    least = min(within, key=_leakiness) if within else None
+    if least is not None:
+        parts.append(f"within it, the least leaky is {setting_name(least)}{loss_text(least)} "
+                     f"({least['verdict_text']})")
+    else:
+        parts.append("no tested setting's utility loss is shown to be within it")
+    if holds:
+        cheapest = min(holds, key=lambda e: (e.get("utility_loss") is None, e.get("utility_loss") or 0.0))
+        parts.append(f"the cheapest that holds is {setting_name(cheapest)}{loss_text(cheapest)}"
+                     f"{_unusable(cheapest)}")
+    else:
+        parts.append(f"none of the {len(members)} tested settings holds at any cost")
+    return {"holds": False, "setting": least, "text": "; ".join(parts)}
+
+
+def _loss_high(entry: dict) -> float | None:
+    """The utility loss's 95% upper bound; the undefended run's is 0, its loss against itself."""
+    loss = entry.get("utility_loss")
+    if loss is None:
+        return None
+    if entry.get("defense") == "none":
+        return 0.0
+    return loss + (entry.get("utility_loss_ci") or 0.0)
+
+
+def _unusable(entry: dict) -> str:
+    return f" — unusable: {entry['unusable']}" if entry.get("unusable") else ""
 
 
 def _leakiness(entry: dict):

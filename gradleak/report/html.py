@@ -39,9 +39,9 @@ _TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("gradleak", "templat
                                 undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 
 
-def write_report(store_path: str | Path, out: str | Path, tolerance=None) -> dict:
+def write_report(store_path: str | Path, out: str | Path, tolerance=None, utility_budget: float | None = None) -> dict:
     """Write index.html, plots, image files and CSV/JSON exports to `out`; the verdicts at
-    `tolerance` (default: the one the study was run with)."""
+    `tolerance` and the answer within `utility_budget` (default: those the study was run with)."""
     store = ResultStore(store_path, create=False)
     try:
         cells = store.cells()
@@ -49,7 +49,7 @@ def write_report(store_path: str | Path, out: str | Path, tolerance=None) -> dic
             raise GradleakError(f"store '{store_path}' holds no finished cells")
         out = Path(out)
         (out / "images").mkdir(parents=True, exist_ok=True)
-        entries = strongest_attacks(cells, tolerance)
+        entries = strongest_attacks(cells, tolerance, utility_budget)
         modalities = dataset_modalities(cells)
         rows = [{k: v for k, v in r.items() if k != "evidence"} for r in attack_rows(cells)]
         images = ImageFiles(out, store)

@@ -27,7 +27,7 @@ _GRID_AXES = {"datasets": "dataset", "models": "model", "batch_sizes": "batch_si
 _GRID_KEYS = set(_GRID_AXES) | {"defenses", "attacks", "defaults"}
 _TOP_KEYS = {"name", "description", "defaults", "grids", "utility", "tolerance", "samples"}
 _SAMPLES_KEYS = {"rungs", "max_examples"}
-_UTILITY_KEYS = {"options", "seeds"}
+_UTILITY_KEYS = {"options", "seeds", "max_loss"}
 _ATTACK_RUN_KEYS = {"threat", "knows"}
 
 
@@ -162,8 +162,11 @@ class _SweepParser:
                 cells.setdefault(cell.key, cell)
         self.validate(list(cells.values()))
         tolerance = self.tolerance(doc.get("tolerance"))
-        for cell in cells.values():  # the verdict reads it back from the store
+        budget = self.utility_budget(doc.get("utility"))
+        for cell in cells.values():  # the verdict reads them back from the store
             cell.labels["tolerance"] = tolerance.to_text()
+            if budget is not None:
+                cell.labels["utility_budget"] = budget
         return Sweep(name, list(cells.values()), self.source, tolerance, self.samples(doc.get("samples")))
 
     def tolerance(self, value) -> Tolerance:
@@ -172,6 +175,16 @@ class _SweepParser:
         except GradleakError as exc:
             self.fail("tolerance", str(exc))
             raise
+
+    def utility_budget(self, doc) -> float | None:
+        """`utility.max_loss`: the utility loss the user accepts (test accuracy, as a fraction);
+        the answer names what holds within it at 95% (gradleak.analysis.wording.answer)."""
+        if not isinstance(doc, dict) or doc.get("max_loss") is None:
+            return None
+        value = doc["max_loss"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+            self.fail("utility.max_loss", f"must be a number in (0, 1] (a fraction of test accuracy), got {value!r}")
+        return float(value)
 
     def samples(self, value) -> SampleLadder:
         if value is None:

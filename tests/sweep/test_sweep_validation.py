@@ -64,3 +64,23 @@ def test_the_demo_validates_in_seconds():
     sweep = parse_sweep(demo_spec_text())
     assert len(sweep.cells) == 68  # 50 attack cells and 18 utility runs (the sample ladder adds more as it runs)
     assert time.perf_counter() - start < 30  # 2.8 s here: datasets load once, seed-free checks run once
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "'two points'", "true"])
+def test_a_bad_utility_budget_is_one_line(tmp_path, capsys, value):
+    store = tmp_path / "results.db"
+    path = _sweep(tmp_path, top_extra=f"utility: {{max_loss: {value}, options: {{rounds: 1}}}}\n")
+    code = main(["sweep", path, "--store", str(store), "--workers", "1", "--json"])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and ": utility.max_loss: must be a number in (0, 1]" in err
+    assert not store.exists()
+
+
+def test_a_utility_budget_is_stored_with_every_cell(tmp_path):
+    from gradleak.sweep import load_sweep
+
+    path = _sweep(tmp_path, top_extra="utility: {max_loss: 0.02, options: {rounds: 1}}\n")
+    sweep = load_sweep(path)
+    assert sweep.cells and all(c.labels["utility_budget"] == 0.02 for c in sweep.cells)
+    plain = load_sweep(_sweep(tmp_path))
+    assert all("utility_budget" not in c.labels for c in plain.cells)
