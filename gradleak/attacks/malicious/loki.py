@@ -44,6 +44,7 @@ from ...options import check
 from ...threat import Observation
 from ..base import Attack, AttackContext, PreparedModel, Reconstruction
 from ..replay.labels import recover_labels
+from .rtf import query_thresholds
 
 IMPRINT = "imprint"
 
@@ -123,25 +124,6 @@ class LokiSecrets:
     thresholds: torch.Tensor
 
 
-def query_thresholds(opt, d: int, prior_data, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """The query direction and K ascending thresholds at its distribution's quantiles."""
-    if opt.query == "mean":
-        query = torch.full((d,), 1.0 / d)
-    else:
-        query = torch.randn(d, generator=generator)
-        query = query / query.norm()
-    levels = (torch.arange(opt.bins, dtype=torch.float64) + 0.5) / opt.bins
-    use_prior = opt.calibration == "prior" or (opt.calibration == "auto" and prior_data is not None)
-    if use_prior:
-        if prior_data is None:
-            raise GradleakError("attack 'loki': calibration=prior needs --knows prior_data")
-        values = prior_data.inputs[:5000].flatten(1).double() @ query.double()
-        return query, torch.quantile(values, levels)
-    normal = torch.distributions.Normal(torch.tensor(opt.assumed_mean, dtype=torch.float64),
-                                        torch.tensor(opt.assumed_std, dtype=torch.float64))
-    return query, normal.icdf(levels)
-
-
 def decode_bins(weight_update: torch.Tensor, bias_update: torch.Tensor, secrets: LokiSecrets,
                 min_difference: float) -> torch.Tensor:
     """The samples alone in their bins, from the imprint's update (2K rows per client: the +
@@ -206,7 +188,7 @@ class Loki(Attack):
                       ctx: AttackContext) -> PreparedModel:
         opt = self.options
         gen = ctx.generator(101)
-        query, thresholds = query_thresholds(opt, math.prod(input_shape), ctx.prior_data, gen)
+        query, thresholds = query_thresholds(opt, math.prod(input_shape), ctx.prior_data, gen, self.name)
         sent = thresholds.clone()
         sent[0] = sent[0] - 1e3  # the lowest bin holds everything below it
         readout = opt.readout or readout_size(model, input_shape, num_classes, opt.gain, ctx.prior_data,

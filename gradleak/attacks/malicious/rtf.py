@@ -68,11 +68,26 @@ class ImprintedModel(nn.Module):
         return self.inner((flat + self.readout(bins)).view_as(x))
 
 
-def _query_vector(kind: str, d: int, generator: torch.Generator) -> torch.Tensor:
-    if kind == "mean":
-        return torch.full((d,), 1.0 / d)
-    v = torch.randn(d, generator=generator)
-    return v / v.norm()
+def query_thresholds(opt, d: int, prior_data, generator: torch.Generator, attack: str
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bins' query direction (`opt.query`: mean brightness or a random Gaussian direction)
+    and `opt.bins` ascending thresholds at its distribution's quantiles: empirical over prior data
+    when granted (`opt.calibration`), else the server's assumed normal (rtf and loki)."""
+    if opt.query == "mean":
+        query = torch.full((d,), 1.0 / d)
+    else:
+        query = torch.randn(d, generator=generator)
+        query = query / query.norm()
+    levels = (torch.arange(opt.bins, dtype=torch.float64) + 0.5) / opt.bins
+    use_prior = opt.calibration == "prior" or (opt.calibration == "auto" and prior_data is not None)
+    if use_prior:
+        if prior_data is None:
+            raise GradleakError(f"attack '{attack}': calibration=prior needs --knows prior_data")
+        values = prior_data.inputs[:5000].flatten(1).double() @ query.double()
+        return query, torch.quantile(values, levels)
+    normal = torch.distributions.Normal(torch.tensor(opt.assumed_mean, dtype=torch.float64),
+                                        torch.tensor(opt.assumed_std, dtype=torch.float64))
+    return query, normal.icdf(levels)
 
 
 class RobbingTheFed(Attack):
@@ -87,20 +102,8 @@ class RobbingTheFed(Attack):
     def prepare_model(self, model: nn.Module, input_shape: tuple[int, ...], num_classes: int,
                       ctx: AttackContext) -> PreparedModel:
         opt = self.options
-        d = math.prod(input_shape)
         gen = ctx.generator(101)
-        query = _query_vector(opt.query, d, gen)
-        levels = (torch.arange(opt.bins, dtype=torch.float64) + 0.5) / opt.bins
-        use_prior = opt.calibration == "prior" or (opt.calibration == "auto" and ctx.prior_data is not None)
-        if use_prior:
-            if ctx.prior_data is None:
-                raise GradleakError("attack 'rtf': calibration=prior needs --knows prior_data")
-            values = ctx.prior_data.inputs[:5000].flatten(1).double() @ query.double()
-            thresholds = torch.quantile(values, levels)
-        else:
-            normal = torch.distributions.Normal(torch.tensor(opt.assumed_mean, dtype=torch.float64),
-                                                torch.tensor(opt.assumed_std, dtype=torch.float64))
-            thresholds = normal.icdf(levels)
+        query, thresholds = query_thresholds(opt, math.prod(input_shape), ctx.prior_data, gen, self.name)
         # bins sit in the [0.5/K, 1 − 0.5/K] quantiles; the lowest threshold is moved to −∞ in effect
         # so that every sample lands in some bin
         thresholds[0] = thresholds[0] - 1e3
