@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("gradleak.commands.demo", "run the main job on the embedded default and write the report"),
     "sweep": ("gradleak.commands.sweep", "run a sweep spec (YAML) into a results store, skipping finished cells"),
     "report": ("gradleak.commands.report", "write the static HTML report of a results store"),
+    "calibrate": ("gradleak.commands.calibrate", "search a defense's strength for the weakest setting that holds"),
     "bound": ("gradleak.commands.bound", "two-layer-net reconstruction lower bound + Table 1 scalings per defense"),
     "bound-study": ("gradleak.commands.bound_study", "sweep d, m, B, defenses: tensor attack vs. the bounds"),
     "utility": ("gradleak.commands.utility", "FedAvg utility (loss, accuracy, ε) of a defense on non-IID clients"),

@@ -1,0 +1,67 @@
+"""`gradleak calibrate SPEC.yaml --defense noise --low 0.001 --high 1 --store results.db`: the
+weakest setting of a defense family that holds, bracketed within a factor by search
+(gradleak.sweep.calibrate); each probe is stored, so a search resumes where it stopped."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..options import MAX_WORKERS, output_file, ranged
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", help="sweep spec (YAML): the scenario and the attacks (its defenses are replaced)")
+    p.add_argument("--defense", required=True, metavar="NAME[:key=value,...]",
+                   help="the family: a defense with a strength order and its other options (noise, dpsgd:clip=1)")
+    p.add_argument("--low", type=ranged(float, 1e-12, 1e12, "--low"), required=True,
+                   help="the smallest value of the strength option to search")
+    p.add_argument("--high", type=ranged(float, 1e-12, 1e12, "--high"), required=True,
+                   help="the largest value of the strength option to search")
+    p.add_argument("--factor", type=ranged(float, 1.01, 1000, "--factor"), default=2.0,
+                   help="stop when the bracket is within this factor (default 2)")
+    p.add_argument("--store", type=output_file("--store"), required=True,
+                   help="results database (SQLite; created if missing): every probe's cells")
+    p.add_argument("--workers", type=ranged(int, 1, MAX_WORKERS, "--workers"), default=None)
+    p.add_argument("--json", action="store_true", help="print the search as one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..analysis import strongest_attacks
+    from ..errors import GradleakError
+    from ..options import ComponentSpec, parse_chain
+    from ..store import ResultStore
+    from ..sweep import run_sweep
+    from ..sweep.calibrate import Probe, family, probe_sweep, search
+    from ..sweep.labels import chain_labels
+
+    path = Path(args.spec)
+    if not path.is_file():
+        raise GradleakError(f"calibrate: sweep file '{args.spec}' not found")
+    text = path.read_text()
+    spec, option, direction = family(args.defense)
+
+    with ResultStore(args.store) as store:
+        def evaluate(value: float) -> Probe:
+            value = float(f"{value:.4g}")  # stable store keys: a value probed again is found again
+            setting = str(ComponentSpec(spec.name, {**spec.options, option: repr(value)}))
+            run_sweep(probe_sweep(text, setting, str(path)), store, workers=args.workers, show_progress=False)
+            labels = chain_labels(parse_chain([setting]))
+            mine = [e for e in strongest_attacks(store.cells())
+                    if e["defense"] == labels["defense"] and e["strength"] == labels["strength"]]
+            if not mine:
+                raise GradleakError(f"calibrate: no verdict for {setting} (every cell failed?)")
+            verdict = "holds" if all(e["verdict"] == "holds" for e in mine) else \
+                next(e["verdict"] for e in mine if e["verdict"] != "holds")
+            if not args.json:
+                print(f"  {setting}: {verdict}", flush=True)
+            return Probe(value, verdict, " | ".join(e["verdict_text"] for e in mine))
+
+        result = search(evaluate, spec, option, direction, args.low, args.high, args.factor)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print(result.answer())
+        for violation in result.order_violations:
+            print(f"  order violated: {violation}")
+    return 0

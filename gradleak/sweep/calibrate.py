@@ -1,0 +1,144 @@
+"""Defense calibration by search: the weakest setting of one defense family that holds, bracketed
+within a factor, instead of a fixed grid that leaves the frontier somewhere in a factor of 10.
+
+The family is a defense with its base options and the option that orders its strength
+(`Defense.strength`: noise's σ, DP-SGD's noise multiplier, pruning's ratio). A sweep file gives
+the scenario and the attacks (its grids; their defenses and its utility runs are replaced); each
+probed value is one sweep of that family's one setting run into the study's store, so every probe
+climbs the budget and sample ladders as a sweep does, a probe already stored is not run again,
+and an interrupted search resumes where it stopped. The search bisects in log space between a
+value that does not hold and one that holds, assuming a stronger setting holds where a weaker
+one does (it checks the order on every value it probed and reports a violation).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import yaml
+
+from ..errors import GradleakError
+from ..options import ComponentSpec, parse_spec
+from .spec import Sweep, parse_sweep
+
+
+@dataclass
+class Probe:
+    value: float
+    verdict: str  # the setting's verdict: "holds", "leaks", "linkable", "not shown ..."
+    text: str
+
+    @property
+    def holds(self) -> bool:
+        return self.verdict == "holds"
+
+
+@dataclass
+class Calibration:
+    defense: str  # the family: name and base options
+    option: str
+    stronger: int  # +1: a larger value is stronger
+    factor: float
+    probes: list[Probe] = field(default_factory=list)
+    weakest_holding: float | None = None  # the bracket: holds here ...
+    strongest_failing: float | None = None  # ... and not here
+    order_violations: list[str] = field(default_factory=list)
+
+    @property
+    def bracketed(self) -> bool:
+        return (self.weakest_holding is not None and self.strongest_failing is not None
+                and _ratio(self.weakest_holding, self.strongest_failing) <= self.factor)
+
+    def answer(self) -> str:
+        hold, fail = self.weakest_holding, self.strongest_failing
+        name = f"{self.defense} {self.option}"
+        if hold is None:
+            return f"{name}: nothing in the searched range holds (strongest tried {fail:g})"
+        if fail is None:
+            return f"{name}: the weakest value tried holds ({hold:g}); the frontier is below the range"
+        within = "" if self.bracketed else f" (not yet within a factor of {self.factor:g})"
+        return (f"{name}: the weakest setting that holds lies between {fail:g} (does not hold) and {hold:g} "
+                f"(holds){within}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"defense": self.defense, "option": self.option, "factor": self.factor,
+                "weakest_holding": self.weakest_holding, "strongest_failing": self.strongest_failing,
+                "bracketed": self.bracketed, "answer": self.answer(), "order_violations": self.order_violations,
+                "probes": [{"value": p.value, "verdict": p.verdict, "text": p.text} for p in self.probes]}
+
+
+def _ratio(a: float, b: float) -> float:
+    return max(a, b) / min(a, b)
+
+
+def family(text: str) -> tuple[ComponentSpec, str, int]:
+    """The defense family (name and base options), the option its strength varies and the
+    direction (+1: a larger value is stronger)."""
+    from ..defenses import DEFENSES
+
+    spec = parse_spec(text, "defense")
+    axis = getattr(DEFENSES.get(spec.name), "strength", None)
+    if axis is None:
+        raise GradleakError(f"defense '{spec.name}' has no strength order to search (Defense.strength)")
+    option, direction = axis
+    if option in spec.options:
+        raise GradleakError(f"calibrate: '{option}' is what the search varies; give the other options only")
+    return spec, option, direction
+
+
+def probe_sweep(base_text: str, setting: str, source: str) -> Sweep:
+    """The study's sweep file with every grid's defenses replaced by the one probed setting
+    (and no utility runs): the cells of this probe."""
+    doc = yaml.safe_load(base_text)
+    if not isinstance(doc, dict) or not isinstance(doc.get("grids"), list):
+        raise GradleakError(f"calibrate: '{source}' is not a sweep file with grids")
+    doc.pop("utility", None)
+    for grid in doc["grids"]:
+        if isinstance(grid, dict):
+            grid.pop("defenses", None)
+            grid["defenses"] = [setting]
+    return parse_sweep(yaml.safe_dump(doc, sort_keys=False), source)
+
+
+def search(evaluate: Callable[[float], Probe], spec: ComponentSpec, option: str, direction: int,
+           low: float, high: float, factor: float = 2.0, max_probes: int = 16) -> Calibration:
+    """Bisect [low, high] (log space) for the weakest value that holds. `evaluate(value)` runs
+    the probe (stored: a value probed before costs nothing)."""
+    if not (0 < low < high) or not math.isfinite(high):
+        raise GradleakError(f"calibrate: need 0 < low < high, got {low:g} and {high:g}")
+    if not factor > 1:
+        raise GradleakError(f"calibrate: the factor must be above 1, got {factor:g}")
+    result = Calibration(str(spec), option, direction, factor)
+    weak, strong = (low, high) if direction > 0 else (high, low)
+
+    def probe(value: float) -> Probe:
+        found = evaluate(value)
+        result.probes.append(found)
+        return found
+
+    if not probe(strong).holds:
+        result.strongest_failing = strong
+    elif probe(weak).holds:
+        result.weakest_holding = weak
+    else:
+        result.weakest_holding, result.strongest_failing = strong, weak
+        while not result.bracketed and len(result.probes) < max_probes:
+            middle = math.sqrt(result.weakest_holding * result.strongest_failing)
+            if probe(middle).holds:
+                result.weakest_holding = middle
+            else:
+                result.strongest_failing = middle
+    result.order_violations = order_violations_of(result.probes, direction)
+    return result
+
+
+def order_violations_of(probes: list[Probe], direction: int) -> list[str]:
+    """Pairs where a weaker value held and a stronger one did not: the search's assumption fails."""
+    ordered = sorted(probes, key=lambda p: direction * p.value)  # weakest first
+    out = []
+    for i, weaker in enumerate(ordered):
+        for stronger in ordered[i + 1:]:
+            if weaker.holds and not stronger.holds:
+                out.append(f"{weaker.value:g} holds but the stronger {stronger.value:g} does not ({stronger.verdict})")
+    return out

@@ -1,0 +1,82 @@
+"""Calibration by search (gradleak.sweep.calibrate): the bisection's bracket, its order check,
+the probe's sweep, and the command's one-line refusals."""
+import math
+
+import pytest
+
+from gradleak.cli import main
+from gradleak.errors import GradleakError
+from gradleak.sweep.calibrate import Probe, family, order_violations_of, probe_sweep, search
+
+STUDY = """name: study
+grids:
+  - datasets: [mnist]
+    models: [lenet]
+    defenses: [prune:ratio=0.9]
+    attacks: [dlg:iterations=1]
+utility: {options: {rounds: 1}}
+"""
+
+
+def _threshold(at: float, stronger: int = 1, calls: list | None = None):
+    def evaluate(value: float) -> Probe:
+        if calls is not None:
+            calls.append(value)
+        holds = value >= at if stronger > 0 else value <= at
+        return Probe(value, "holds" if holds else "linkable", "")
+    return evaluate
+
+
+def test_the_bracket_holds_the_frontier_within_the_factor():
+    spec, option, direction = family("noise")
+    calls: list[float] = []
+    result = search(_threshold(0.137, calls=calls), spec, option, direction, 0.001, 10.0, factor=2.0)
+    assert result.bracketed and result.strongest_failing < 0.137 <= result.weakest_holding
+    assert result.weakest_holding / result.strongest_failing <= 2.0
+    # log2(10 / 0.001) ≈ 13.3 doublings halve in about log2(13.3) ≈ 4 probes after the two ends
+    assert len(calls) <= 2 + math.ceil(math.log2(math.log2(10.0 / 0.001))) + 1
+    assert not result.order_violations and "lies between" in result.answer()
+
+
+def test_a_family_whose_smaller_values_are_stronger_is_searched_the_other_way():
+    spec, option, direction = family("quantize")
+    assert (option, direction) == ("bits", -1)
+    result = search(_threshold(5.0, stronger=-1), spec, option, direction, 1.0, 32.0, factor=1.5)
+    assert result.bracketed and result.weakest_holding <= 5.0 < result.strongest_failing
+
+
+def test_the_range_ends_and_an_order_violation_are_said():
+    spec, option, direction = family("noise")
+    nothing = search(_threshold(100.0), spec, option, direction, 0.01, 1.0)
+    assert nothing.weakest_holding is None and "nothing in the searched range holds" in nothing.answer()
+    everything = search(_threshold(0.0), spec, option, direction, 0.01, 1.0)
+    assert everything.weakest_holding == 0.01 and "below the range" in everything.answer()
+
+    # a weaker setting that holds beside a stronger one that does not: the order the search assumes fails
+    probes = [Probe(0.05, "holds", ""), Probe(0.2, "linkable", ""), Probe(1.0, "holds", "")]
+    [violation] = order_violations_of(probes, +1)
+    assert violation.startswith("0.05 holds but the stronger 0.2 does not")
+    assert not order_violations_of(probes[1:], +1)
+
+
+def test_a_probe_replaces_every_grids_defenses_and_drops_the_utility_runs():
+    sweep = probe_sweep(STUDY, "noise:sigma=0.05", "study.yaml")
+    assert sweep.cells and all(c.kind == "attack" and c.spec["defenses"] == ["noise:sigma=0.05"] for c in sweep.cells)
+
+
+@pytest.mark.parametrize("defense,said", [("sign", "has no strength order"),
+                                          ("noise:sigma=0.1", "'sigma' is what the search varies")])
+def test_a_family_without_a_free_strength_is_refused(defense, said):
+    with pytest.raises(GradleakError, match=said):
+        family(defense)
+
+
+def test_the_command_refuses_bad_input_with_one_line(tmp_path, capsys):
+    study = tmp_path / "study.yaml"
+    study.write_text(STUDY)
+    for argv, said in ((["--defense", "sign", "--low", "0.1", "--high", "1"], "has no strength order"),
+                       (["--defense", "noise", "--low", "1", "--high", "0.1"], "need 0 < low < high"),
+                       (["--defense", "noise", "--low", "0.1", "--high", "1", "--factor", "1"], "--factor")):
+        code = main(["calibrate", str(study), *argv, "--store", str(tmp_path / "s.db")])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and said in err, err
