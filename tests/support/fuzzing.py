@@ -469,6 +469,9 @@ FLAG_BASES: dict[str, tuple[list[str], dict[str, str]]] = {
     "flower": (["flower", "{F}/flower/nopyproject", "--out", "{O}/flower"],
                {"--num-supernodes": "int", "--clients": "int"}),
     "sweep": (["sweep", "{F}/sweeps/ok.yaml", "--store", "{O}/s.db", "--json"], {"--workers": "int"}),
+    "calibrate": (["calibrate", "{F}/sweeps/ok.yaml", "--defense", "noise", "--low", "0.1", "--high", "1",
+                   "--store", "{O}/c.db", "--json"],
+                  {"--low": "float", "--high": "float", "--factor": "float", "--workers": "int"}),
 }
 FLAG_BAD = ("nan", "inf", "-inf", "-1", "1e99", "-1e99", "18446744073709551616", "abc", "", "1e400", "0x5", "--",
             "1_000_000_000_000")
