@@ -26,6 +26,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the search as one JSON object")
 
 
+def round_epsilon(setting: str, sweep) -> float | None:
+    """A DP defense's ε for one round of the first cell's client (its local steps at its
+    sampling rate, δ = 1e-5): what the audited update cost in privacy. None for other defenses."""
+    import math
+
+    from ..defenses import make_defense
+    from ..run.scenario.spec import AttackRunSpec
+
+    cell = sweep.attack_cells[0].spec
+    training = AttackRunSpec(**{k: v for k, v in cell.items() if k in AttackRunSpec.__dataclass_fields__
+                                and k not in ("defenses", "knows", "augment")}).training()
+    batch = int(cell["batch_size"])
+    steps = training.num_steps(batch)
+    epsilon = make_defense(setting).privacy(sample_rate=training.step_batch_size(batch) / batch, steps=steps,
+                                             delta=1e-5)
+    return None if epsilon is None or not math.isfinite(epsilon) else epsilon
+
+
 def run(args: argparse.Namespace) -> int:
     from ..analysis import strongest_attacks
     from ..errors import GradleakError
@@ -45,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
         def evaluate(value: float) -> Probe:
             value = float(f"{value:.4g}")  # stable store keys: a value probed again is found again
             setting = str(ComponentSpec(spec.name, {**spec.options, option: repr(value)}))
-            run_sweep(probe_sweep(text, setting, str(path)), store, workers=args.workers, show_progress=False)
+            sweep = probe_sweep(text, setting, str(path))
+            run_sweep(sweep, store, workers=args.workers, show_progress=False)
             labels = chain_labels(parse_chain([setting]))
             mine = [e for e in strongest_attacks(store.cells())
                     if e["defense"] == labels["defense"] and e["strength"] == labels["strength"]]
@@ -55,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                 next(e["verdict"] for e in mine if e["verdict"] != "holds")
             if not args.json:
                 print(f"  {setting}: {verdict}", flush=True)
-            return Probe(value, verdict, " | ".join(e["verdict_text"] for e in mine))
+            return Probe(value, verdict, " | ".join(e["verdict_text"] for e in mine), round_epsilon(setting, sweep))
 
         result = search(evaluate, spec, option, direction, args.low, args.high, args.factor)
     if args.json:

@@ -28,6 +28,7 @@ class Probe:
     value: float
     verdict: str  # the setting's verdict: "holds", "leaks", "linkable", "not shown ..."
     text: str
+    epsilon: float | None = None  # a DP family's ε for the audited update (one round, δ = 1e-5)
 
     @property
     def holds(self) -> bool:
@@ -58,14 +59,19 @@ class Calibration:
         if fail is None:
             return f"{name}: the weakest value tried holds ({hold:g}); the frontier is below the range"
         within = "" if self.bracketed else f" (not yet within a factor of {self.factor:g})"
-        return (f"{name}: the weakest setting that holds lies between {fail:g} (does not hold) and {hold:g} "
-                f"(holds){within}")
+        return (f"{name}: the weakest setting that holds lies between {fail:g} (does not hold{self._eps(fail)}) "
+                f"and {hold:g} (holds{self._eps(hold)}){within}")
+
+    def _eps(self, value: float) -> str:
+        found = next((p.epsilon for p in self.probes if p.value == value and p.epsilon is not None), None)
+        return "" if found is None else f", ε = {found:.3g} per round at δ = 1e-5"
 
     def to_dict(self) -> dict[str, Any]:
         return {"defense": self.defense, "option": self.option, "factor": self.factor,
                 "weakest_holding": self.weakest_holding, "strongest_failing": self.strongest_failing,
                 "bracketed": self.bracketed, "answer": self.answer(), "order_violations": self.order_violations,
-                "probes": [{"value": p.value, "verdict": p.verdict, "text": p.text} for p in self.probes]}
+                "probes": [{"value": p.value, "verdict": p.verdict, "epsilon": p.epsilon, "text": p.text}
+                           for p in self.probes]}
 
 
 def _ratio(a: float, b: float) -> float:
