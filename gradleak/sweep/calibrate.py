@@ -123,18 +123,20 @@ def search(evaluate: Callable[[float], Probe], spec: ComponentSpec, option: str,
         result.probes.append(found)
         return found
 
-    if not probe(strong).holds:
-        result.strongest_failing = strong
-    elif probe(weak).holds:
-        result.weakest_holding = weak
+    # the values as probed (the evaluation may round them, so that stored probes are found again)
+    top = probe(strong)
+    if not top.holds:
+        result.strongest_failing = top.value
+    elif (bottom := probe(weak)).holds:
+        result.weakest_holding = bottom.value
     else:
-        result.weakest_holding, result.strongest_failing = strong, weak
+        result.weakest_holding, result.strongest_failing = top.value, bottom.value
         while not result.bracketed and len(result.probes) < max_probes:
-            middle = math.sqrt(result.weakest_holding * result.strongest_failing)
-            if probe(middle).holds:
-                result.weakest_holding = middle
+            found = probe(math.sqrt(result.weakest_holding * result.strongest_failing))
+            if found.holds:
+                result.weakest_holding = found.value
             else:
-                result.strongest_failing = middle
+                result.strongest_failing = found.value
     result.order_violations = order_violations_of(result.probes, direction)
     return result
 
