@@ -48,8 +48,15 @@ class Calibration:
 
     @property
     def bracketed(self) -> bool:
-        return (self.weakest_holding is not None and self.strongest_failing is not None
-                and _ratio(self.weakest_holding, self.strongest_failing) <= self.factor)
+        """Both ends found, within the factor; for a DP family also in ε, the scale its users set."""
+        if self.weakest_holding is None or self.strongest_failing is None:
+            return False
+        ends = [self._epsilon(self.weakest_holding), self._epsilon(self.strongest_failing)]
+        in_epsilon = None not in ends and _ratio(*ends) <= self.factor  # type: ignore[arg-type]
+        return _ratio(self.weakest_holding, self.strongest_failing) <= self.factor and (None in ends or in_epsilon)
+
+    def _epsilon(self, value: float) -> float | None:
+        return next((p.epsilon for p in self.probes if p.value == value and p.epsilon is not None), None)
 
     def answer(self) -> str:
         hold, fail = self.weakest_holding, self.strongest_failing
@@ -63,7 +70,7 @@ class Calibration:
                 f"and {hold:g} (holds{self._eps(hold)}){within}")
 
     def _eps(self, value: float) -> str:
-        found = next((p.epsilon for p in self.probes if p.value == value and p.epsilon is not None), None)
+        found = self._epsilon(value)
         return "" if found is None else f", ε = {found:.3g} per round at δ = 1e-5"
 
     def to_dict(self) -> dict[str, Any]:

@@ -80,3 +80,14 @@ def test_the_command_refuses_bad_input_with_one_line(tmp_path, capsys):
         code = main(["calibrate", str(study), *argv, "--store", str(tmp_path / "s.db")])
         err = capsys.readouterr().err
         assert code == 2 and err.count("\n") == 1 and said in err, err
+
+
+def test_a_dp_family_is_bracketed_in_epsilon_too():
+    spec, option, direction = family("dpsgd:clip=1")
+
+    def evaluate(value: float) -> Probe:  # ε ∝ 1/σ², steeper than σ: the σ bracket alone is not enough
+        return Probe(value, "holds" if value >= 0.03 else "not shown", "", epsilon=1.0 / value ** 2)
+    result = search(evaluate, spec, option, direction, 0.01, 10.0, factor=2.0)
+    hold, fail = result.weakest_holding, result.strongest_failing
+    assert result.bracketed and (1 / fail ** 2) / (1 / hold ** 2) <= 2.0 and hold / fail <= 2 ** 0.5 + 1e-9
+    assert "ε = " in result.answer()
