@@ -5,29 +5,32 @@ layer, so over several local steps with momentum and weight decay its columns dr
 bin's back-propagated signal differs, the differences of cumulative bins no longer cancel, and
 the bins' tiny bias updates fall below float32's resolution. LOKI keeps an imprint layer
 decodable under FedAvg with several local iterations. This attack keeps its goal (many bins on
-one query, each sample alone in its bin read from the weight update) and gets there with two
+one query, each sample alone in its bin read from the update) and gets there with three
 choices of our own, measured in docs/analytic-attacks.md:
 
 - **Twin read-outs that cancel.** The block is  x → x + R₊·ReLU(Wx + b) + R₋·ReLU(Wx + b)  with
   two identical banks of K bins and read-outs R₊ = r·u·1ᵀ, R₋ = −r·u·1ᵀ: the forward pass adds
   exactly nothing, so the client trains the server's model as if unmodified, while every bin
-  receives the back-propagated signal ±r·uᵀ∂L/∂x of a sample, large enough (r of order 1) that
-  the read-out's own drift over the round is a small fraction of it.
-- **Decoding from the weights alone.** Bank rows share one query v, so weight decay and the
+  receives the back-propagated signal ±r·uᵀ∂L/∂x of a sample. The read-outs are a fixed part of
+  the architecture (a buffer): trained, they drift together and stop cancelling.
+- **The read-out sized to the model** (`readout_size`): r = `gain` over the model's typical
+  per-example input gradient, so that the signal clears float32's rounding without feeding the
+  banks' own updates back into the input.
+- **Read from the update's differences.** Bank rows share one query v, so weight decay and the
   momentum's per-step factors act alike on every row and cancel in the difference of
-  consecutive bins, which leaves c·x for the one sample between two thresholds. Its scale
-  comes from the query (v·x lies between the bin's thresholds), not from the bias update,
-  which float32 rounds away at these sizes.
+  consecutive bins, which leaves c·(x, 1) for the one sample between two thresholds: x = Δw/Δb,
+  wherever the thresholds moved during the round (the lowest bin, whose bias sits far out,
+  takes its scale from the query instead).
 
 Bins: K thresholds at quantiles of the query's distribution (prior data when granted, else the
 server's assumed normal, as in `rtf`). A client's examples in one round (not one batch) share
 the K bins, so K is a few times the examples per round: 4,096 for the Flower example's 400.
 Through secure aggregation (`clients` = the group's size): LOKI keeps the clients apart with
 client-specific convolution kernels; here each client of the group gets its own block of bins
-(`client_model`: the other blocks' biases put them out of reach), so the aggregate's block 0
-holds the attacked client's examples alone, and the other clients' weight decay, the same on
-every row of a block, cancels in the differences. The model grows with the group (2·K·clients
-rows).
+(`client_model`: the other blocks have no weights and a bias below zero), so the aggregate's
+block 0 holds the attacked client's examples alone, and the other clients' weight decay, the
+same on every row of a block, cancels in the differences. The model grows with the group
+(2·K·clients rows).
 """
 from __future__ import annotations
 
