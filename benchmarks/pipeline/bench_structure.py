@@ -89,6 +89,22 @@ def largest_modules(package: Path, count: int = 10) -> list[tuple[str, int]]:
     return sorted(sizes, key=lambda s: -s[1])[:count]
 
 
+
+def tracked_arguments(frame, hits) -> list[str]:
+    """The names of the arguments of `frame`'s call (positional, keyword-only, *args, **kwargs;
+    not `self`/`cls`) whose values `hits` recognises as tracked."""
+    code = frame.f_code
+    count = code.co_argcount + code.co_kwonlyargcount
+    names = list(code.co_varnames[:count])
+    if code.co_flags & 0x04:  # *args
+        names.append(code.co_varnames[count])
+        count += 1
+    if code.co_flags & 0x08:  # **kwargs
+        names.append(code.co_varnames[count])
+    local = frame.f_locals
+    first = names[0] if names and names[0] in ("self", "cls") else None
+    return [n for n in names if n != first and n in local and hits(local[n])]
+
 class Walk:
     """Follows the tracked values through the calls into `package` (see the module docstring)."""
 
@@ -136,17 +152,7 @@ class Walk:
             code = frame.f_code
             if not code.co_filename.startswith(self.prefix):
                 return
-            count = code.co_argcount + code.co_kwonlyargcount
-            names = list(code.co_varnames[:count])
-            flags = code.co_flags
-            if flags & 0x04:  # *args
-                names.append(code.co_varnames[count])
-                count += 1
-            if flags & 0x08:  # **kwargs
-                names.append(code.co_varnames[count])
-            local = frame.f_locals
-            first = names[0] if names and names[0] in ("self", "cls") else None
-            hits = [n for n in names if n != first and n in local and self._hits(local[n])]
+            hits = tracked_arguments(frame, self._hits)
             if not hits:
                 return
             room = self._room(code.co_filename)
@@ -258,16 +264,7 @@ class DerivedWalk(Walk):
             in_package = code.co_filename.startswith(self.prefix)
             if self.inside is not None or not (in_package or code.co_filename in self.app_files):
                 return
-            count = code.co_argcount + code.co_kwonlyargcount
-            names = list(code.co_varnames[:count])
-            if code.co_flags & 0x04:  # *args
-                names.append(code.co_varnames[count])
-                count += 1
-            if code.co_flags & 0x08:  # **kwargs
-                names.append(code.co_varnames[count])
-            local = frame.f_locals
-            first = names[0] if names and names[0] in ("self", "cls") else None
-            hits = [n for n in names if n != first and n in local and self._hits(local[n])]
+            hits = tracked_arguments(frame, self._hits)
             if not hits:
                 return
             self.open[id(frame)] = -1  # the app's own function: its result is followed, it is no step
