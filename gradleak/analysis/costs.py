@@ -76,22 +76,29 @@ def _classes_of(reference) -> int | None:
 
 
 def did_not_train(baseline: dict, metric: str) -> str | None:
-    """'utility model did not train (accuracy X ≈ chance Y)' when the undefended run's accuracy
-    is at most chance + NEAR_CHANCE; for a language model, '... (test loss X ≈ a uniform
-    guess's Y)' when its test loss is above log(vocabulary) − NEAR_UNIFORM_NATS; else None."""
-    if baseline.get("next_token"):
-        loss, vocabulary = baseline.get("test_loss"), _num_classes(baseline)
+    """'utility model did not train (accuracy X ≈ chance Y)' when the undefended run learned
+    nothing (`near_chance`); else None."""
+    reason = near_chance(baseline, metric)
+    return None if reason is None else f"utility model did not train ({reason})"
+
+
+def near_chance(row: dict, metric: str) -> str | None:
+    """'accuracy X ≈ chance Y' when a utility run's accuracy is at most chance + NEAR_CHANCE; for
+    a language model, 'test loss X ≈ a uniform guess's Y' when its test loss is above
+    log(vocabulary) − NEAR_UNIFORM_NATS; else None: the run learned something."""
+    if row.get("next_token"):
+        loss, vocabulary = row.get("test_loss"), _num_classes(row)
         if loss is None or vocabulary is None or loss <= math.log(vocabulary) - NEAR_UNIFORM_NATS:
             return None
-        return f"utility model did not train (test loss {loss:.3g} ≈ a uniform guess's {math.log(vocabulary):.3g})"
-    accuracy = baseline.get(metric)
+        return f"test loss {loss:.3g} ≈ a uniform guess's {math.log(vocabulary):.3g}"
+    accuracy = row.get(metric)
     # accuracy above 0.5 + NEAR_CHANCE is above chance + NEAR_CHANCE for any class count: no lookup
     if "accuracy" not in metric or accuracy is None or accuracy > 0.5 + NEAR_CHANCE:
         return None
-    classes = _num_classes(baseline)
+    classes = _num_classes(row)
     if classes is None or accuracy > 1.0 / classes + NEAR_CHANCE:
         return None
-    return f"utility model did not train (accuracy {accuracy:.3g} ≈ chance {1.0 / classes:.3g})"
+    return f"accuracy {accuracy:.3g} ≈ chance {1.0 / classes:.3g}"
 
 
 def utility_loss(entry: dict, utilities: dict, metric: tuple[str, bool] | None) -> dict:
@@ -115,7 +122,9 @@ def utility_loss(entry: dict, utilities: dict, metric: tuple[str, bool] | None) 
         # no loss at all: a loss of 0 would read as a free defense
         return {**empty, "utility_metric": name, "utility": mine[name], "utility_model": model, "utility_note": note}
     loss = (baseline[name] - mine[name]) if higher else (mine[name] - baseline[name])
-    unusable = _learns_nothing(mine, name)
+    # a defense that breaks the model is no answer: the same rule as the baseline's
+    reason = near_chance(mine, name)
+    unusable = None if reason is None else f"the model no longer learns under it ({reason})"
     spreads = [mine.get(f"{name}_ci"), baseline.get(f"{name}_ci")]
     # independent runs: the half-widths add in quadrature
     loss_ci = math.sqrt(sum(h * h for h in spreads)) if all(h is not None for h in spreads) else None
@@ -125,15 +134,6 @@ def utility_loss(entry: dict, utilities: dict, metric: tuple[str, bool] | None) 
             "utility_model": model, "utility_note": None, "utility_resolved": resolved,
             **({"unusable": unusable} if unusable else {})}
 
-
-def _learns_nothing(row: dict, name: str) -> str | None:
-    """'the model no longer learns under it (accuracy A ≈ chance C)' when a defended run's
-    accuracy is within NEAR_CHANCE of chance: a defense that breaks the model is no answer."""
-    classes = _num_classes(row)
-    accuracy = row.get(name)
-    if name != "test_accuracy" or classes is None or accuracy is None or accuracy > 1.0 / classes + NEAR_CHANCE:
-        return None
-    return f"the model no longer learns under it (accuracy {accuracy:.3g} ≈ chance {1.0 / classes:.3g})"
 
 
 def privacy_bound(entry: dict, utilities: dict, members: list[dict]) -> dict:
