@@ -33,12 +33,10 @@ def round_epsilon(setting: str, sweep) -> float | None:
     import warnings
 
     from ..defenses import make_defense
-    from ..run.scenario.spec import AttackRunSpec
+    from ..sweep.cells import attack_run_spec
 
-    cell = sweep.attack_cells[0].spec
-    training = AttackRunSpec(**{k: v for k, v in cell.items() if k in AttackRunSpec.__dataclass_fields__
-                                and k not in ("defenses", "knows", "augment")}).training()
-    batch = int(cell["batch_size"])
+    spec = attack_run_spec(sweep.attack_cells[0].spec)
+    training, batch = spec.training(), spec.batch_size
     steps = training.num_steps(batch)
     with warnings.catch_warnings():  # Opacus's note that a wider range of orders could tighten ε
         warnings.simplefilter("ignore")
