@@ -36,7 +36,8 @@ The Flower guard's walk (`flower_guard`) follows the `context` that Flower hands
 `FlowerGuard.client_mod` through one guarded train call: a ClientApp with the guard as its mod,
 driven in-process with Flower messages as tests/guard/test_guard_flower.py drives it (a
 64-16-3 MLP, one example, one SGD step, the guard's default `start = "bottom"`, ladder
-`noise:sigma=1`, attack `fc-analytic`, no log). Round 1 runs unwalked, so that round 2, the walked
+`noise:sigma=1`, attack `fc-analytic`, its log in a temporary folder). Round 1 runs unwalked, so that round 2,
+the walked
 call, starts from the guard's memory in `context.state`; it checks rung 0 (fc-analytic copies the
 example) and rung 1 (within tolerance). Its rules differ from the audit's where a context is
 not a model:
@@ -323,7 +324,26 @@ def _guard_app():
 
 
 def guard_walk(package: Path, ranks: dict[str, int]) -> dict:
-    """The Flower guard's walk (the module docstring), `context` alone and with its message."""
+    """The Flower guard's walk (the module docstring), `context` alone and with its message; the
+    guard's log goes to a temporary folder, not the working directory."""
+    import os
+    import tempfile
+
+    from gradleak.flower.guard import LOG_ENV
+
+    before = os.environ.get(LOG_ENV)
+    with tempfile.TemporaryDirectory() as folder:
+        os.environ[LOG_ENV] = os.path.join(folder, "guard.jsonl")
+        try:
+            return _guard_walk(package, ranks)
+        finally:
+            if before is None:
+                os.environ.pop(LOG_ENV, None)
+            else:
+                os.environ[LOG_ENV] = before
+
+
+def _guard_walk(package: Path, ranks: dict[str, int]) -> dict:
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
 
