@@ -37,8 +37,7 @@ The Flower guard's walk (`flower_guard`) follows the `context` that Flower hands
 driven in-process with Flower messages as tests/guard/test_guard_flower.py drives it (a
 64-16-3 MLP, one example, one SGD step, the guard's default `start = "bottom"`, ladder
 `noise:sigma=1`, attack `fc-analytic`, its log in a temporary folder). Round 1 runs unwalked, so that round 2,
-the walked
-call, starts from the guard's memory in `context.state`; it checks rung 0 (fc-analytic copies the
+the walked call, starts from the guard's memory in `context.state`; it checks rung 0 (fc-analytic copies the
 example) and rung 1 (within tolerance). Its rules differ from the audit's where a context is
 not a model:
 
