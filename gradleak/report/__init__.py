@@ -1,6 +1,6 @@
 """The report of a results store, by job: `words` (the verdicts in sentences, also printed by
-the command line), `tables`, `plots`, `views` (the matrix and the gallery), `html` (the page)
-and `exports` (CSV and JSON)."""
+the command line), `summary` (the first screen's table per scenario), `tables`, `plots`, `views`
+(the matrix and the gallery), `html` (the page) and `exports` (CSV and JSON)."""
 from __future__ import annotations
 
 from .html import write_report

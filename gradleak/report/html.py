@@ -19,7 +19,8 @@ from ..errors import GradleakError
 from ..modalities import stored_modality
 from ..store import ResultStore
 from .exports import write_exports
-from .plots import PLOT_PSNR_CAP, Figure, plot_rounds, tradeoff_figures
+from .plots import Figure, plot_rounds, tradeoff_figures
+from .summary import summary_tables
 from .tables import (
     ATTACK_COLUMNS,
     ROUND_COLUMNS,
@@ -30,7 +31,7 @@ from .tables import (
     study_columns,
 )
 from .views import THUMB_IMAGES, ImageFiles, gallery_groups, matrix_views
-from .words import by_threat, fmt, threat_title, verdict_sections, with_words
+from .words import by_threat, threat_title, verdict_sections, with_words
 
 # The page's markup lives in templates/report.html. Autoescaping is on and every value handed to
 # the template is plain text, so whatever a store holds (labels, errors, sentences of a text
@@ -60,13 +61,13 @@ def write_report(store_path: str | Path, out: str | Path, tolerance=None, utilit
         page = _TEMPLATES.get_template("report.html").render(
             store_path=str(store_path),
             counts={kind: sum(c.kind == kind for c in cells) for kind in ("attack", "utility", "skipped", "failed")},
-            thumb_images=THUMB_IMAGES, holds_min_seeds=HOLDS_MIN_SEEDS, psnr_cap=fmt(PLOT_PSNR_CAP),
-            verdicts=verdict_sections(entries),
+            thumb_images=THUMB_IMAGES, holds_min_seeds=HOLDS_MIN_SEEDS,
+            verdicts=verdict_sections(entries), summary=summary_tables(entries),
             matrices=matrix_views(best_reconstructions(cells), images),
             strongest=[(threat_title(threat), make_table([with_words(e, full=True) for e in members], STRONGEST_COLUMNS,
                                                       lambda e: "frontier" if e.get("frontier") else ""))
                        for threat, members in by_threat(entries).items()],
-            tradeoffs=tradeoff_figures(entries, out, modalities),
+            tradeoffs=tradeoff_figures(entries, out),
             rounds=make_table(rounds, ROUND_COLUMNS) if rounds else None,
             rounds_plot=(Figure("rounds.png", "leakage per round")
                          if rounds and plot_rounds(rounds, out / "rounds.png", pictures) else None),

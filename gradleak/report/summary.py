@@ -1,0 +1,130 @@
+"""The report's first screen: per scenario (dataset, model, batch size, local steps) one table
+of its defense settings, each threat model's grade as a coloured chip beside the evidence the
+grade rests on (linkage AUC and recognizable rate with their 95% intervals), the utility loss
+with its interval and whether it lies within the study's utility budget."""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ..analysis import GRADES, SCENARIO_KEYS, percent, setting_name
+from .words import by_threat, scenario_words, threat_title
+
+# a table per scenario less its threat model: the threat models are column groups side by side
+TABLE_KEYS = tuple(k for k in SCENARIO_KEYS if k != "threat")
+# the chip's class per grade; fixed names, never a store's text (the page's CSS colours them)
+CHIP_CLASSES = {"copies": "copies", "recognizable": "recognizable", "linkable": "linkable", "holds": "holds",
+                "not shown": "unshown"}
+THREAT_SHORT = {"honest": "Honest-but-curious server", "informed": "Informed server",
+                "malicious": "Malicious server"}
+
+
+@dataclass
+class Chip:
+    text: str  # the grade in words: the colour is never the only signal
+    css_class: str
+
+
+@dataclass
+class ThreatCells:
+    """One threat model's verdict on a setting: a chip and the evidence behind it."""
+
+    chip: Chip | None  # None: the setting was not attacked under this threat model
+    linkage: str = "–"
+    recognizable: str = "–"
+
+
+@dataclass
+class SummaryRow:
+    setting: str
+    epsilon: str
+    threats: list[ThreatCells]
+    utility: str
+    unusable: bool
+    within: str  # "yes", "no", or "–" (no budget, or no utility measured)
+
+
+@dataclass
+class SummaryTable:
+    title: str
+    threats: list[str]  # the column groups' headings
+    dp: bool  # some row is a DP defense: its ε gets a column
+    budget: str | None  # the study's utility budget, in the heading of its column
+    rows: list[SummaryRow] = field(default_factory=list)
+
+
+def grade_chip(entry: dict) -> Chip:
+    """The grade a setting got: copies / recognizable / linkable, holds, or not shown."""
+    grade = entry.get("grade")
+    word = grade if grade in GRADES else "holds" if entry.get("verdict") == "holds" else "not shown"
+    return Chip(word, CHIP_CLASSES[word])
+
+
+def loss_high(entry: dict) -> float | None:
+    """The utility loss's 95% upper bound (as the answer reads it: the undefended run costs 0)."""
+    loss = entry.get("utility_loss")
+    if loss is None:
+        return None
+    return 0.0 if entry.get("defense") == "none" else loss + (entry.get("utility_loss_ci") or 0.0)
+
+
+def within_text(entry: dict) -> str:
+    budget, high = entry.get("utility_budget"), loss_high(entry)
+    if budget is None or high is None:
+        return "–"
+    return "yes" if high <= budget and not entry.get("unusable") else "no"
+
+
+def _threat_cells(entry: dict) -> ThreatCells:
+    cells = ThreatCells(grade_chip(entry))
+    if entry.get("ev_examples"):
+        cells.linkage = (f"{entry['ev_linkage']:.2f} ({entry['ev_linkage_low']:.2f}–"
+                         f"{entry['ev_linkage_high']:.2f})")
+        cells.recognizable = (f"{entry['ev_recognizable']} of {entry['ev_examples']} "
+                              f"({percent(entry['ev_recognizable_low'])[:-1]}–"
+                              f"{percent(entry['ev_recognizable_high'])})")
+    return cells
+
+
+def _utility_text(entry: dict) -> str:
+    loss = entry.get("utility_loss")
+    if loss is None:
+        return "unknown" if entry.get("utility_note") else "–"
+    spread = entry.get("utility_loss_ci")
+    return f"{loss:.3g}" + (f" ± {spread:.2g}" if spread is not None and entry.get("defense") != "none" else "")
+
+
+def _threat_heading(threat: str) -> str:
+    """The threat model's title without its gloss (the prose below the table says it in full)."""
+    preset, _, extra = threat.partition("+")
+    title = THREAT_SHORT.get(preset)
+    if title is None:
+        return threat_title(threat)
+    return f"{title}, also knowing {extra.replace('+', ', ')}" if extra else title
+
+
+def summary_tables(entries: list[dict]) -> list[SummaryTable]:
+    """One table per scenario; its rows the defense settings in the order the analysis gives
+    them, its column groups the threat models (honest first)."""
+    threats = by_threat(entries)
+    scenarios: dict[tuple, dict[tuple, dict[str, dict]]] = defaultdict(lambda: defaultdict(dict))
+    for threat, members in threats.items():
+        for e in members:
+            scenarios[tuple(e[k] for k in TABLE_KEYS)][(e["defense"], e["strength"])][threat] = e
+    tables = []
+    for settings in scenarios.values():
+        present = [t for t in threats if any(t in by for by in settings.values())]
+        first = [next(iter(by.values())) for by in settings.values()]
+        budget = next((e["utility_budget"] for e in first if e.get("utility_budget") is not None), None)
+        table = SummaryTable(scenario_words(first[0]), [_threat_heading(t) for t in present],
+                             any(e.get("epsilon") is not None for e in first),
+                             None if budget is None else f"{budget:.3g}")
+        for by, entry in zip(settings.values(), first):
+            # utility and ε are the setting's, whatever the threat model
+            epsilon = entry.get("epsilon")
+            table.rows.append(SummaryRow(
+                setting_name(entry) or "none", "–" if epsilon is None else f"{epsilon:.3g}",
+                [_threat_cells(by[t]) if t in by else ThreatCells(None) for t in present],
+                _utility_text(entry), bool(entry.get("unusable")), within_text(entry)))
+        tables.append(table)
+    return tables
