@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install-check bench install clean
+.PHONY: demo test lint install-check bench install clean screenshot
 
 # Machines that set PYTHONDONTWRITEBYTECODE recompile every module a process imports, every time
 # (torch and gradleak: 8-10 s per process, in the demo's sweep workers and in every test that
@@ -39,6 +39,18 @@ lint: $(STAMP)
 # that ships with its dependencies (the pins of requirements.txt as constraints).
 install-check:
 	bash .ci/install_check.sh
+
+# The report's first screen as a reader sees it: `make screenshot REPORT=DIR` writes
+# DIR/first-screen.png of DIR/index.html, rendered by headless Chromium in a 1400 × 900 window.
+REPORT ?= gradleak-demo
+CHROMIUM ?= $(shell command -v chromium || command -v chromium-browser || command -v google-chrome)
+screenshot:
+	@test -f "$(REPORT)/index.html" || { echo "no $(REPORT)/index.html: make screenshot REPORT=DIR"; exit 2; }
+	@test -n "$(CHROMIUM)" || { echo "chromium is not installed"; exit 2; }
+	profile=$$(mktemp -d) && "$(CHROMIUM)" --headless --no-sandbox --disable-gpu --disable-background-networking \
+	  --disable-component-update --no-first-run --hide-scrollbars --user-data-dir="$$profile" \
+	  --window-size=1400,900 --virtual-time-budget=10000 --screenshot="$(abspath $(REPORT))/first-screen.png" \
+	  "file://$(abspath $(REPORT))/index.html"; status=$$?; rm -rf "$$profile"; exit $$status
 
 bench: $(STAMP)
 	$(PY) -m benchmarks
