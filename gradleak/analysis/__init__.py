@@ -13,12 +13,13 @@ from .cells import SCENARIO_KEYS, cell_ladder, cell_saturated, dataset_modalitie
 from .costs import NEAR_CHANCE, NEAR_UNIFORM_NATS, did_not_train, utility_metric, utility_table
 from .rows import attack_rows, cell_evidence, with_weaker_threats
 from .studies import MATRIX_KEYS, MATRIX_ROW_KEYS, best_reconstructions, leakage_by_round, study_tables
-from .verdict import ATTACK_METRICS, GRADES, strongest_attacks, study_tolerance
+from .verdict import ATTACK_METRICS, GRADES, strongest_attacks, study_tolerance, study_utility_budget
 from .wording import HOLDS_MIN_SEEDS, answer, budget_range, percent, setting_name, verdict
 
 __all__ = ["ATTACK_METRICS", "GRADES", "HOLDS_MIN_SEEDS", "MATRIX_KEYS", "MATRIX_ROW_KEYS", "NEAR_CHANCE",
            "NEAR_UNIFORM_NATS", "SCENARIO_KEYS", "answer", "attack_rows", "best_reconstructions", "budget_range",
            "cell_evidence", "cell_ladder", "cell_saturated", "dataset_modalities", "did_not_train", "interval95",
            "leakage_by_round",
-           "percent", "setting_name", "strongest_attacks", "study_tables", "study_tolerance", "utility_metric",
+           "percent", "setting_name", "strongest_attacks", "study_tables", "study_tolerance", "study_utility_budget",
+           "utility_metric",
            "utility_table", "verdict", "with_weaker_threats"]

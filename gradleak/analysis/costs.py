@@ -41,6 +41,10 @@ def utility_table(cells: list[CellRecord]) -> dict[tuple, dict]:
                       "rdp": members[0].extras.get("rdp")}
         for n in names:
             table[key][n], table[key][f"{n}_ci"] = interval95([m.metrics.get(n) for m in members])
+            # per seed, for the paired utility loss: a seed's defended and undefended runs share
+            # their clients, their draws of clients and their data order (gradleak.utility)
+            table[key][f"{n}_by_seed"] = {m.labels.get("seed"): m.metrics[n] for m in members
+                                          if isinstance(m.metrics.get(n), (int, float))}
     return table
 
 
@@ -125,15 +129,33 @@ def utility_loss(entry: dict, utilities: dict, metric: tuple[str, bool] | None) 
     # a defense that breaks the model is no answer: the same rule as the baseline's
     reason = near_chance(mine, name)
     unusable = None if reason is None else f"the model no longer learns under it ({reason})"
-    spreads = [mine.get(f"{name}_ci"), baseline.get(f"{name}_ci")]
-    # independent runs: the half-widths add in quadrature
-    loss_ci = math.sqrt(sum(h * h for h in spreads)) if all(h is not None for h in spreads) else None
     same_run = entry["defense"] == "none"
+    paired = paired_differences(mine.get(f"{name}_by_seed"), baseline.get(f"{name}_by_seed"), higher)
+    if same_run:
+        loss, loss_ci = 0.0, 0.0  # the baseline against itself, seed by seed
+    elif paired is not None:
+        # the paired design: the defense's cost seed by seed, from runs that differ only in it
+        loss, loss_ci = interval95(paired)
+    else:
+        spreads = [mine.get(f"{name}_ci"), baseline.get(f"{name}_ci")]
+        # no seed in common: independent runs, whose half-widths add in quadrature
+        loss_ci = math.sqrt(sum(h * h for h in spreads)) if all(h is not None for h in spreads) else None
     resolved = True if same_run else (loss_ci is not None and loss_ci < abs(loss))
     return {"utility_metric": name, "utility": mine[name], "utility_loss": loss, "utility_loss_ci": loss_ci,
             "utility_model": model, "utility_note": None, "utility_resolved": resolved,
             **({"unusable": unusable} if unusable else {})}
 
+
+
+def paired_differences(mine: dict | None, baseline: dict | None, higher: bool) -> list[float] | None:
+    """The utility loss seed by seed (baseline − defended for a metric where higher is better),
+    over the seeds both ran; None with fewer than two such seeds (no paired interval)."""
+    if not mine or not baseline:
+        return None
+    seeds = sorted(set(mine) & set(baseline), key=str)
+    if len(seeds) < 2:
+        return None
+    return [(baseline[s] - mine[s]) if higher else (mine[s] - baseline[s]) for s in seeds]
 
 
 def privacy_bound(entry: dict, utilities: dict, members: list[dict]) -> dict:
@@ -157,16 +179,23 @@ def privacy_bound(entry: dict, utilities: dict, members: list[dict]) -> dict:
 
 def mark_frontier(entries: list[dict]) -> None:
     """Within each scenario: a defense setting is on the frontier when no other has
-    lower-or-equal utility loss and a strictly larger best-attack MSE (or equal
-    MSE and strictly lower utility loss)."""
+    lower-or-equal utility loss and strictly less leakage (or equal leakage and strictly lower
+    utility loss). Leakage is the verdict's own measure, the deciding attack's linkage AUC
+    (`ev_linkage`, lower is better); a scenario with a setting that has none (a store written
+    before linkage was measured) falls back to the best attack's MSE (higher is better)."""
     by_scenario: dict[tuple, list[dict]] = defaultdict(list)
     for e in entries:
         e["frontier"] = None
-        if e.get("utility_loss") is not None and e.get("mse") is not None:
+        if e.get("utility_loss") is not None and (e.get("ev_linkage") is not None or e.get("mse") is not None):
             by_scenario[tuple(e[k] for k in SCENARIO_KEYS)].append(e)
     for members in by_scenario.values():
+        by_linkage = all(e.get("ev_linkage") is not None for e in members)
+        members = [e for e in members if by_linkage or e.get("mse") is not None]
+
+        def safety(e: dict) -> float:  # larger is safer
+            return -e["ev_linkage"] if by_linkage else e["mse"]
         for e in members:
             e["frontier"] = not any(
-                (o["utility_loss"] <= e["utility_loss"] and o["mse"] > e["mse"])
-                or (o["utility_loss"] < e["utility_loss"] and o["mse"] >= e["mse"])
+                (o["utility_loss"] <= e["utility_loss"] and safety(o) > safety(e))
+                or (o["utility_loss"] < e["utility_loss"] and safety(o) >= safety(e))
                 for o in members if o is not e)

@@ -168,7 +168,8 @@ def answer(entries: list[dict]) -> list[dict]:
     loss), or the least leaky one when none holds (by grade, then by its worst attack's linkage
     AUC). With a utility budget (`utility_budget`: the loss the study accepts), what holds within
     it at 95% (`within_budget`), else both ways out. A setting under which the model no longer
-    learns is said to be unusable wherever it is named."""
+    learns is said to be unusable wherever it is named. Each answer lists the settings its text
+    names (`named`), whose utility losses it quotes."""
     by_scenario: dict[tuple, list[dict]] = defaultdict(list)
     for e in entries:
         by_scenario[tuple(e[k] for k in SCENARIO_KEYS)].append(e)
@@ -181,12 +182,12 @@ def answer(entries: list[dict]) -> list[dict]:
             out.append({**scenario, **within_budget(members, holds, budget)})
         elif holds:
             cheapest = min(holds, key=lambda e: (e.get("utility_loss") is None, e.get("utility_loss") or 0.0))
-            out.append({**scenario, "holds": True, "setting": cheapest, "text": (
+            out.append({**scenario, "holds": True, "setting": cheapest, "named": [cheapest], "text": (
                 f"cheapest defense that holds: {setting_name(cheapest)}{loss_text(cheapest)}{_unusable(cheapest)} — "
                 f"{cheapest['verdict_text']}")})
         else:
             least = min(members, key=_leakiness)
-            out.append({**scenario, "holds": False, "setting": least, "text": (
+            out.append({**scenario, "holds": False, "setting": least, "named": [least], "text": (
                 f"none of the {len(members)} tested settings is shown to hold; the least leaky is "
                 f"{setting_name(least)} ({least['verdict_text']}){loss_text(least)}{_unusable(least)}")})
     return out
@@ -202,7 +203,7 @@ def within_budget(members: list[dict], holds: list[dict], budget: float) -> dict
     limit = f"a utility loss of {budget:.3g} (at 95%)"
     if shippable:
         best = min(shippable, key=lambda e: e["utility_loss"])
-        return {"holds": True, "setting": best, "text": (
+        return {"holds": True, "setting": best, "named": [best], "text": (
             f"within {limit}, the cheapest defense that holds: {setting_name(best)}{loss_text(best)} — "
             f"{best['verdict_text']}")}
     parts = [f"nothing tested holds within {limit}"]
@@ -212,13 +213,15 @@ def within_budget(members: list[dict], holds: list[dict], budget: float) -> dict
                      f"({least['verdict_text']})")
     else:
         parts.append("no tested setting's utility loss is shown to be within it")
+    cheapest = None
     if holds:
         cheapest = min(holds, key=lambda e: (e.get("utility_loss") is None, e.get("utility_loss") or 0.0))
         parts.append(f"the cheapest that holds is {setting_name(cheapest)}{loss_text(cheapest)}"
                      f"{_unusable(cheapest)}")
     else:
         parts.append(f"none of the {len(members)} tested settings holds at any cost")
-    return {"holds": False, "setting": least, "text": "; ".join(parts)}
+    named = [e for e in (least, cheapest) if e is not None]
+    return {"holds": False, "setting": least, "named": named, "text": "; ".join(parts)}
 
 
 def _loss_high(entry: dict) -> float | None:

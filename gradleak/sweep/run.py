@@ -164,13 +164,15 @@ def run_sweep(sweep: Sweep, store, workers: int | None = None, executor: str = "
     _run_cells(sweep, store, todo, baselines, workers, executor, address, show_progress, totals,
                total=len(sweep.cells), already=len(sweep.cells) - len(todo))
     extra = run_sample_ladder(sweep, store, workers, executor, address, show_progress, totals)
+    seeds = run_utility_ladder(sweep, store, workers, executor, address, show_progress, totals)
     seconds = time.perf_counter() - start
     written, failed = totals["written"], totals["failed"]
-    return {"sweep": sweep.name, "cells": len(sweep.cells) + extra["cells"],
-            "skipped": len(sweep.cells) - len(todo) + extra["skipped"],
+    return {"sweep": sweep.name, "cells": len(sweep.cells) + extra["cells"] + seeds["cells"],
+            "skipped": len(sweep.cells) - len(todo) + extra["skipped"] + seeds["skipped"],
             "ran": written, "failed": failed, "seconds": round(seconds, 3),
             "cpu_seconds": round(totals["cpu_seconds"], 3), "sample_cells": extra["cells"],
-            "sample_rungs": extra["rungs"], "workers": workers, "executor": executor,
+            "sample_rungs": extra["rungs"], "utility_seed_cells": seeds["cells"], "utility_rungs": seeds["rungs"],
+            "workers": workers, "executor": executor,
             "cells_per_minute": round(60 * written / seconds, 3) if written and seconds > 0 else None}
 
 
@@ -220,6 +222,38 @@ def run_sample_ladder(sweep: Sweep, store, workers: int, executor: str, address:
             break
         done = store.finished_keys()
         todo = [c for c in extension if c.key not in done]
+        planned, skipped, rungs = planned + len(extension), skipped + len(extension) - len(todo), rung
+        _run_cells(sweep, store, todo, {}, workers, executor, address, show_progress, totals,
+                   total=len(extension), already=len(extension) - len(todo))
+    return {"cells": planned, "skipped": skipped, "rungs": rungs}
+
+
+# Rounds of utility seeds at most: each plans, from the spread so far, all the seeds it needs.
+UTILITY_LADDER_RUNGS = 3
+
+
+def run_utility_ladder(sweep: Sweep, store, workers: int, executor: str, address: str | None,
+                       show_progress: bool, totals: dict) -> dict:
+    """Add utility seeds to the defenses whose utility loss is not yet told within the study's
+    precision (gradleak.sweep.utility_ladder), a rung at a time, each planned on everything
+    stored so far. Returns the cells it planned, those already stored, and the rungs it ran."""
+    from ..analysis import answer, strongest_attacks, study_utility_budget
+    from .utility_ladder import utility_extension
+
+    planned = skipped = rungs = 0
+    for rung in range(1, UTILITY_LADDER_RUNGS + 1):
+        cells = [c for c in store.cells() if c.sweep == sweep.name]
+        stored = [c for c in cells if c.kind == "utility"]
+        budget = study_utility_budget(cells)
+        named = {(e["dataset"], e["model"], e["defense"], e["strength"])
+                 for a in answer(strongest_attacks(cells, sweep.tolerance)) for e in a.get("named", [])}
+        extension = utility_extension(sweep.cells, stored, sweep.utility_ladder, budget, named)
+        if not extension:
+            break
+        done = store.finished_keys()
+        todo = [c for c in extension if c.key not in done]
+        if not todo:
+            break  # planned and stored already: a resumed sweep whose failed cells stay failed
         planned, skipped, rungs = planned + len(extension), skipped + len(extension) - len(todo), rung
         _run_cells(sweep, store, todo, {}, workers, executor, address, show_progress, totals,
                    total=len(extension), already=len(extension) - len(todo))

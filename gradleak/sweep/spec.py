@@ -27,7 +27,7 @@ _GRID_AXES = {"datasets": "dataset", "models": "model", "batch_sizes": "batch_si
 _GRID_KEYS = set(_GRID_AXES) | {"defenses", "attacks", "defaults"}
 _TOP_KEYS = {"name", "description", "defaults", "grids", "utility", "tolerance", "samples"}
 _SAMPLES_KEYS = {"rungs", "max_examples"}
-_UTILITY_KEYS = {"options", "seeds", "max_loss"}
+_UTILITY_KEYS = {"options", "seeds", "max_loss", "precision", "max_seeds"}
 _ATTACK_RUN_KEYS = {"threat", "knows"}
 
 
@@ -55,6 +55,16 @@ class SampleLadder:
     max_examples: int = 64
 
 
+@dataclass(frozen=True)
+class UtilityLadder:
+    """How far the auditor may add utility seeds (gradleak.sweep.utility_ladder): until every
+    defense's paired utility loss has a 95% interval of ± `precision` at most, or `max_seeds`
+    seeds ran. `precision` None: no ladder (the listed seeds only)."""
+
+    precision: float | None = None
+    max_seeds: int = 8
+
+
 @dataclass
 class Sweep:
     name: str
@@ -62,6 +72,7 @@ class Sweep:
     source: str = ""
     tolerance: Tolerance = field(default_factory=Tolerance)
     samples: SampleLadder = field(default_factory=SampleLadder)
+    utility_ladder: UtilityLadder = field(default_factory=UtilityLadder)
 
     @property
     def attack_cells(self) -> list[Cell]:
@@ -167,7 +178,8 @@ class _SweepParser:
             cell.labels["tolerance"] = tolerance.to_text()
             if budget is not None:
                 cell.labels["utility_budget"] = budget
-        return Sweep(name, list(cells.values()), self.source, tolerance, self.samples(doc.get("samples")))
+        return Sweep(name, list(cells.values()), self.source, tolerance, self.samples(doc.get("samples")),
+                     self.utility_ladder(doc.get("utility"), budget))
 
     def tolerance(self, value) -> Tolerance:
         try:
@@ -185,6 +197,21 @@ class _SweepParser:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
             self.fail("utility.max_loss", f"must be a number in (0, 1] (a fraction of test accuracy), got {value!r}")
         return float(value)
+
+    def utility_ladder(self, doc, budget: float | None) -> UtilityLadder:
+        """`utility.precision` (default: half the budget, so a loss is told from the budget) and
+        `utility.max_seeds`."""
+        if not isinstance(doc, dict):
+            return UtilityLadder()
+        precision = doc.get("precision", budget / 2 if budget is not None else None)
+        if precision is not None and (isinstance(precision, bool) or not isinstance(precision, (int, float))
+                                      or not 0 < precision <= 1):
+            self.fail("utility.precision",
+                      f"must be a number in (0, 1] (a fraction of test accuracy), got {precision!r}")
+        max_seeds = doc.get("max_seeds", UtilityLadder.max_seeds)
+        if isinstance(max_seeds, bool) or not isinstance(max_seeds, int) or not 2 <= max_seeds <= 100:
+            self.fail("utility.max_seeds", f"must be an integer from 2 to 100, got {max_seeds!r}")
+        return UtilityLadder(None if precision is None else float(precision), max_seeds)
 
     def samples(self, value) -> SampleLadder:
         if value is None:
