@@ -69,7 +69,7 @@ def extension_cells(grid_cells: list[Cell], entries: list[dict], examples_by_att
         for cell in cells:
             seed = rung_seed(int(cell.spec["seed"]), rung)
             spec = canonical_json({**cell.spec, "seed": seed, "images": per_cell,
-                               **(_at_budget(cell.spec["attack"], budget) if budget else {})})
+                               **(_at_budget(cell.spec, budget) if budget else {})})
             labels = {**cell.labels, "seed": seed, "sample_rung": rung}
             out.append(dataclasses.replace(cell, spec=spec, labels=labels, key=""))
     return out
@@ -88,15 +88,17 @@ def examples_judged(cells) -> dict[tuple, int]:
     return counts
 
 
-def _at_budget(attack: str, iterations: int) -> dict:
-    """The spec fields that run `attack` at `iterations` without climbing (an attack whose
-    budget is not its `iterations` option climbs as its grid cells did)."""
+def _at_budget(cell_spec: dict, iterations: int) -> dict:
+    """The spec fields that run a grid cell's attack at `iterations` without climbing (an attack
+    whose budget is not its `iterations` option climbs as its grid cells did). The attack is the
+    one its run spec parsed (`AttackRunSpec.attack_spec`), not its text parsed again."""
     from ..attacks import make_attack
-    from ..options import ComponentSpec, parse_spec
+    from ..options import ComponentSpec
+    from .cells import attack_run_spec
 
-    if make_attack(attack).budget() is None:
+    spec = attack_run_spec(cell_spec).attack_spec
+    if make_attack(spec).budget() is None:
         return {}
-    spec = parse_spec(attack, "attack")
     return {"attack": str(ComponentSpec(spec.name, {**spec.options, "iterations": str(iterations)})), "doublings": 0}
 
 

@@ -5,7 +5,7 @@ A defense's utility loss is paired (gradleak.analysis.costs): seed by seed, the 
 the defended FedAvg runs share their clients, their draws and their data order, so the loss's
 interval shrinks with the spread of the differences, not of the accuracies. A rung adds, to
 every usable defense whose 95% interval is wider than ± `precision`, the seeds that the spread
-measured so far says it needs (Student t at the current count), up to `max_seeds` — and the
+measured so far says it needs, up to `max_seeds` — and the
 undefended run of each new seed, which its pair needs. Under a utility budget only the losses
 that the answer turns on get them: an interval that still holds the budget, or a setting the
 answer quotes.
@@ -25,8 +25,8 @@ def _setting(cell_labels: dict) -> tuple:
 
 def seeds_needed(differences: list[float], precision: float, max_seeds: int) -> int:
     """How many seeds a paired loss needs for a 95% half-width of `precision`, if its spread
-    stays as measured (t at the current count, so a guess that errs long): at least one more,
-    at most `max_seeds`."""
+    stays as measured: the fewest n with t(n−1)·sd/√n ≤ precision, at least one more than ran
+    (when not yet precise), at most `max_seeds`."""
     n = len(differences)
     _, half_width = interval95(differences)
     if half_width is None or half_width <= precision:
@@ -34,8 +34,10 @@ def seeds_needed(differences: list[float], precision: float, max_seeds: int) -> 
     from scipy.stats import t
 
     spread = half_width * math.sqrt(n) / float(t.ppf(0.975, n - 1))
-    wanted = math.ceil((float(t.ppf(0.975, n - 1)) * spread / precision) ** 2)
-    return min(max(wanted, n + 1), max_seeds)
+    wanted = n + 1
+    while wanted < max_seeds and float(t.ppf(0.975, wanted - 1)) * spread / math.sqrt(wanted) > precision:
+        wanted += 1
+    return min(wanted, max_seeds)
 
 
 def utility_extension(cells: list[Cell], stored, ladder: UtilityLadder, budget: float | None = None,
