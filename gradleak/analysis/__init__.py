@@ -14,11 +14,12 @@ from .costs import NEAR_CHANCE, NEAR_UNIFORM_NATS, did_not_train, utility_metric
 from .rows import attack_rows, cell_evidence, with_weaker_threats
 from .studies import MATRIX_KEYS, MATRIX_ROW_KEYS, best_reconstructions, leakage_by_round, study_tables
 from .verdict import ATTACK_METRICS, GRADES, strongest_attacks, study_tolerance, study_utility_budget
-from .wording import HOLDS_MIN_SEEDS, answer, budget_range, percent, setting_name, verdict
+from .wording import HOLDS_MIN_SEEDS, answer, budget_range, is_within, loss_high, percent, setting_name, verdict
 
 __all__ = ["ATTACK_METRICS", "GRADES", "HOLDS_MIN_SEEDS", "MATRIX_KEYS", "MATRIX_ROW_KEYS", "NEAR_CHANCE",
            "NEAR_UNIFORM_NATS", "SCENARIO_KEYS", "answer", "attack_rows", "best_reconstructions", "budget_range",
            "cell_evidence", "cell_ladder", "cell_saturated", "dataset_modalities", "did_not_train", "interval95",
+           "is_within", "loss_high",
            "leakage_by_round",
            "percent", "setting_name", "strongest_attacks", "study_tables", "study_tolerance", "study_utility_budget",
            "utility_metric",

@@ -198,7 +198,7 @@ def within_budget(members: list[dict], holds: list[dict], budget: float) -> dict
     95% upper bound within `budget` (and a model that still learns); else "nothing tested holds
     within" it, then (a) the least leaky setting within it and (b) the cheapest that holds, with
     its cost."""
-    within = [e for e in members if _loss_high(e) is not None and _loss_high(e) <= budget and not e.get("unusable")]
+    within = [e for e in members if is_within(e, budget)]
     shippable = [e for e in holds if e in within]
     limit = f"a utility loss of {budget:.3g} (at 95%)"
     if shippable:
@@ -224,7 +224,14 @@ def within_budget(members: list[dict], holds: list[dict], budget: float) -> dict
     return {"holds": False, "setting": least, "named": named, "text": "; ".join(parts)}
 
 
-def _loss_high(entry: dict) -> float | None:
+def is_within(entry: dict, budget: float) -> bool:
+    """Whether a setting is within a utility budget: its loss's 95% upper bound at most the
+    budget, and a model that still learns."""
+    high = loss_high(entry)
+    return high is not None and high <= budget and not entry.get("unusable")
+
+
+def loss_high(entry: dict) -> float | None:
     """The utility loss's 95% upper bound; the undefended run's is 0, its loss against itself."""
     loss = entry.get("utility_loss")
     if loss is None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ..analysis import GRADES, SCENARIO_KEYS, percent, setting_name
+from ..analysis import GRADES, SCENARIO_KEYS, is_within, loss_high, percent, setting_name
 from .words import by_threat, scenario_words, threat_title
 
 # a table per scenario less its threat model: the threat models are column groups side by side
@@ -60,19 +60,11 @@ def grade_chip(entry: dict) -> Chip:
     return Chip(word, CHIP_CLASSES[word])
 
 
-def loss_high(entry: dict) -> float | None:
-    """The utility loss's 95% upper bound (as the answer reads it: the undefended run costs 0)."""
-    loss = entry.get("utility_loss")
-    if loss is None:
-        return None
-    return 0.0 if entry.get("defense") == "none" else loss + (entry.get("utility_loss_ci") or 0.0)
-
-
 def within_text(entry: dict) -> str:
-    budget, high = entry.get("utility_budget"), loss_high(entry)
-    if budget is None or high is None:
+    budget = entry.get("utility_budget")
+    if budget is None or loss_high(entry) is None:
         return "–"
-    return "yes" if high <= budget and not entry.get("unusable") else "no"
+    return "yes" if is_within(entry, budget) else "no"
 
 
 def _threat_cells(entry: dict) -> ThreatCells:
