@@ -157,7 +157,11 @@ def loss_text(entry: dict) -> str:
         return ", utility cost unknown" + (f" ({entry['utility_note']})" if entry.get("utility_note") else "")
     ci = entry.get("utility_loss_ci")
     spread = f" ± {ci:.2g}" if ci is not None else ""
-    if entry.get("utility_resolved") is False:
+    budget = entry.get("utility_budget")
+    # under a budget the question is which side of it the loss lies on, not whether it is told
+    # from nothing: a loss of 0.002 ± 0.006 is within a budget of 0.02, and says so
+    told_by_budget = budget is not None and ci is not None and not loss - ci <= budget <= loss + ci
+    if entry.get("utility_resolved") is False and not told_by_budget:
         return f", utility cost not resolved (loss {loss:.3g}{spread}: its interval is as wide as the loss)"
     return f", utility loss {loss:.3g}{spread}"
 

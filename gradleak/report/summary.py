@@ -86,6 +86,15 @@ def _utility_text(entry: dict) -> str:
     return f"{loss:.3g}" + (f" ± {spread:.2g}" if spread is not None and entry.get("defense") != "none" else "")
 
 
+def _privacy_text(entry: dict) -> str:
+    """A DP setting's ε and, beside it, the reconstruction-robustness bound it implies: the
+    largest re-identification rate any attacker can reach (gradleak.rero)."""
+    epsilon, bound = entry.get("epsilon"), entry.get("rero_bound")
+    if epsilon is None:
+        return "–"
+    return f"{epsilon:.3g}" + (f" ({bound:.2g})" if bound is not None else "")
+
+
 def _threat_heading(threat: str) -> str:
     """The threat model's title without its gloss (the prose below the table says it in full)."""
     preset, _, extra = threat.partition("+")
@@ -113,9 +122,8 @@ def summary_tables(entries: list[dict]) -> list[SummaryTable]:
                              None if budget is None else f"{budget:.3g}")
         for by, entry in zip(settings.values(), first):
             # utility and ε are the setting's, whatever the threat model
-            epsilon = entry.get("epsilon")
             table.rows.append(SummaryRow(
-                setting_name(entry) or "none", "–" if epsilon is None else f"{epsilon:.3g}",
+                setting_name(entry) or "none", _privacy_text(entry),
                 [_threat_cells(by[t]) if t in by else ThreatCells(None) for t in present],
                 _utility_text(entry), bool(entry.get("unusable")), within_text(entry)))
         tables.append(table)

@@ -49,3 +49,13 @@ def test_a_budget_nothing_holds_within_gives_both_ways_out():
     assert "within it, the least leaky is none" in only_undefended["text"]
     [none_fit] = answer([e for e in _study(budget=0.001) if e["defense"] != "none"])
     assert "no tested setting's utility loss is shown to be within it" in none_fit["text"]
+
+
+def test_under_a_budget_a_loss_too_small_to_tell_from_nothing_is_still_placed_within_it():
+    from gradleak.analysis.wording import loss_text
+
+    tiny = _entry("noise", "sigma=0.01", "leaks", 0.0018, 0.006, utility_budget=0.02, utility_resolved=False)
+    assert loss_text(tiny) == ", utility loss 0.0018 ± 0.006"
+    straddling = {**tiny, "utility_loss": 0.018}  # 0.012–0.024: which side of 0.02 is open
+    assert "not resolved" in loss_text({**straddling, "utility_resolved": False})
+    assert "not resolved" in loss_text({k: v for k, v in tiny.items() if k != "utility_budget"})

@@ -113,3 +113,10 @@ def test_answer_and_table_fit_a_1400_by_900_window(report):
     found = dict(re.findall(r"(answer|table|errors|broken)=(-?\d+)", title.group(1)))
     assert found["errors"] == "0" and found["broken"] == "0", title.group(1)
     assert 0 < int(found["answer"]) < int(found["table"]) <= 900, title.group(1)
+
+
+def test_a_dp_row_shows_the_reconstruction_bound_beside_its_epsilon():
+    entries = [{**e, "rero_bound": 0.0077} if e["defense"] == "dpsgd" else e for e in strongest_attacks(_cells())]
+    (table,) = summary_tables(entries)
+    rows = {row.setting: row for row in table.rows}
+    assert rows["dpsgd epsilon=8"].epsilon == "8 (0.0077)" and rows["none"].epsilon == "–"
