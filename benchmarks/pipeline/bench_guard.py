@@ -1,11 +1,16 @@
 """The client-side guard (gradleak.guard, gradleak.flower.guard) on the example apps.
 
-- inbound: models crafted by gradleak's rtf, fishing and mkor `prepare_model`, one per round
-  of an honest FedAvg trajectory (the crafted model replaces that round's global model; the
-  client compares it with the previous round's and its own last update; round 1 has nothing
+- inbound: models crafted by gradleak's rtf, fishing, loki and mkor `prepare_model`, one per
+  round of an honest FedAvg trajectory (the crafted model replaces that round's global model;
+  the client compares it with the previous round's and its own last update; round 1 has nothing
   to compare with), and the false alarms over 20 honest rounds of each example app, for every
-  client. The trajectories are simulated with gradleak's own client (gradleak.fl) on the
-  example's model, data and training, not by running Flower for 20 rounds.
+  client; the inbound score (`InboundReport.score`, the largest check margin) as a detector:
+  its ROC AUC and detection rate at false-alarm rates 0, 1% and 5% (`detector_roc`), honest
+  client-rounds against crafted rounds of the same model; and the median D-SNR (Garov et al.'s
+  disaggregation SNR, `gradleak.guard.dsnr`) of the honest and the crafted models on client 0's
+  examples. The trajectories are simulated with
+  gradleak's own client (gradleak.fl) on the example's model, data and training, not by running
+  Flower for 20 rounds.
 - outbound (examples/flower_audit's clients at small sizes): a federation in which every
   client runs the guard, against the same federation under fixed noise of the strongest rung
   the guard sent and without any defense: the rung per round, the verdict after it, the
@@ -33,7 +38,7 @@ from benchmarks import common
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 MNIST = (1, 28, 28)
-IMAGE_ATTACKS = ("rtf", "rtf:bins=16,query=gaussian", "fishing", "fishing:target_class=3,fish_bias=5")
+IMAGE_ATTACKS = ("rtf", "rtf:bins=16,query=gaussian", "fishing", "fishing:target_class=3,fish_bias=5", "loki")
 MKOR_ATTACKS = ("mkor", "mkor:noise=0.01", "mkor:noise=0.1,shuffle=false")
 # the inbound measurements ran on the example's sigmoid CNN (its default model then)
 MNIST_CONFIG = {"seed": 0, "dirichlet-alpha": 0.5, "examples-per-client": 8, "model": "sigmoid-cnn"}
@@ -71,6 +76,7 @@ def inbound(quick: bool) -> dict:
     from gradleak.attacks import make_attack
     from gradleak.attacks.base import AttackContext
     from gradleak.guard import Guard, GuardConfig, check_received
+    from gradleak.guard.dsnr import disaggregation_snr
     from gradleak.guard.trajectory import honest_fedavg
     from gradleak.models import ModelSpec, build_model
 
@@ -86,19 +92,25 @@ def inbound(quick: bool) -> dict:
     for label, factory, attacks in (("cnn (flower_audit's sigmoid-cnn)", net, IMAGE_ATTACKS),
                                     ("lenet5", lenet5, MKOR_ATTACKS)):
         history = list(honest_fedavg(factory(), data, training, rounds))
-        false_alarms, checked = [], 0
+        false_alarms, checked, honest_scores = [], 0, []
         for client in range(clients):
             g = Guard(GuardConfig(), training=training(1, client))
             for now in history:
                 report = g.inbound(now.received, now.number)
                 checked += 1
+                honest_scores.append(report.score)
                 if report.crafted:
                     false_alarms.append(f"round {now.number} client {client}: {report.summary()}")
                 g.own_change = now.updates[client].tensors
+        x0, y0 = data[0]
         out[f"honest {label}"] = {"client_rounds": checked, "false_alarms": len(false_alarms),
-                                  "examples": false_alarms[:3]}
+                                  "examples": false_alarms[:3],
+                                  "dsnr_median": round(statistics.median(
+                                      disaggregation_snr(_load(factory, now.received), x0, y0) for now in history), 2),
+                                  "score_max": _json_score(max(honest_scores)),
+                                  "score_median": _json_score(statistics.median(honest_scores))}
         for spec in attacks:
-            attack, detected, alone, checks, seconds = make_attack(spec), 0, 0, {}, []
+            attack, detected, alone, checks, seconds, scores, dsnr = make_attack(spec), 0, 0, {}, [], [], []
             for now in history:
                 crafted = attack.prepare_model(_load(factory, now.received), MNIST, 10,
                                                AttackContext(seed=now.number)).model
@@ -106,15 +118,42 @@ def inbound(quick: bool) -> dict:
                 report = check_received(crafted, before.received if before else None,
                                         before.updates[0].tensors if before else None)
                 detected += report.crafted
+                scores.append(report.score)
+                dsnr.append(disaggregation_snr(crafted, x0, y0))
                 alone += check_received(crafted).crafted
                 seconds.append(report.seconds)
                 for c in report.checks:
                     checks[c] = checks.get(c, 0) + 1
             out[f"{spec} on {label}"] = {"rounds": len(history), "detected": detected,
                                          "detected_without_previous_model": alone, "checks_fired": checks,
-                                         "median_check_seconds": round(statistics.median(seconds), 4)}
+                                         "median_check_seconds": round(statistics.median(seconds), 4),
+                                         "score_min": _json_score(min(scores)),
+                                         "dsnr_median": _json_score(round(statistics.median(dsnr), 2)),
+                                         "roc": detector_roc(honest_scores, scores)}
     out["honest text (flower_text's GPT-2)"] = _text_false_alarms(4 if quick else 20, 3 if quick else 8)
     return out
+
+
+# the false-alarm rates at which the detector's ROC is read
+FALSE_ALARM_RATES = (0.0, 0.01, 0.05)
+
+
+def detector_roc(honest: list[float], crafted: list[float]) -> dict:
+    """The inbound score as a detector: its ROC AUC (the chance that a crafted model scores
+    above an honest one, ties counting half) and, at each false-alarm rate, the detection rate
+    with the threshold at which the honest client-rounds alarm at that rate or less."""
+    ranked = sorted(honest, reverse=True)
+    at_rate = {}
+    for rate in FALSE_ALARM_RATES:
+        threshold = ranked[min(int(rate * len(ranked)), len(ranked) - 1)]  # honest scores above it: ≤ rate
+        at_rate[f"{rate:g}"] = {"threshold": _json_score(threshold),
+                                "detection": round(sum(c > threshold for c in crafted) / len(crafted), 4)}
+    wins = sum((c > h) + 0.5 * (c == h) for c in crafted for h in honest)
+    return {"auc": round(wins / (len(crafted) * len(honest)), 4), "at_false_alarm_rate": at_rate}
+
+
+def _json_score(value: float) -> float | str:
+    return round(value, 4) if value != float("inf") else "inf"
 
 
 def _text_false_alarms(rounds: int, clients: int) -> dict:
@@ -127,16 +166,18 @@ def _text_false_alarms(rounds: int, clients: int) -> dict:
     data = [client_data(i, 8, TEXT_CONFIG) for i in range(clients)]
     training = TrainingSpec(lr=0.01, local_epochs=1, local_batch_size=8)
     guards = {c: Guard(GuardConfig(), training=training) for c in range(clients)}
-    alarms, seconds = [], []
+    alarms, seconds, scores = [], [], []
     for now in honest_fedavg(Net(0), data, lambda r, c: training, rounds):
         for client, g in guards.items():
             report = g.inbound(now.received, now.number)
             seconds.append(report.seconds)
+            scores.append(report.score)
             if report.crafted:
                 alarms.append(f"round {now.number} client {client}: {report.summary()}")
             g.own_change = now.updates[client].tensors
     return {"client_rounds": len(seconds), "false_alarms": len(alarms), "examples": alarms[:3],
-            "median_check_seconds": round(statistics.median(seconds), 3)}
+            "median_check_seconds": round(statistics.median(seconds), 3),
+            "score_max": _json_score(max(scores)), "score_median": _json_score(statistics.median(scores))}
 
 
 # The outbound cases: examples/flower_audit's clients and training at small sizes, FedAvg

@@ -28,6 +28,7 @@ any one-dimensional tensor on its own (biases, norms, buffers).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -66,11 +67,20 @@ class Finding:
 
 @dataclass
 class InboundReport:
-    """The checks that fired on a received model (none: nothing suspicious)."""
+    """The checks that fired on a received model (none: nothing suspicious), and each check's
+    margin: its statistic over its threshold, largest over the tensors (≥ 1 where it fires;
+    infinite for an exact duplicate row or a changed structure)."""
 
     findings: list[Finding] = field(default_factory=list)
     compared_with_previous: bool = False
     seconds: float = 0.0
+    margins: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def score(self) -> float:
+        """The detector's score: the largest margin of any check (0 when none ran). A ROC over
+        it says how far honest models sit from the thresholds (benchmarks/pipeline/bench_guard)."""
+        return max(self.margins.values(), default=0.0)
 
     @property
     def crafted(self) -> bool:
@@ -89,7 +99,8 @@ class InboundReport:
 
     def to_dict(self) -> dict:
         return {"crafted": self.crafted, "checks": self.checks, "findings": [f.to_dict() for f in self.findings],
-                "compared_with_previous": self.compared_with_previous, "seconds": round(self.seconds, 4)}
+                "compared_with_previous": self.compared_with_previous, "seconds": round(self.seconds, 4),
+                "score": _finite(self.score)}
 
 
 def state_of(model_or_state) -> dict[str, torch.Tensor]:
@@ -109,8 +120,10 @@ def inspect_received(received, previous=None, own_change: Tensors | None = None)
     state = state_of(received)
     before = state_of(previous) if previous is not None else None
     findings: list[Finding] = []
+    margins: dict[str, float] = {}
     if before is not None:
         findings += structure_findings(state, before)
+        _note(margins, "structure", math.inf if findings else 0.0)
     for name, tensor in state.items():
         if not tensor.is_floating_point() or tensor.dim() < 2 or tensor.shape[0] < 2:
             continue
@@ -118,10 +131,10 @@ def inspect_received(received, previous=None, own_change: Tensors | None = None)
         if matrix.shape[1] < 2 or not bool(matrix.any()):
             continue
         bias = _bias_of(name, state, matrix.shape[0])
-        findings += row_findings(name, matrix, bias)
+        findings += row_findings(name, matrix, bias, margins)
     if before is not None:
-        findings += change_findings(state, before, own_change)
-    return InboundReport(findings, before is not None, time.perf_counter() - start)
+        findings += change_findings(state, before, own_change, margins)
+    return InboundReport(findings, before is not None, time.perf_counter() - start, margins)
 
 
 def structure_findings(state: Tensors, before: Tensors) -> list[Finding]:
@@ -140,17 +153,22 @@ def structure_findings(state: Tensors, before: Tensors) -> list[Finding]:
     return out
 
 
-def row_findings(name: str, matrix: torch.Tensor, bias: torch.Tensor | None) -> list[Finding]:
-    """The row checks of one weight matrix (rows: output units or filters)."""
+def row_findings(name: str, matrix: torch.Tensor, bias: torch.Tensor | None,
+                 margins: dict[str, float] | None = None) -> list[Finding]:
+    """The row checks of one weight matrix (rows: output units or filters); each check's margin
+    goes into `margins`."""
+    margins = {} if margins is None else margins
     out = []
     rows, width = matrix.shape
     norms = matrix.norm(dim=1)
     zero = norms == 0
     zero_rows = int(zero.sum())
+    _note(margins, "zero_rows", zero_rows / MIN_ZERO_ROWS if zero_rows < rows else 0.0)
     if MIN_ZERO_ROWS <= zero_rows < rows:
         out.append(Finding("zero_rows", name, f"{zero_rows} of {rows} rows exactly zero"))
     live = matrix[~zero]
-    duplicates, binning = _duplicate_rows(live, bias[~zero] if bias is not None else None)
+    duplicates, binning, nearest = _duplicate_rows(live, bias[~zero] if bias is not None else None)
+    _note(margins, "duplicate_rows", nearest)
     if duplicates:
         what = "a binning layer: " if binning else ""
         out.append(Finding("duplicate_rows", name, f"{what}{duplicates} of {rows} rows repeat another row"
@@ -158,12 +176,18 @@ def row_findings(name: str, matrix: torch.Tensor, bias: torch.Tensor | None) -> 
     if min(rows, width) >= MIN_RANK_SIDE:
         gram = matrix @ matrix.T if rows <= width else matrix.T @ matrix
         eig = torch.linalg.eigvalsh(gram).clamp_min(0).flip(0)
-        if eig[0] > 0 and float((eig[1] / eig[0]).sqrt()) < RANK_ONE_RATIO:
+        second = float((eig[1] / eig[0]).sqrt()) if eig[0] > 0 else None  # σ₂/σ₁
+        if second is not None:
+            _note(margins, "rank_one", RANK_ONE_RATIO / second if second > 0 else math.inf)
+        if second is not None and second < RANK_ONE_RATIO:
             out.append(Finding("rank_one", name, f"rank one ({rows}x{width}): second singular value "
-                                                 f"{float((eig[1] / eig[0]).sqrt()):.1e} of the first"))
+                                                 f"{second:.1e} of the first"))
     if width >= MIN_ONE_TAP_ROW and len(live):
         energy = live.pow(2)
         share = energy.max(dim=1).values / energy.sum(dim=1)
+        if len(share) >= MIN_ONE_TAP_ROWS:  # the MIN_ONE_TAP_ROWS-th most one-tap row decides
+            _note(margins, "one_tap_rows", float(share.sort(descending=True).values[MIN_ONE_TAP_ROWS - 1])
+                  / ONE_TAP_ENERGY)
         taps = int((share >= ONE_TAP_ENERGY).sum())
         if taps >= MIN_ONE_TAP_ROWS:
             out.append(Finding("one_tap_rows", name, f"{taps} of {rows} rows hold >= {ONE_TAP_ENERGY:.0%} "
@@ -171,8 +195,11 @@ def row_findings(name: str, matrix: torch.Tensor, bias: torch.Tensor | None) -> 
     return out
 
 
-def change_findings(state: Tensors, before: Tensors, own_change: Tensors | None) -> list[Finding]:
-    """A tensor's scale, and a weight's change, against the previous round's."""
+def change_findings(state: Tensors, before: Tensors, own_change: Tensors | None,
+                    margins: dict[str, float] | None = None) -> list[Finding]:
+    """A tensor's scale, and a weight's change, against the previous round's; each check's
+    margin goes into `margins`."""
+    margins = {} if margins is None else margins
     out = []
     for name, tensor in state.items():
         old = before.get(name)
@@ -181,6 +208,7 @@ def change_findings(state: Tensors, before: Tensors, own_change: Tensors | None)
         new_rms, old_rms = _rms(tensor), _rms(old)
         if old_rms > 0 and new_rms > 0 and tensor.numel() > 1:
             ratio = new_rms / old_rms
+            _note(margins, "scale_jump", max(ratio, 1 / ratio) / MAX_SCALE_RATIO)
             if ratio > MAX_SCALE_RATIO or ratio < 1 / MAX_SCALE_RATIO:
                 out.append(Finding("scale_jump", name, f"RMS {old_rms:.3g} in the previous round, now "
                                                        f"{new_rms:.3g} (x{ratio:.3g})"))
@@ -188,6 +216,8 @@ def change_findings(state: Tensors, before: Tensors, own_change: Tensors | None)
         if own is not None and tuple(own.shape) == tuple(tensor.shape) and tensor.dim() >= 2:
             own_norm = float(own.double().norm())
             change = float((tensor.double() - old.double()).norm())
+            if own_norm > 0:
+                _note(margins, "change_beyond_fedavg", change / own_norm / MAX_CHANGE_RATIO)
             if own_norm > 0 and change > MAX_CHANGE_RATIO * own_norm:
                 out.append(Finding("change_beyond_fedavg", name,
                                    f"changed by {change:.3g} since the previous round, "
@@ -195,21 +225,25 @@ def change_findings(state: Tensors, before: Tensors, own_change: Tensors | None)
     return out
 
 
-def _duplicate_rows(rows: torch.Tensor, bias: torch.Tensor | None) -> tuple[int, bool]:
-    """How many rows repeat another (exactly, or nearly for long rows), and whether repeated
-    rows carry different biases (a binning layer)."""
+def _duplicate_rows(rows: torch.Tensor, bias: torch.Tensor | None) -> tuple[int, bool, float]:
+    """How many rows repeat another (exactly, or nearly for long rows), whether repeated rows
+    carry different biases (a binning layer), and the margin: (1 − threshold) / (1 − the largest
+    cosine between two rows), infinite for an exact repeat."""
     if len(rows) < 2:
-        return 0, False
+        return 0, False, 0.0
     _, inverse, counts = torch.unique(rows, dim=0, return_inverse=True, return_counts=True)
     repeated = counts[inverse] > 1
+    margin = math.inf if bool(repeated.any()) else 0.0
     if rows.shape[1] >= MIN_ROW_FOR_COSINE and len(rows) <= MAX_ROWS_FOR_COSINE:
         unit = rows / rows.norm(dim=1, keepdim=True)
         cosine = unit @ unit.T
         cosine.fill_diagonal_(0)
         repeated |= (cosine > NEAR_DUPLICATE_COSINE).any(dim=1)
+        nearest = float(cosine.max())
+        margin = max(margin, (1 - NEAR_DUPLICATE_COSINE) / (1 - nearest) if nearest < 1 else math.inf)
     count = int(repeated.sum())
     binning = bool(count and bias is not None and len(torch.unique(bias[repeated])) > 1)
-    return count, binning
+    return count, binning, margin
 
 
 def _bias_of(name: str, state: Tensors, rows: int) -> torch.Tensor | None:
@@ -219,6 +253,16 @@ def _bias_of(name: str, state: Tensors, rows: int) -> torch.Tensor | None:
     if bias is None or bias.dim() != 1 or bias.numel() != rows:
         return None
     return bias.double()
+
+
+def _note(margins: dict[str, float], check: str, value: float) -> None:
+    """Keep the largest margin of `check` over the tensors."""
+    margins[check] = max(margins.get(check, 0.0), value)
+
+
+def _finite(value: float) -> float | str:
+    """A margin for JSON: a number, or "inf"."""
+    return round(value, 4) if math.isfinite(value) else "inf"
 
 
 def _rms(tensor: torch.Tensor) -> float:

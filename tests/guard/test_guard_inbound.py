@@ -65,6 +65,39 @@ def test_honest_rounds_raise_nothing(cnn_rounds):
     assert not check_received(cnn_rounds[0].received).crafted
 
 
+def test_the_score_is_each_checks_margin_below_one_for_honest_rounds_and_at_least_one_where_one_fires(cnn_rounds):
+    honest = [check_received(now.received, before.received, before.updates[0].tensors)
+              for before, now in zip(cnn_rounds, cnn_rounds[1:])]
+    for report in honest:
+        assert 0 < report.score < 1 and set(report.margins) >= {"rank_one", "duplicate_rows", "scale_jump",
+                                                                   "change_beyond_fedavg"}
+    for spec in ("rtf", "fishing", "loki:bins=256"):
+        crafted = check_received(_crafted(spec, _model(cnn_rounds[2].received)), cnn_rounds[1].received,
+                                 cnn_rounds[1].updates[0].tensors)
+        assert crafted.crafted and crafted.score >= 1
+        for check in crafted.checks:  # every check that fired is at or past its threshold
+            assert crafted.margins[check] >= 1, (spec, check, crafted.margins)
+    # exact repeats and a new structure are infinitely past their thresholds; JSON says "inf"
+    rtf = check_received(_crafted("rtf", _model(cnn_rounds[2].received)), cnn_rounds[1].received)
+    assert rtf.margins["structure"] == float("inf") and rtf.to_dict()["score"] == "inf"
+
+
+def test_a_check_margin_follows_its_statistic():
+    from gradleak.guard.inbound import RANK_ONE_RATIO, row_findings
+
+    g = torch.Generator().manual_seed(0)
+    u, v = torch.randn(8, 1, generator=g).double(), torch.randn(1, 16, generator=g).double()
+    for noise, fires in ((0.0, True), (1e-5, True), (1e-1, False)):
+        margins: dict = {}
+        matrix = u @ v + noise * torch.randn(8, 16, generator=g).double()
+        found = row_findings("w", matrix, None, margins)
+        assert ("rank_one" in {f.check for f in found}) is fires
+        assert (margins["rank_one"] >= 1) is fires
+        if 0 < noise:
+            singular = torch.linalg.svdvals(matrix)
+            assert margins["rank_one"] == pytest.approx(RANK_ONE_RATIO / float(singular[1] / singular[0]), rel=1e-6)
+
+
 @pytest.mark.parametrize("spec", ["rtf", "rtf:bins=16,query=gaussian"])
 def test_robbing_the_fed_is_a_binning_layer(cnn_rounds, spec):
     crafted = _crafted(spec, _model(cnn_rounds[2].received))
