@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ..analysis import GRADES, SCENARIO_KEYS, is_within, loss_high, percent, setting_name
+from ..analysis import GRADES, SCENARIO_KEYS, answer, is_within, loss_high, percent, setting_name
 from .words import by_threat, scenario_words, threat_title
 
 # a table per scenario less its threat model: the threat models are column groups side by side
@@ -42,6 +42,7 @@ class SummaryRow:
     utility: str
     unusable: bool
     within: str  # "yes", "no", or "–" (no budget, or no utility measured)
+    named: list[str] = field(default_factory=list)  # the threat models whose answer names this setting
 
 
 @dataclass
@@ -108,6 +109,11 @@ def summary_tables(entries: list[dict]) -> list[SummaryTable]:
     """One table per scenario; its rows the defense settings in the order the analysis gives
     them, its column groups the threat models (honest first)."""
     threats = by_threat(entries)
+    # (scenario, defense, strength) → the threat models whose answer names the setting
+    named: dict[tuple, list[str]] = defaultdict(list)
+    for a in answer(entries):
+        for e in a.get("named", []):
+            named[(*[e[k] for k in TABLE_KEYS], e["defense"], e["strength"])].append(_threat_heading(e["threat"]))
     scenarios: dict[tuple, dict[tuple, dict[str, dict]]] = defaultdict(lambda: defaultdict(dict))
     for threat, members in threats.items():
         for e in members:
@@ -125,6 +131,7 @@ def summary_tables(entries: list[dict]) -> list[SummaryTable]:
             table.rows.append(SummaryRow(
                 setting_name(entry) or "none", _privacy_text(entry),
                 [_threat_cells(by[t]) if t in by else ThreatCells(None) for t in present],
-                _utility_text(entry), bool(entry.get("unusable")), within_text(entry)))
+                _utility_text(entry), bool(entry.get("unusable")), within_text(entry),
+                named[(*[entry[k] for k in TABLE_KEYS], entry["defense"], entry["strength"])]))
         tables.append(table)
     return tables

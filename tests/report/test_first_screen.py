@@ -120,3 +120,18 @@ def test_a_dp_row_shows_the_reconstruction_bound_beside_its_epsilon():
     (table,) = summary_tables(entries)
     rows = {row.setting: row for row in table.rows}
     assert rows["dpsgd epsilon=8"].epsilon == "8 (0.0077)" and rows["none"].epsilon == "–"
+
+
+def test_the_rows_the_answers_name_are_marked_with_their_threat_models():
+    from gradleak.analysis import answer
+
+    entries = strongest_attacks(_cells())
+    (table,) = summary_tables(entries)
+    expected: dict[str, set] = {}
+    for a in answer(entries):
+        for e in a["named"]:
+            name = f"{e['defense']} {e['strength']}".strip()
+            expected.setdefault(name, set()).add(
+                "Honest-but-curious server" if e["threat"] == "honest" else "Malicious server")
+    assert expected  # the answers name something
+    assert {row.setting: set(row.named) for row in table.rows if row.named} == expected
