@@ -25,13 +25,23 @@ NEAR_CHANCE = 0.1
 NEAR_UNIFORM_NATS = 1.0
 
 
+def utility_key(record: dict) -> tuple:
+    """The key of a setting's utility runs: (dataset, model, defense, strength) of a utility
+    cell's labels or a verdict entry."""
+    return (record["dataset"], record["model"], record["defense"], record["strength"])
+
+
+def baseline_key(key: tuple) -> tuple:
+    """The key of the undefended utility runs a setting's loss is measured against."""
+    return (*key[:2], "none", "")
+
+
 def utility_table(cells: list[CellRecord]) -> dict[tuple, dict]:
-    """(dataset, model, defense, strength) → averaged utility metrics (over seeds)."""
+    """`utility_key` → averaged utility metrics (over seeds)."""
     groups: dict[tuple, list[CellRecord]] = defaultdict(list)
     for c in cells:
         if c.kind == "utility":
-            lab = c.labels
-            groups[(lab["dataset"], lab["model"], lab["defense"], lab["strength"])].append(c)
+            groups[utility_key(c.labels)].append(c)
     table = {}
     for key, members in groups.items():
         names = {k for m in members for k, v in m.metrics.items() if isinstance(v, (int, float))}
@@ -114,9 +124,8 @@ def utility_loss(entry: dict, utilities: dict, metric: tuple[str, bool] | None) 
     if metric is None:
         return empty
     name, higher = metric
-    base = (entry["dataset"], entry["model"])
-    mine = utilities.get((*base, entry["defense"], entry["strength"]))
-    baseline = utilities.get((*base, "none", ""))
+    mine = utilities.get(utility_key(entry))
+    baseline = utilities.get(baseline_key(utility_key(entry)))
     if mine is None or baseline is None or mine.get(name) is None or baseline.get(name) is None:
         return {**empty, "utility_metric": name}
     trained = mine.get("trained_model")
@@ -164,7 +173,7 @@ def privacy_bound(entry: dict, utilities: dict, members: list[dict]) -> dict:
     re-identifies an example, against the chance of the attacks' gallery (the best of a guess).
     It bounds an attacker who saw every round of the utility run's training, a stronger one than
     the audited update's."""
-    row = utilities.get((entry["dataset"], entry["model"], entry["defense"], entry["strength"])) or {}
+    row = utilities.get(utility_key(entry)) or {}
     chances = [m["reid_chance"] for m in members if m.get("reid_chance")]
     epsilon, curve = row.get("epsilon"), row.get("rdp")
     if epsilon is None:

@@ -30,7 +30,6 @@ def round_epsilon(setting: str, sweep) -> float | None:
     """A DP defense's ε for one round of the first cell's client (its local steps at its
     sampling rate, δ = 1e-5): what the audited update cost in privacy. None for other defenses."""
     import math
-    import warnings
 
     from ..defenses import make_defense
     from ..sweep.cells import attack_run_spec
@@ -38,10 +37,8 @@ def round_epsilon(setting: str, sweep) -> float | None:
     spec = attack_run_spec(sweep.attack_cells[0].spec)
     training, batch = spec.training(), spec.batch_size
     steps = training.num_steps(batch)
-    with warnings.catch_warnings():  # Opacus's note that a wider range of orders could tighten ε
-        warnings.simplefilter("ignore")
-        epsilon = make_defense(setting).privacy(sample_rate=training.step_batch_size(batch) / batch, steps=steps,
-                                                 delta=1e-5)
+    epsilon = make_defense(setting).privacy(sample_rate=training.step_batch_size(batch) / batch, steps=steps,
+                                             delta=1e-5)
     return None if epsilon is None or not math.isfinite(epsilon) else epsilon
 
 

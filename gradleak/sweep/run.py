@@ -238,6 +238,7 @@ def run_utility_ladder(sweep: Sweep, store, workers: int, executor: str, address
     precision (gradleak.sweep.utility_ladder), a rung at a time, each planned on everything
     stored so far. Returns the cells it planned, those already stored, and the rungs it ran."""
     from ..analysis import answer, strongest_attacks, study_utility_budget
+    from ..analysis.costs import utility_key
     from .utility_ladder import utility_extension
 
     planned = skipped = rungs = 0
@@ -245,8 +246,7 @@ def run_utility_ladder(sweep: Sweep, store, workers: int, executor: str, address
         cells = [c for c in store.cells() if c.sweep == sweep.name]
         stored = [c for c in cells if c.kind == "utility"]
         budget = study_utility_budget(cells)
-        named = {(e["dataset"], e["model"], e["defense"], e["strength"])
-                 for a in answer(strongest_attacks(cells, sweep.tolerance)) for e in a.get("named", [])}
+        named = {utility_key(e) for a in answer(strongest_attacks(cells, sweep.tolerance)) for e in a.get("named", [])}
         extension = utility_extension(sweep.cells, stored, sweep.utility_ladder, budget, named)
         if not extension:
             break

@@ -12,15 +12,12 @@ answer quotes.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from ..analysis.cells import interval95
-from ..analysis.costs import near_chance, paired_differences, utility_metric, utility_table
-from .spec import Cell, UtilityLadder, cell_key
-
-
-def _setting(cell_labels: dict) -> tuple:
-    return (cell_labels["dataset"], cell_labels["model"], cell_labels["defense"], cell_labels["strength"])
+from ..analysis.costs import baseline_key, near_chance, paired_differences, utility_key, utility_metric, utility_table
+from .spec import Cell, UtilityLadder
 
 
 def seeds_needed(differences: list[float], precision: float, max_seeds: int) -> int:
@@ -57,10 +54,10 @@ def utility_extension(cells: list[Cell], stored, ladder: UtilityLadder, budget: 
     templates: dict[tuple, Cell] = {}
     for cell in cells:
         if cell.kind == "utility":
-            templates.setdefault(_setting(cell.labels), cell)
+            templates.setdefault(utility_key(cell.labels), cell)
     new_seeds: dict[tuple, list] = {}
     for setting, template in templates.items():
-        row, base = table.get(setting), table.get((*setting[:2], "none", ""))
+        row, base = table.get(setting), table.get(baseline_key(setting))
         if setting[2] == "none" or row is None or base is None or near_chance(row, name):
             continue  # the baseline against itself, or a defense whose model no longer learns
         differences = paired_differences(row.get(f"{name}_by_seed"), base.get(f"{name}_by_seed"), higher)
@@ -75,7 +72,7 @@ def utility_extension(cells: list[Cell], stored, ladder: UtilityLadder, budget: 
         if wanted > len(ran):
             start = max(max(ran) + 1, 0)
             new_seeds[setting] = list(range(start, start + wanted - len(ran)))
-            baseline_seeds = new_seeds.setdefault((*setting[:2], "none", ""), [])
+            baseline_seeds = new_seeds.setdefault(baseline_key(setting), [])
             baseline_seeds.extend(s for s in new_seeds[setting]
                                   if s not in baseline_seeds and s not in base[f"{name}_by_seed"])
     out = []
@@ -84,7 +81,7 @@ def utility_extension(cells: list[Cell], stored, ladder: UtilityLadder, budget: 
         if template is None:
             continue
         for seed in sorted(seeds):
-            spec = {**template.spec, "seed": seed}
-            out.append(Cell("utility", spec, {**template.labels, "seed": seed}, cell_key("utility", spec),
-                            origin="utility ladder"))
+            # the sweep's own cell with only its seed changed (its key follows from the spec)
+            out.append(dataclasses.replace(template, spec={**template.spec, "seed": seed},
+                                           labels={**template.labels, "seed": seed}, key="", origin="utility ladder"))
     return out
