@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import common
+from gradleak.guard.inbound import json_score
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 MNIST = (1, 28, 28)
@@ -107,8 +108,8 @@ def inbound(quick: bool) -> dict:
                                   "examples": false_alarms[:3],
                                   "dsnr_median": round(statistics.median(
                                       disaggregation_snr(_load(factory, now.received), x0, y0) for now in history), 2),
-                                  "score_max": _json_score(max(honest_scores)),
-                                  "score_median": _json_score(statistics.median(honest_scores))}
+                                  "score_max": json_score(max(honest_scores)),
+                                  "score_median": json_score(statistics.median(honest_scores))}
         for spec in attacks:
             attack, detected, alone, checks, seconds, scores, dsnr = make_attack(spec), 0, 0, {}, [], [], []
             for now in history:
@@ -127,8 +128,8 @@ def inbound(quick: bool) -> dict:
             out[f"{spec} on {label}"] = {"rounds": len(history), "detected": detected,
                                          "detected_without_previous_model": alone, "checks_fired": checks,
                                          "median_check_seconds": round(statistics.median(seconds), 4),
-                                         "score_min": _json_score(min(scores)),
-                                         "dsnr_median": _json_score(round(statistics.median(dsnr), 2)),
+                                         "score_min": json_score(min(scores)),
+                                         "dsnr_median": json_score(round(statistics.median(dsnr), 2)),
                                          "roc": detector_roc(honest_scores, scores)}
     out["honest text (flower_text's GPT-2)"] = _text_false_alarms(4 if quick else 20, 3 if quick else 8)
     return out
@@ -146,14 +147,10 @@ def detector_roc(honest: list[float], crafted: list[float]) -> dict:
     at_rate = {}
     for rate in FALSE_ALARM_RATES:
         threshold = ranked[min(int(rate * len(ranked)), len(ranked) - 1)]  # honest scores above it: ≤ rate
-        at_rate[f"{rate:g}"] = {"threshold": _json_score(threshold),
+        at_rate[f"{rate:g}"] = {"threshold": json_score(threshold),
                                 "detection": round(sum(c > threshold for c in crafted) / len(crafted), 4)}
     wins = sum((c > h) + 0.5 * (c == h) for c in crafted for h in honest)
     return {"auc": round(wins / (len(crafted) * len(honest)), 4), "at_false_alarm_rate": at_rate}
-
-
-def _json_score(value: float) -> float | str:
-    return round(value, 4) if value != float("inf") else "inf"
 
 
 def _text_false_alarms(rounds: int, clients: int) -> dict:
@@ -177,7 +174,7 @@ def _text_false_alarms(rounds: int, clients: int) -> dict:
             g.own_change = now.updates[client].tensors
     return {"client_rounds": len(seconds), "false_alarms": len(alarms), "examples": alarms[:3],
             "median_check_seconds": round(statistics.median(seconds), 3),
-            "score_max": _json_score(max(scores)), "score_median": _json_score(statistics.median(scores))}
+            "score_max": json_score(max(scores)), "score_median": json_score(statistics.median(scores))}
 
 
 # The outbound cases: examples/flower_audit's clients and training at small sizes, FedAvg

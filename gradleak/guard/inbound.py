@@ -100,7 +100,7 @@ class InboundReport:
     def to_dict(self) -> dict:
         return {"crafted": self.crafted, "checks": self.checks, "findings": [f.to_dict() for f in self.findings],
                 "compared_with_previous": self.compared_with_previous, "seconds": round(self.seconds, 4),
-                "score": _finite(self.score)}
+                "score": json_score(self.score)}
 
 
 def state_of(model_or_state) -> dict[str, torch.Tensor]:
@@ -260,8 +260,8 @@ def _note(margins: dict[str, float], check: str, value: float) -> None:
     margins[check] = max(margins.get(check, 0.0), value)
 
 
-def _finite(value: float) -> float | str:
-    """A margin for JSON: a number, or "inf"."""
+def json_score(value: float) -> float | str:
+    """A margin or score for JSON (which has no infinity): the number to 4 decimals, or "inf"."""
     return round(value, 4) if math.isfinite(value) else "inf"
 
 
