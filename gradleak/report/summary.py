@@ -8,17 +8,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ..analysis import GRADES, SCENARIO_KEYS, answer, is_within, loss_high, percent, setting_name
-from .words import by_threat, scenario_words, threat_title
+from .words import THREAT_SHORT_TITLES, by_threat, scenario_words, threat_title
 
 # a table per scenario less its threat model: the threat models are column groups side by side
 TABLE_KEYS = tuple(k for k in SCENARIO_KEYS if k != "threat")
 # the chip's class per grade; fixed names, never a store's text (the page's CSS colours them)
 CHIP_CLASSES = {"copies": "copies", "recognizable": "recognizable", "linkable": "linkable", "holds": "holds",
                 "not shown": "unshown"}
-THREAT_SHORT = {"honest": "Honest-but-curious server", "informed": "Informed server",
-                "malicious": "Malicious server"}
-
-
 @dataclass
 class Chip:
     text: str  # the grade in words: the colour is never the only signal
@@ -96,13 +92,8 @@ def _privacy_text(entry: dict) -> str:
     return f"{epsilon:.3g}" + (f" ({bound:.2g})" if bound is not None else "")
 
 
-def _threat_heading(threat: str) -> str:
-    """The threat model's title without its gloss (the prose below the table says it in full)."""
-    preset, _, extra = threat.partition("+")
-    title = THREAT_SHORT.get(preset)
-    if title is None:
-        return threat_title(threat)
-    return f"{title}, also knowing {extra.replace('+', ', ')}" if extra else title
+def _short_title(threat: str) -> str:
+    return threat_title(threat, THREAT_SHORT_TITLES)
 
 
 def summary_tables(entries: list[dict]) -> list[SummaryTable]:
@@ -113,7 +104,7 @@ def summary_tables(entries: list[dict]) -> list[SummaryTable]:
     named: dict[tuple, list[str]] = defaultdict(list)
     for a in answer(entries):
         for e in a.get("named", []):
-            named[(*[e[k] for k in TABLE_KEYS], e["defense"], e["strength"])].append(_threat_heading(e["threat"]))
+            named[(*[e[k] for k in TABLE_KEYS], e["defense"], e["strength"])].append(_short_title(e["threat"]))
     scenarios: dict[tuple, dict[tuple, dict[str, dict]]] = defaultdict(lambda: defaultdict(dict))
     for threat, members in threats.items():
         for e in members:
@@ -123,7 +114,7 @@ def summary_tables(entries: list[dict]) -> list[SummaryTable]:
         present = [t for t in threats if any(t in by for by in settings.values())]
         first = [next(iter(by.values())) for by in settings.values()]
         budget = next((e["utility_budget"] for e in first if e.get("utility_budget") is not None), None)
-        table = SummaryTable(scenario_words(first[0]), [_threat_heading(t) for t in present],
+        table = SummaryTable(scenario_words(first[0]), [_short_title(t) for t in present],
                              any(e.get("epsilon") is not None for e in first),
                              None if budget is None else f"{budget:.3g}")
         for by, entry in zip(settings.values(), first):

@@ -22,9 +22,14 @@ THREAT_TITLES = {"honest": "Honest-but-curious server", "informed": "Informed se
                  "data distribution)", "malicious": "Malicious server (may modify the model it sends)"}
 
 
-def threat_title(threat: str) -> str:
+# the same without the gloss, for column headings (the prose says it in full)
+THREAT_SHORT_TITLES = {"honest": "Honest-but-curious server", "informed": "Informed server",
+                       "malicious": "Malicious server"}
+
+
+def threat_title(threat: str, titles: dict[str, str] = THREAT_TITLES) -> str:
     preset, _, extra = str(threat).partition("+")
-    title = THREAT_TITLES.get(preset, f"Threat model '{threat}'")
+    title = titles.get(preset, f"Threat model '{threat}'")
     return f"{title}, also knowing {extra.replace('+', ', ')}" if extra else title
 
 
