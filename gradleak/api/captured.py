@@ -51,9 +51,9 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
     reconstruction. `defenses` names what the client applied, as the
     threat model may grant that knowledge. Malicious-server attacks are skipped:
     the update was computed on the model the server actually sent. `gallery`:
-    other examples of the clients' data distribution (not this batch), among which
-    the auditor re-identifies the reconstructions; without one, only exact copies
-    can show a leak. `artifacts`: as for `audit` (default $GRADLEAK_CACHE/artifacts).
+    other examples of the clients' data distribution (not this batch), inputs or (inputs,
+    labels), among which the auditor re-identifies the reconstructions, linking each among
+    its own class's where labels are given; without one, only exact copies can show a leak. `artifacts`: as for `audit` (default $GRADLEAK_CACHE/artifacts).
     `tokenizer`: for token ids, the vocabulary they come from ("gpt2", "minilm"), so that the
     scores compare texts; None compares the ids. `time_budget`: seconds for the whole audit,
     kept inside the attacks (an attack past it stops where it is, and its ladder decides nothing).
@@ -80,7 +80,8 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
                                        expected, budget, training, update.samples)
     judge = None
     if gallery is not None:
-        judge = Gallery(gallery_inputs(gallery, data), "examples given as the gallery")
+        inputs, labels = gallery_inputs(gallery, data)
+        judge = Gallery(inputs, "examples given as the gallery", labels=labels)
     label = model_label or type(model).__name__
     runs: list[AttackRunResult] = []
     for text in selected:

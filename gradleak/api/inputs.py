@@ -19,17 +19,20 @@ def audit_seeds(seed: int | Sequence[int]) -> list[int]:
     return [int(v) for v in dict.fromkeys(values)]
 
 
-def gallery_inputs(gallery: Any, like: Dataset) -> torch.Tensor:
-    """The user's gallery examples as inputs shaped like the audited data's."""
+def gallery_inputs(gallery: Any, like: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    """The user's gallery examples as inputs shaped like the audited data's, and their labels
+    (-1 for a gallery given as inputs alone: linked against every class, linkage.linkage_among)."""
     from ..data.tensors import dataset_from_user
 
-    if isinstance(gallery, torch.Tensor):
+    labelled = not isinstance(gallery, torch.Tensor)
+    if not labelled:
         gallery = (gallery, torch.zeros(len(gallery), dtype=torch.long))
     extra = dataset_from_user(gallery)
     if extra.input_shape != like.input_shape:
         raise GradleakError(f"gallery examples have shape {extra.input_shape}, the audited data "
                             f"{like.input_shape}")
-    return extra.inputs
+    labels = extra.labels.long() if labelled and extra.labels.dim() == 1 else torch.full((len(extra),), -1)
+    return extra.inputs, labels
 
 
 def artifacts_folder(artifacts: str | Path | None, out: str | Path | None) -> Path:

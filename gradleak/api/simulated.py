@@ -75,7 +75,8 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
              the dataset's own).
     gallery: more examples of your data's distribution, not among those the client
              trains on (tensors, a Dataset or DataLoader): reconstructions are
-             re-identified among them and the examples of `data` that were not attacked.
+             re-identified among them and the examples of `data` that were not attacked,
+             and linked among those of their own class (inputs given alone: every class's).
     tolerance: what you accept (`gradleak.leakage.Tolerance`, a mapping, or
              `"linkage=0.6,recognizable=0.1"`): `holds` means every saturated attack's linkage
              AUC and recognizable rate are bounded within it at 95%.

@@ -87,9 +87,10 @@ def run_order(size: int, seed: int) -> torch.Tensor:
     return torch.randperm(size, generator=torch.Generator().manual_seed(seed))
 
 
-def other_examples(data: Dataset, exclude: torch.Tensor | None, size: int) -> tuple[torch.Tensor, str | None]:
-    """The inputs of up to `size` examples of `data` other than `exclude`, the same ones for
-    every seed (a fixed draw), and, when there are fewer than `size`, why."""
+def other_examples(data: Dataset, exclude: torch.Tensor | None, size: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, str | None]:
+    """The inputs and labels of up to `size` examples of `data` other than `exclude`, the same
+    ones for every seed (a fixed draw), and, when there are fewer than `size`, why."""
     from ..seeding import stream
 
     keep = torch.ones(len(data), dtype=torch.bool)
@@ -101,7 +102,7 @@ def other_examples(data: Dataset, exclude: torch.Tensor | None, size: int) -> tu
     note = None
     if len(chosen) < size:
         note = f"all the dataset has{' besides the attacked examples' if exclude is not None else ''}"
-    return data.inputs[chosen], note
+    return data.inputs[chosen], data.labels[chosen], note
 
 
 def held_out_examples(data: Dataset, targets: torch.Tensor) -> Dataset:
@@ -125,14 +126,15 @@ class ResolvedData:
     gallery_split: DatasetSpec | None = None
     examples_source: str = "other examples of your data"
 
-    def gallery_draw(self, targets: torch.Tensor, size: int) -> tuple[torch.Tensor, str, str | None] | None:
+    def gallery_draw(self, targets: torch.Tensor, size: int
+                     ) -> tuple[torch.Tensor, str, str | None, torch.Tensor] | None:
         """The examples to re-identify reconstructions among when they come from the user's data
-        (inputs, source, note: up to `size` examples other than `targets`), drawn here before
+        (inputs, source, note, labels: up to `size` examples other than `targets`), drawn here before
         the run; None when the named dataset's other split serves (`gallery_split`)."""
         if self.gallery_split is not None:
             return None
-        inputs, note = other_examples(self.dataset, targets, size)
-        return inputs, self.examples_source, note
+        inputs, labels, note = other_examples(self.dataset, targets, size)
+        return inputs, self.examples_source, note, labels
 
     def prior(self, targets: torch.Tensor) -> Dataset:
         """Held-out examples for attacks granted the data distribution (`prior_data`)."""

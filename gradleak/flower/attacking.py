@@ -138,7 +138,7 @@ def run_planned(audit: FlowerAudit, item: PlannedAttack,
                                 knows=audit.knows, seed=audit.seed, budget=audit.budget,
                                 num_classes=audit.num_classes, tokenizer=audit.tokenizer, lpips=audit.lpips,
                                 model_label=_model_label(captured), data_label=_data_label(captured),
-                                gallery=audit.gallery_inputs())
+                                gallery=_given_gallery(audit))
     data = captured_data(audit, captured)
     setting = _setting(audit, captured, data, item.threat)
     try:
@@ -157,6 +157,8 @@ def _malicious_run(audit: FlowerAudit, item: PlannedAttack, data, progress):
     from ..api import BUDGET_DOUBLINGS
     from ..attacks import AttackContext, make_attack
     from ..fl import compute_update
+    import torch
+
     from ..metrics.reidentify import Gallery
     from ..run.experiment import AttackRunSpec, attack_observations, pick_device, training_fields
     from ..threat import make_threat_model, observe
@@ -184,10 +186,21 @@ def _malicious_run(audit: FlowerAudit, item: PlannedAttack, data, progress):
                   num_classes=data.num_classes, training=training, batch_size=len(x), labels=y,
                   defenses=(), modality=data.modality, tokenizer=data.tokenizer, server_secrets=prepared.secrets,
                   inputs=x)
-    gallery = audit.gallery_inputs()
-    judge = Gallery(gallery.to(x.dtype), "examples given as the gallery") if gallery is not None else None
+    given = audit.gallery_examples()
+    judge = None
+    if given is not None:
+        judge = Gallery(given[0].to(x.dtype), "examples given as the gallery",
+                        labels=given[1] if given[1] is not None else torch.full((len(given[0]),), -1))
     # the one run pipeline, on the one observed (replayed) update
     return attack_observations(spec, attack, [(obs, x, y)], judge, device, progress, started=start)
+
+
+def _given_gallery(audit: FlowerAudit):
+    """The app's gallery as `audit_update` takes it: (inputs, labels), or inputs alone."""
+    given = audit.gallery_examples()
+    if given is None:
+        return None
+    return given[0] if given[1] is None else given
 
 
 def captured_data(audit: FlowerAudit, captured: CapturedUpdate):
@@ -211,10 +224,11 @@ def resume_key(audit: FlowerAudit, captured: CapturedUpdate, threat: str, attack
     server sends), the round and client, the client's examples, the gallery, the attack and the
     audit's settings. Not the sent weights themselves: a later round's FedAvg sum may round differently
     from one run to the next."""
-    gallery = audit.gallery_inputs()
+    given = audit.gallery_examples()
     text = json.dumps({"run_config": {k: run_config[k] for k in sorted(run_config)}, "round": captured.round,
                        "client": _client(captured), "data": tensors_digest(captured.inputs, captured.labels),
-                       "gallery": tensors_digest(gallery) if gallery is not None else None, "threat": threat,
+                       "gallery": None if given is None else tensors_digest(*(t for t in given if t is not None)),
+                       "linkage": "within label", "threat": threat,
                        "attack": attack, "knows": sorted(audit.knows), "budget": audit.budget, "seed": audit.seed,
                        "lpips": audit.lpips, "model": _model_label(captured)}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]

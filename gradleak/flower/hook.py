@@ -99,10 +99,11 @@ class FlowerAudit:
                    to know the rule and the client: the "known order" case.
     rounds:        server rounds to audit; clients: how many clients per audited round
                    (by node id), None for all.
-    gallery:       `() -> inputs`: examples of the clients' data distribution that the
-                   audited clients do not train on (e.g. a held-out split); the auditor
-                   re-identifies reconstructions among them. Without one, only exact copies
-                   can show a leak.
+    gallery:       `() -> inputs` or `() -> (inputs, labels)`: examples of the clients' data
+                   distribution that the audited clients do not train on (e.g. a held-out
+                   split); the auditor re-identifies reconstructions among them, and with
+                   labels links each among its own class's (docs/judging.md). Without one,
+                   only exact copies can show a leak.
     num_classes:   the model's classes (a language model's vocabulary), when the labels do
                    not show them all; tokenizer: the vocabulary of token ids ("gpt2", "minilm").
     threat:        a threat model, or several (("honest", "malicious")): each attack runs under
@@ -122,7 +123,7 @@ class FlowerAudit:
     shuffle_seed_rule: Callable[[Mapping[str, Any], int, int], int] | None = None
     rounds: tuple[int, ...] = (1,)
     clients: int | None = 2
-    gallery: Callable[[], torch.Tensor] | None = None
+    gallery: Callable[[], torch.Tensor | tuple[torch.Tensor, torch.Tensor]] | None = None
     num_classes: int | None = None
     tokenizer: str | None = None
     attacks: Any = "auto"
@@ -137,7 +138,7 @@ class FlowerAudit:
     tolerance: Any = None
     # Filled on the server side while the federation runs (not sent to clients).
     captured: list[CapturedUpdate] = field(default_factory=list, repr=False)
-    _gallery: torch.Tensor | None = field(default=None, repr=False)
+    _gallery: tuple[torch.Tensor, torch.Tensor | None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.training_keys if k not in TRAINING_FIELDS + OPTIMIZER_OPTION_FIELDS]
@@ -283,16 +284,24 @@ class FlowerAudit:
 
     def gallery_inputs(self) -> torch.Tensor | None:
         """The gallery's examples, read once per run."""
+        given = self.gallery_examples()
+        return None if given is None else given[0]
+
+    def gallery_examples(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The gallery's examples and their labels (None when it gave inputs alone), read once per run."""
         if self.gallery is None:
             return None
         if self._gallery is None:
-            inputs = self.gallery()
+            inputs, labels = self.gallery(), None
             if isinstance(inputs, (tuple, list)):
-                inputs = inputs[0]
+                inputs, labels = (inputs[0], inputs[1]) if len(inputs) > 1 else (inputs[0], None)
             if not isinstance(inputs, torch.Tensor) or inputs.dim() < 2 or len(inputs) == 0:
                 raise GradleakError("FlowerAudit: gallery must return a tensor of examples (N, ...), got "
                                     f"{type(inputs).__name__}")
-            self._gallery = inputs
+            if labels is not None and (not isinstance(labels, torch.Tensor) or labels.shape != (len(inputs),)):
+                raise GradleakError("FlowerAudit: gallery's labels must be a tensor of one class per example "
+                                    f"({len(inputs)},), got {getattr(labels, 'shape', type(labels).__name__)}")
+            self._gallery = inputs, labels
         return self._gallery
 
 

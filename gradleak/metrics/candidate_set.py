@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .distance_matrix import REFINE_MARGIN, l2_matrix, lpips_matrix, lpips_norms
-from .linkage import null_linkage_variance, rank_and_auc
+from .linkage import linkage_among, null_linkage_variance, rank_and_auc
 from .reidentify import (
     Distance,
     Gallery,
@@ -44,12 +44,13 @@ def distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery: Gallery,
                      distances: tuple[Distance, ...], backbone: str = "alex", pad_token: int | None = None,
                      lpips_features: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
-                     linkage: tuple[Distance, ...] | None = None) -> Judgement:
+                     linkage: tuple[Distance, ...] | None = None, labels: torch.Tensor | None = None
+                     ) -> Judgement:
     """Rank every original among `gallery` by its nearest candidate (module docstring); the
     Judgement of `reidentify.judge`. Token sequences (`distances` ("tokens",)) keep their ids.
     `lpips_features`: the finite candidates' and the originals' `unit_features` when the
-    caller has them already, so each image's features are computed once. `linkage`: as in
-    `reidentify.judge`."""
+    caller has them already, so each image's features are computed once. `linkage`, `labels`:
+    as in `reidentify.judge`."""
     linkage = linkage_distances(distances) if linkage is None else linkage
     wanted = tuple(dict.fromkeys(distances + linkage))
     if "tokens" in wanted:
@@ -73,6 +74,7 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
         if lpips_features is not None:
             lpips_features = [f[first] for f in lpips_features[0]], lpips_features[1]
     counted = ~duplicate_pairs(originals, gallery.inputs.to(originals.dtype).cpu())
+    among = linkage_among(counted, labels, gallery.labels)
     batch = Gallery(originals, "the attacked batch")
     ranks: list[dict[str, int]] = [{} for _ in range(n)]
     aucs: list[dict[str, float]] = [{} for _ in range(n)]
@@ -97,14 +99,14 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
         nearest_gallery, nearest_original = _exact_nearest(candidates, originals, gallery, distance, backbone,
                                                            to_gallery, to_batch, lpips_features)
         per_original = nearest_gallery[None].expand(n, -1)  # every original meets the same gallery side
-        closer, auc = rank_and_auc(per_original, nearest_original, counted)
+        closer, auc = rank_and_auc(per_original, nearest_original, counted, among)
         if distance in linkage:
             linked.append((per_original, nearest_original))
         for i in range(n):
             ranks[i][distance] = int(closer[i])
             if distance in linkage:
                 aucs[i][distance] = float(auc[i])
-    null = null_linkage_variance(linked, counted).tolist() if linked else [None] * n
+    null = null_linkage_variance(linked, among).tolist() if linked else [None] * n
     return Judgement(ranks, [min(r[d] for d in distances) for r in ranks],
                      [sum(a.values()) / len(a) if a else 0.5 for a in aucs], aucs, null)
 

@@ -65,7 +65,7 @@ from .distance_matrix import (
     ssim_statistics,
     standardized_rows,
 )
-from .linkage import null_linkage_variance, rank_and_auc
+from .linkage import linkage_among, null_linkage_variance, rank_and_auc
 
 Distance = Literal["lpips", "ssim", "l2", "l2z", "pearson", "tokens"]
 # LPIPS judges images of at least this side, not much longer than wide (it upsamples the
@@ -85,6 +85,9 @@ class Gallery:
     inputs: torch.Tensor
     source: str
     note: str | None = None
+    # each example's class (-1: not known), so a reconstruction is linked among its own class's
+    # examples (linkage.linkage_among); None when no labels are known
+    labels: torch.Tensor | None = None
     _features: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
@@ -141,9 +144,12 @@ class Judgement:
 def judge(originals: torch.Tensor, reconstructions: torch.Tensor, gallery: Gallery,
           distances: tuple[Distance, ...], linkage: tuple[Distance, ...] | None = None,
           backbone: str = "alex", pad_token: int | None = None,
-          lpips_features: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None) -> Judgement:
+          lpips_features: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
+          labels: torch.Tensor | None = None) -> Judgement:
     """Re-identify every reconstruction among `gallery` (Judgement). `distances` identify,
-    `linkage` (default: `linkage_distances(distances)`) enter the linkage AUC. A
+    `linkage` (default: `linkage_distances(distances)`) enter the linkage AUC, taken among the
+    gallery examples that share the original's label (`labels`, one per original; the gallery's
+    own `labels`; linkage.linkage_among) where enough do. A
     reconstruction that is not finite identifies nothing (rank = gallery size under every
     distance) and links at 0.5, as one carrying nothing does. `lpips_features`: the
     reconstructions' and originals' `unit_features` when the caller has them already
@@ -168,6 +174,7 @@ def judge(originals: torch.Tensor, reconstructions: torch.Tensor, gallery: Galle
         x, r = originals[keep], reconstructions[keep]
         others = gallery.inputs.to(x.dtype)
         duplicate = duplicate_pairs(x, others)
+        among = linkage_among(~duplicate, None if labels is None else labels[keep], gallery.labels)
         features = None
         if "lpips" in wanted:
             features = batch_features(r, x, backbone, lpips_features, keep)
@@ -175,7 +182,7 @@ def judge(originals: torch.Tensor, reconstructions: torch.Tensor, gallery: Galle
         for distance in wanted:
             to_gallery, to_original = fast_distances(r, x, gallery, distance, backbone, pad_token, features)
             to_gallery, to_original = _refine(r, x, gallery, distance, backbone, to_gallery, to_original)
-            at_least_as_close, auc = rank_and_auc(to_gallery, to_original, ~duplicate)
+            at_least_as_close, auc = rank_and_auc(to_gallery, to_original, ~duplicate, among)
             if distance in linkage:
                 linked.append((to_gallery, to_original))
             for k, i in enumerate(keep):
@@ -183,7 +190,7 @@ def judge(originals: torch.Tensor, reconstructions: torch.Tensor, gallery: Galle
                 if distance in linkage:
                     aucs[i][distance] = float(auc[k])
         if linked:
-            for k, v in zip(keep, null_linkage_variance(linked, ~duplicate).tolist()):
+            for k, v in zip(keep, null_linkage_variance(linked, among).tolist()):
                 null[k] = v
     return Judgement(ranks, [min(r[d] for d in distances) for r in ranks],
                      [sum(a.values()) / len(a) if a else 0.5 for a in aucs], aucs, null)

@@ -216,10 +216,12 @@ def _score_arrays(originals: torch.Tensor, labels: torch.Tensor, reconstruction:
             verdict = judge_candidates(originals[matched], candidates if features is None else candidates[first],
                                        gallery, distances, backbone=lpips if lpips != "none" else "alex",
                                        lpips_features=None if features is None else
-                                       (distinct_features, features[1]), linkage=linkage)
+                                       (distinct_features, features[1]), linkage=linkage,
+                                       labels=torch.as_tensor(labels)[matched])
         else:
             verdict = judge(originals[matched], aligned[matched], gallery, distances, linkage,
-                            backbone=lpips if lpips != "none" else "alex", lpips_features=features)
+                            backbone=lpips if lpips != "none" else "alex", lpips_features=features,
+                            labels=torch.as_tensor(labels)[matched])
         scale = None if image or not len(gallery) else gallery_scale(gallery)
         for s in scores:
             s.gallery_size, s.reid_chance = len(gallery), chance_rate(len(gallery), len(distances))

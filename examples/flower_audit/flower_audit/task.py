@@ -94,11 +94,14 @@ def _partitions(num_partitions: int, alpha: float, seed: int):
     return train, dirichlet_partition(train.labels, num_partitions, alpha, seed)
 
 
-def held_out_examples(count: int = 300) -> torch.Tensor:
-    """MNIST test examples (no client trains on the test split). 300 of them: re-identifying
-    a reconstruction compares it with every one (SSIM), the cost that dominates an audit of
-    clients with hundreds of examples (docs/flower.md)."""
-    return load_dataset(DatasetSpec("mnist", split="test")).inputs[:count]
+def held_out_examples(count: int = 300) -> tuple[torch.Tensor, torch.Tensor]:
+    """MNIST test examples (no client trains on the test split) and their labels, so that a
+    reconstruction is linked among the gallery's digits of its own class (the update gives the
+    labels away; docs/judging.md). 300 of them: re-identifying a reconstruction compares it with
+    every one (SSIM), the cost that dominates an audit of clients with hundreds of examples
+    (docs/flower.md)."""
+    test = load_dataset(DatasetSpec("mnist", split="test"))
+    return test.inputs[:count], test.labels[:count]
 
 
 def shuffle_seed(config: Mapping[str, Any], server_round: int, partition_id: int) -> int:

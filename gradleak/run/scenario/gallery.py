@@ -19,11 +19,12 @@ def examples_gallery(data: Dataset, exclude: torch.Tensor | None, source: str, n
                      size: int = GALLERY_SIZE) -> Gallery:
     """Up to `size` examples of `data` other than `exclude`, the same ones for every seed (a
     fixed draw), described as `source`."""
-    inputs, short = other_examples(data, exclude, size)
-    return Gallery(inputs, source, short if note is None else note)
+    inputs, labels, short = other_examples(data, exclude, size)
+    return Gallery(inputs, source, short if note is None else note, labels)
 
 
-def resolved_gallery(split: DatasetSpec | None, draw: tuple[torch.Tensor, str, str | None] | None) -> Gallery:
+def resolved_gallery(split: DatasetSpec | None, draw: tuple[torch.Tensor, str, str | None, torch.Tensor] | None
+                     ) -> Gallery:
     """A run's gallery from what the resolve boundary decided: the named dataset's other split
     (`ResolvedData.gallery_split`) or the examples it drew from the user's data
     (`ResolvedData.gallery_draw`)."""
@@ -48,9 +49,12 @@ def _cached_split_gallery(spec: DatasetSpec, options: tuple) -> Gallery:
     return examples_gallery(other, None, f"{spec.split}-split examples of {other.name}")
 
 
-def with_extra(base: Gallery, extra: torch.Tensor | None) -> Gallery:
-    """`base` and the gallery examples the user gave (`audit(gallery=...)`)."""
+def with_extra(base: Gallery, extra: tuple[torch.Tensor, torch.Tensor] | None) -> Gallery:
+    """`base` and the gallery examples the user gave (`audit(gallery=...)`: inputs and labels,
+    -1 where not known)."""
     if extra is None:
         return base
-    return Gallery(torch.cat([base.inputs, extra.to(base.inputs.dtype)]), f"{base.source} and of the gallery you gave",
-                   None)
+    inputs, labels = extra
+    known = base.labels if base.labels is not None else torch.full((len(base),), -1, dtype=torch.long)
+    return Gallery(torch.cat([base.inputs, inputs.to(base.inputs.dtype)]), f"{base.source} and of the gallery you gave",
+                   None, torch.cat([known.long(), labels.long()]))
