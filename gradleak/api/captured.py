@@ -53,7 +53,8 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
     the update was computed on the model the server actually sent. `gallery`:
     other examples of the clients' data distribution (not this batch), inputs or (inputs,
     labels), among which the auditor re-identifies the reconstructions, linking each among
-    its own class's where labels are given; without one, only exact copies can show a leak. `artifacts`: as for `audit` (default $GRADLEAK_CACHE/artifacts).
+    its own class's where labels are given; without one, only exact copies can show a leak.
+    `artifacts`: as for `audit` (default $GRADLEAK_CACHE/artifacts).
     `tokenizer`: for token ids, the vocabulary they come from ("gpt2", "minilm"), so that the
     scores compare texts; None compares the ids. `time_budget`: seconds for the whole audit,
     kept inside the attacks (an attack past it stops where it is, and its ladder decides nothing).

@@ -154,11 +154,11 @@ def run_planned(audit: FlowerAudit, item: PlannedAttack,
 def _malicious_run(audit: FlowerAudit, item: PlannedAttack, data, progress):
     """As gradleak.run.experiment.run_scenario attacks one client, with this client's examples in
     its own order and its declared training."""
+    import torch
+
     from ..api import BUDGET_DOUBLINGS
     from ..attacks import AttackContext, make_attack
     from ..fl import compute_update
-    import torch
-
     from ..metrics.reidentify import Gallery
     from ..run.experiment import AttackRunSpec, attack_observations, pick_device, training_fields
     from ..threat import make_threat_model, observe
