@@ -27,7 +27,7 @@ from ..models.references import fit_classes
 from ..run.experiment import attack_observations
 from ..run.scenario.spec import AttackRunResult, AttackRunSpec, pick_device, training_fields
 from ..threat import ThreatModel, expected_view, make_threat_model, observe
-from .inputs import artifacts_folder, gallery_inputs
+from .inputs import GivenGallery, artifacts_folder, gallery_inputs
 from .result import AuditResult
 from .selection import BUDGET_DOUBLINGS, SkippedAttack, check_budget, select_attacks
 from .setting import Setting
@@ -38,7 +38,7 @@ def audit_update(model: nn.Module, update: Update, inputs: torch.Tensor, labels:
                  threat: str = "honest", knows: Iterable[str] = (), defenses: Sequence[str] = (),
                  num_classes: int | None = None, seed: int = 0, budget: str = "quick",
                  lpips: str = "alex", device: str = "auto", model_label: str | None = None,
-                 data_label: str = "captured", gallery: torch.Tensor | None = None,
+                 data_label: str = "captured", gallery: GivenGallery | None = None,
                  artifacts: str | Path | None = None, tokenizer: str | None = None,
                  time_budget: float | None = None) -> AuditResult:
     """Attack one update the server received (e.g. captured from a Flower run).

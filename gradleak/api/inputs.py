@@ -3,7 +3,7 @@ and the defense labels that identify its setting in the results store (the diges
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, Union
 
 import torch
 
@@ -17,6 +17,10 @@ def audit_seeds(seed: int | Sequence[int]) -> list[int]:
     if not values or any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
         raise GradleakError(f"seed must be an integer >= 0 or a list of them, got {seed!r}")
     return [int(v) for v in dict.fromkeys(values)]
+
+
+# a gallery as a user gives it: its inputs, or (inputs, labels) so that linkage is judged within a class
+GivenGallery = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
 
 
 def gallery_inputs(gallery: Any, like: Dataset) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,6 +38,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
+from ..api.inputs import GivenGallery
 from ..errors import GradleakError
 from ..fl import TrainingSpec
 from ..guard import Guard, GuardConfig
@@ -70,7 +71,7 @@ class FlowerGuard:
     training:  `(context, server_round) -> TrainingSpec`: how this client trains in this round
                (what the audit's attacks may assume the server knows, and how a rung that acts
                during training retrains it).
-    gallery:   `(context) -> inputs`: other examples of this client's, not trained on this round,
+    gallery:   `(context) -> inputs` or `(inputs, labels)`: other examples of this client's, not trained on this round,
                among which reconstructions are re-identified; without one only exact copies count.
     config:    the `GuardConfig`; run-config keys `guard-*` override its fields.
     switch:    the run-config key that turns the guard on (absent or false: the mod passes through).
@@ -79,14 +80,14 @@ class FlowerGuard:
     model_fn: Callable[[], nn.Module]
     examples: Callable[[Any, Any], tuple[torch.Tensor, torch.Tensor]]
     training: Callable[[Any, int], TrainingSpec]
-    gallery: Callable[[Any], torch.Tensor] | None = None
+    gallery: Callable[[Any], GivenGallery] | None = None
     config: GuardConfig = field(default_factory=GuardConfig)
     switch: str = "guard"
     num_classes: int | None = None
     tokenizer: str | None = None
 
     @classmethod
-    def from_audit(cls, audit: FlowerAudit, gallery: Callable[[Any], torch.Tensor] | None = None,
+    def from_audit(cls, audit: FlowerAudit, gallery: Callable[[Any], GivenGallery] | None = None,
                    config: GuardConfig | None = None, **kwargs) -> "FlowerGuard":
         """A guard for an app already wired to `FlowerAudit`: its model, examples, declared
         training (run-config keys, per-client shuffling seed) and vocabulary."""

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from ..api.inputs import GivenGallery
 from ..errors import GradleakError
 from ..fl import TrainingSpec
 from ..fl.update import Update
@@ -76,7 +77,7 @@ def check_received(received: nn.Module | dict, previous: nn.Module | dict | None
 
 
 def guard(model_before: nn.Module, update: Update, examples: tuple[torch.Tensor, torch.Tensor], *,
-          training: TrainingSpec, config: GuardConfig | None = None, gallery: torch.Tensor | None = None,
+          training: TrainingSpec, config: GuardConfig | None = None, gallery: GivenGallery | None = None,
           previous: nn.Module | dict | None = None, num_classes: int | None = None,
           tokenizer: str | None = None, server_round: int = 1) -> GuardDecision:
     """The plain-PyTorch guard for one round: `model_before` is the model the client received
@@ -154,7 +155,7 @@ class Guard:
         return (server_round - 1) % self.config.every == 0
 
     def outbound(self, model_before: nn.Module, update: Update, examples: tuple[torch.Tensor, torch.Tensor], *,
-                 gallery: torch.Tensor | None = None, server_round: int = 1,
+                 gallery: GivenGallery | None = None, server_round: int = 1,
                  training: TrainingSpec | None = None) -> GuardDecision:
         """Audit `update`; climb the ladder while it leaks; withhold it if the top rung leaks."""
         start = time.perf_counter()

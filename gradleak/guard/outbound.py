@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from ..api.inputs import GivenGallery
 from ..data import Dataset
 from ..errors import GradleakError
 from ..fl import TrainingSpec
@@ -201,7 +202,7 @@ class LadderAudit:
 
 def audit_outbound(model_before: nn.Module, update: Update, inputs: torch.Tensor, labels: torch.Tensor, *,
                    training: TrainingSpec, tolerance: Tolerance | str | None = None, attacks="auto",
-                   strongest: Sequence[str] = ("ig:iterations=300",), gallery: torch.Tensor | None = None,
+                   strongest: Sequence[str] = ("ig:iterations=300",), gallery: GivenGallery | None = None,
                    defenses: Sequence[str] = (), budget: str = "quick", time_budget: float = 60.0,
                    num_classes: int | None = None, tokenizer: str | None = None, seed: int = 0,
                    case: OutboundCase | None = None) -> OutboundAudit:
@@ -219,7 +220,7 @@ def audit_ladder(model_before: nn.Module, update: Update, inputs: torch.Tensor, 
                  training: TrainingSpec, checks: Sequence[LadderCheck],
                  defend: Callable[[int, dict], Update] | None = None, client_state: dict | None = None,
                  tolerance: Tolerance | str | None = None, attacks="auto",
-                 strongest: Sequence[str] = ("ig:iterations=300",), gallery: torch.Tensor | None = None,
+                 strongest: Sequence[str] = ("ig:iterations=300",), gallery: GivenGallery | None = None,
                  budget: str = "quick", time_budget: float = 60.0, num_classes: int | None = None,
                  tokenizer: str | None = None, seed: int = 0, case: OutboundCase | None = None) -> LadderAudit:
     """Check the rungs of `checks` in order until the first whose update does not leak (the

@@ -15,9 +15,9 @@ from gradleak.utility import dirichlet_partition
 GALLERY = 64  # other examples of the client's own share
 
 
-def other_examples(context) -> torch.Tensor:
+def other_examples(context) -> tuple[torch.Tensor, torch.Tensor]:
     """This client's share of MNIST beyond the examples it trains on (as task.client_data
-    draws them), up to GALLERY."""
+    draws them), up to GALLERY, with their labels (linkage is judged within a class)."""
     config = context.run_config
     partition, partitions = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
     train = load_dataset(DatasetSpec("mnist", split="train"))
@@ -25,7 +25,8 @@ def other_examples(context) -> torch.Tensor:
     shard = dirichlet_partition(train.labels, partitions, float(config["dirichlet-alpha"]), seed)[partition]
     order = torch.randperm(len(shard), generator=torch.Generator().manual_seed(seed + partition))
     kept = int(config["examples-per-client"])
-    return train.inputs[shard[order[kept:kept + GALLERY]]]
+    others = shard[order[kept:kept + GALLERY]]
+    return train.inputs[others], train.labels[others]
 
 
 guard = FlowerGuard.from_audit(audit, gallery=other_examples)
