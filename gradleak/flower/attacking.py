@@ -154,9 +154,8 @@ def run_planned(audit: FlowerAudit, item: PlannedAttack,
 def _malicious_run(audit: FlowerAudit, item: PlannedAttack, data, progress):
     """As gradleak.run.experiment.run_scenario attacks one client, with this client's examples in
     its own order and its declared training."""
-    import torch
-
     from ..api import BUDGET_DOUBLINGS
+    from ..api.inputs import gallery_inputs
     from ..attacks import AttackContext, make_attack
     from ..fl import compute_update
     from ..metrics.reidentify import Gallery
@@ -186,11 +185,11 @@ def _malicious_run(audit: FlowerAudit, item: PlannedAttack, data, progress):
                   num_classes=data.num_classes, training=training, batch_size=len(x), labels=y,
                   defenses=(), modality=data.modality, tokenizer=data.tokenizer, server_secrets=prepared.secrets,
                   inputs=x)
-    given = audit.gallery_examples()
+    given = _given_gallery(audit)
     judge = None
     if given is not None:
-        judge = Gallery(given[0].to(x.dtype), "examples given as the gallery",
-                        labels=given[1] if given[1] is not None else torch.full((len(given[0]),), -1))
+        inputs, labels = gallery_inputs(given, data)
+        judge = Gallery(inputs.to(x.dtype), "examples given as the gallery", labels=labels)
     # the one run pipeline, on the one observed (replayed) update
     return attack_observations(spec, attack, [(obs, x, y)], judge, device, progress, started=start)
 
@@ -222,8 +221,9 @@ def ordered_threats(threats: tuple[str, ...]) -> list[str]:
 def resume_key(audit: FlowerAudit, captured: CapturedUpdate, threat: str, attack: str, run_config: dict) -> str:
     """What decides one attack's result: the app's run config (which fixes every model the
     server sends), the round and client, the client's examples, the gallery, the attack and the
-    audit's settings. Not the sent weights themselves: a later round's FedAvg sum may round differently
-    from one run to the next."""
+    audit's settings, and how linkage is judged (within a class since 2026-11-29, so a store of
+    results judged against the whole gallery is not resumed into). Not the sent weights
+    themselves: a later round's FedAvg sum may round differently from one run to the next."""
     given = audit.gallery_examples()
     text = json.dumps({"run_config": {k: run_config[k] for k in sorted(run_config)}, "round": captured.round,
                        "client": _client(captured), "data": tensors_digest(captured.inputs, captured.labels),

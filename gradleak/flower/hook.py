@@ -282,11 +282,6 @@ class FlowerAudit:
         return attack_captured(self, list(self.captured if captured is None else captured),
                                dict(run_config or {}), show_progress)
 
-    def gallery_inputs(self) -> torch.Tensor | None:
-        """The gallery's examples, read once per run."""
-        given = self.gallery_examples()
-        return None if given is None else given[0]
-
     def gallery_examples(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """The gallery's examples and their labels (None when it gave inputs alone), read once per run."""
         if self.gallery is None:

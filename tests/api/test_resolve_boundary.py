@@ -37,6 +37,21 @@ def test_the_gallery_of_your_own_examples_leaves_out_the_run_targets(mnist_test)
     assert len(gallery) == 37 and gallery.note == "all the dataset has besides the attacked examples"
     attacked = {tuple(x.flatten().tolist()) for x in inputs[targets]}
     assert not attacked & {tuple(x.flatten().tolist()) for x in gallery.inputs}
+    # the gallery carries the examples' labels (linkage is judged within a class, docs/judging.md)
+    kept = [i for i in range(40) if i not in set(targets.tolist())]
+    assert torch.equal(gallery.labels, labels[kept])
+
+
+def test_a_users_gallery_keeps_its_labels_and_inputs_alone_count_for_every_class(mnist_test):
+    from gradleak.api.inputs import gallery_inputs
+    from gradleak.run.scenario.gallery import with_extra
+
+    x, y = mnist_test.inputs[:5], mnist_test.labels[:5]
+    assert torch.equal(gallery_inputs((x, y), mnist_test)[1], y)
+    assert torch.equal(gallery_inputs(x, mnist_test)[1], torch.full((5,), -1))
+    base = examples_gallery(mnist_test, None, "test examples", size=3)
+    both = with_extra(base, gallery_inputs(x, mnist_test))
+    assert len(both) == 8 and torch.equal(both.labels, torch.cat([base.labels, torch.full((5,), -1)]))
 
 
 def test_the_audit_attacks_the_targets_its_gallery_left_out(mnist_test):

@@ -202,6 +202,21 @@ def test_hook_refuses_run_config_without_training_keys():
         FlowerAudit(model_fn=torch.nn.Linear, ground_truth=lambda c, m: None, training_keys={"momentum": "m"})
 
 
+def test_hook_reads_a_labelled_gallery_and_refuses_labels_that_do_not_fit():
+    """A gallery of (inputs, labels) keeps its labels (linkage within a class, docs/judging.md);
+    inputs alone have none; labels not one per example are one clear error."""
+    from gradleak.flower import FlowerAudit
+
+    x, y = torch.rand(6, 1, 8, 8), torch.tensor([0, 1, 2, 0, 1, 2])
+    labelled = FlowerAudit(model_fn=torch.nn.Linear, ground_truth=lambda c, m: None, gallery=lambda: (x, y))
+    assert torch.equal(labelled.gallery_examples()[1], y)
+    bare = FlowerAudit(model_fn=torch.nn.Linear, ground_truth=lambda c, m: None, gallery=lambda: x)
+    assert bare.gallery_examples()[1] is None
+    wrong = FlowerAudit(model_fn=torch.nn.Linear, ground_truth=lambda c, m: None, gallery=lambda: (x, y[:4]))
+    with pytest.raises(GradleakError, match="one class per example"):
+        wrong.gallery_examples()
+
+
 def test_cli_reports_json(plain_run, capsys, tmp_path):
     """The documented command on the example, at its smallest (one audited client), with
     batches of 4: each client's 8 examples are 2 shuffled batches per epoch, so the order
