@@ -22,6 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop when the bracket is within this factor (default 2)")
     p.add_argument("--store", type=output_file("--store"), required=True,
                    help="results database (SQLite; created if missing): every probe's cells")
+    p.add_argument("--max-examples", type=ranged(int, 1, 100_000, "--max-examples"), default=None,
+                   help="examples per attack a probe's sample ladder may judge on (default: twice the study's "
+                        "samples.max_examples, so that probes near the frontier are decided)")
     p.add_argument("--workers", type=ranged(int, 1, MAX_WORKERS, "--workers"), default=None)
     p.add_argument("--json", action="store_true", help="print the search as one JSON object")
 
@@ -61,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         def evaluate(value: float) -> Probe:
             value = float(f"{value:.4g}")  # stable store keys: a value probed again is found again
             setting = str(ComponentSpec(spec.name, {**spec.options, option: repr(value)}))
-            sweep = probe_sweep(text, setting, str(path))
+            sweep = probe_sweep(text, setting, str(path), args.max_examples)
             run_sweep(sweep, store, workers=args.workers, show_progress=False)
             labels = chain_labels(parse_chain([setting]))
             mine = [e for e in strongest_attacks(store.cells())
