@@ -15,6 +15,13 @@ TABLE_KEYS = tuple(k for k in SCENARIO_KEYS if k != "threat")
 # the chip's class per grade; fixed names, never a store's text (the page's CSS colours them)
 CHIP_CLASSES = {"copies": "copies", "recognizable": "recognizable", "linkable": "linkable", "holds": "holds",
                 "not shown": "unshown"}
+
+
+def _row_key(entry: dict) -> tuple:
+    """A table row's setting: its scenario less the threat model, its defense and strength."""
+    return (*[entry[k] for k in TABLE_KEYS], entry["defense"], entry["strength"])
+
+
 @dataclass
 class Chip:
     text: str  # the grade in words: the colour is never the only signal
@@ -104,7 +111,7 @@ def summary_tables(entries: list[dict]) -> list[SummaryTable]:
     named: dict[tuple, list[str]] = defaultdict(list)
     for a in answer(entries):
         for e in a.get("named", []):
-            named[(*[e[k] for k in TABLE_KEYS], e["defense"], e["strength"])].append(_short_title(e["threat"]))
+            named[_row_key(e)].append(_short_title(e["threat"]))
     scenarios: dict[tuple, dict[tuple, dict[str, dict]]] = defaultdict(lambda: defaultdict(dict))
     for threat, members in threats.items():
         for e in members:
@@ -123,6 +130,6 @@ def summary_tables(entries: list[dict]) -> list[SummaryTable]:
                 setting_name(entry) or "none", _privacy_text(entry),
                 [_threat_cells(by[t]) if t in by else ThreatCells(None) for t in present],
                 _utility_text(entry), bool(entry.get("unusable")), within_text(entry),
-                named[(*[entry[k] for k in TABLE_KEYS], entry["defense"], entry["strength"])]))
+                named[_row_key(entry)]))
         tables.append(table)
     return tables
