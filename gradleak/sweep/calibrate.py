@@ -67,8 +67,24 @@ class Calibration:
         if fail is None:
             return f"{name}: the weakest value tried holds ({hold:g}); the frontier is below the range"
         within = "" if self.bracketed else f" (not yet within a factor of {self.factor:g})"
-        return (f"{name}: the weakest setting that holds lies between {fail:g} (does not hold{self._eps(fail)}) "
-                f"and {hold:g} (holds{self._eps(hold)}){within}")
+        text = (f"{name}: the weakest setting that holds lies between {fail:g} ({self._failed(fail)}"
+                f"{self._eps(fail)}) and {hold:g} (holds{self._eps(hold)}){within}")
+        if self._undecided(fail):
+            # near the frontier a value whose rates were not bounded falls on either side with the draw
+            text += (f"; {fail:g} was not shown either way (its rates sit near the tolerance), so a run on other "
+                     f"examples may find it holds")
+        return text
+
+    def _verdict(self, value: float) -> str:
+        return next((p.verdict for p in self.probes if p.value == value), "")
+
+    def _undecided(self, value: float) -> bool:
+        return self._verdict(value).startswith("not shown")
+
+    def _failed(self, value: float) -> str:
+        """The failing end as measured: a leak grade, or "not shown to hold" (counted as failing)."""
+        verdict = self._verdict(value)
+        return "not shown to hold" if self._undecided(value) or not verdict else f"does not hold: {verdict}"
 
     def _eps(self, value: float) -> str:
         found = self._epsilon(value)

@@ -52,6 +52,15 @@ def test_the_range_ends_and_an_order_violation_are_said():
     everything = search(_threshold(0.0), spec, option, direction, 0.01, 1.0)
     assert everything.weakest_holding == 0.01 and "below the range" in everything.answer()
 
+    # the failing end says what was measured there: a leak grade, or only not shown to hold
+    leaks = search(_threshold(0.137), spec, option, direction, 0.001, 10.0)
+    assert "does not hold: linkable" in leaks.answer() and "not shown either way" not in leaks.answer()
+
+    def undecided(value: float) -> Probe:
+        return Probe(value, "holds" if value >= 0.137 else "not shown (rates not bounded)", "")
+    near = search(undecided, spec, option, direction, 0.001, 10.0)
+    assert "not shown to hold" in near.answer() and "not shown either way" in near.answer()
+
     # a weaker setting that holds beside a stronger one that does not: the order the search assumes fails
     probes = [Probe(0.05, "holds", ""), Probe(0.2, "linkable", ""), Probe(1.0, "holds", "")]
     [violation] = order_violations_of(probes, +1)
