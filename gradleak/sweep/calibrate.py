@@ -56,8 +56,12 @@ class Calibration:
         in_epsilon = None not in ends and _ratio(*ends) <= self.factor  # type: ignore[arg-type]
         return _ratio(self.weakest_holding, self.strongest_failing) <= self.factor and (None in ends or in_epsilon)
 
+    def _probe(self, value: float) -> Probe | None:
+        return next((p for p in self.probes if p.value == value), None)
+
     def _epsilon(self, value: float) -> float | None:
-        return next((p.epsilon for p in self.probes if p.value == value and p.epsilon is not None), None)
+        probe = self._probe(value)
+        return None if probe is None else probe.epsilon
 
     def answer(self) -> str:
         hold, fail = self.weakest_holding, self.strongest_failing
@@ -75,16 +79,14 @@ class Calibration:
                      f"examples may find it holds")
         return text
 
-    def _verdict(self, value: float) -> str:
-        return next((p.verdict for p in self.probes if p.value == value), "")
-
     def _undecided(self, value: float) -> bool:
-        return self._verdict(value).startswith("not shown")
+        probe = self._probe(value)
+        return probe is not None and probe.verdict.startswith("not shown")
 
     def _failed(self, value: float) -> str:
         """The failing end as measured: a leak grade, or "not shown to hold" (counted as failing)."""
-        verdict = self._verdict(value)
-        return "not shown to hold" if self._undecided(value) or not verdict else f"does not hold: {verdict}"
+        probe = self._probe(value)
+        return "not shown to hold" if probe is None or self._undecided(value) else f"does not hold: {probe.verdict}"
 
     def _eps(self, value: float) -> str:
         found = self._epsilon(value)
