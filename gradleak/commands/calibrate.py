@@ -77,7 +77,13 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {setting}: {verdict}", flush=True)
             return Probe(value, verdict, " | ".join(e["verdict_text"] for e in mine), round_epsilon(setting, sweep))
 
-        result = search(evaluate, spec, option, direction, args.low, args.high, args.factor)
+        first = probe_sweep(text, str(ComponentSpec(spec.name, {**spec.options, option: repr(args.low)})),
+                            str(path), args.max_examples)
+
+        def measure(value: float) -> float | None:  # a DP family's ε (the training is the same at every value)
+            return round_epsilon(str(ComponentSpec(spec.name, {**spec.options, option: repr(value)})), first)
+
+        result = search(evaluate, spec, option, direction, args.low, args.high, args.factor, measure=measure)
     if args.json:
         print(json.dumps(result.to_dict()))
     else:

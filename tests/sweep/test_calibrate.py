@@ -6,7 +6,7 @@ import pytest
 
 from gradleak.cli import main
 from gradleak.errors import GradleakError
-from gradleak.sweep.calibrate import Probe, family, order_violations_of, probe_sweep, search
+from gradleak.sweep.calibrate import Probe, family, midpoint, order_violations_of, probe_sweep, search
 
 STUDY = """name: study
 grids:
@@ -105,3 +105,36 @@ def test_a_dp_family_is_bracketed_in_epsilon_too():
     hold, fail = result.weakest_holding, result.strongest_failing
     assert result.bracketed and (1 / fail ** 2) / (1 / hold ** 2) <= 2.0 and hold / fail <= 2 ** 0.5 + 1e-9
     assert "ε = " in result.answer()
+
+
+def test_a_measured_family_is_halved_in_its_measure():
+    spec, option, direction = family("dpsgd:clip=1")
+
+    def epsilon(value: float) -> float:  # not a power of σ (where halving σ and ε would coincide), as RDP's ε is not
+        return value ** -2 + 50 / value
+
+    probed: list[float] = []
+
+    def evaluate(value: float) -> Probe:
+        probed.append(value)
+        return Probe(value, "holds" if value >= 0.07 else "not shown", "", epsilon=epsilon(value))
+    result = search(evaluate, spec, option, direction, 0.01, 10.0, factor=2.0, measure=epsilon)
+    hold, fail = result.weakest_holding, result.strongest_failing
+    assert result.bracketed and fail < 0.07 <= hold and epsilon(fail) / epsilon(hold) <= 2.0
+    # every probe after the two ends sits at the geometric mean, in ε, of the bracket it split
+    low, high = 0.01, 10.0
+    for value in probed[2:]:
+        assert math.isclose(epsilon(value), math.sqrt(epsilon(low) * epsilon(high)), rel_tol=1e-6)
+        low, high = (low, value) if value >= 0.07 else (value, high)
+    # halving in σ puts its probes elsewhere
+    plain = search(evaluate, spec, option, direction, 0.01, 10.0, factor=2.0)
+    assert not math.isclose(plain.probes[2].value, result.probes[2].value, rel_tol=0.01)
+
+
+def test_the_midpoint_falls_back_to_the_values_without_a_measure():
+    assert math.isclose(midpoint(0.01, 1.0), 0.1)
+    assert math.isclose(midpoint(0.01, 1.0, lambda v: None), 0.1)
+    assert math.isclose(midpoint(0.01, 1.0, lambda v: 1 / v), 0.1)  # a measure ∝ 1/σ: the same point
+    assert math.isclose(midpoint(0.01, 1.0, lambda v: v ** -2), 0.1)
+    # exp(-x) = sqrt(exp(-a) exp(-b)) at x = (a + b) / 2: the arithmetic mean, not the geometric
+    assert math.isclose(midpoint(0.01, 0.09, lambda v: math.exp(-v)), 0.05, rel_tol=1e-9)
