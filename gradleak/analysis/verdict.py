@@ -151,7 +151,8 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
     # hold — the one already given fresh examples (so a later rung goes on with the attack an
     # earlier rung chose, instead of starting another from its first few examples), else the
     # one that would show it for the fewest seconds (examples still needed × its seconds per
-    # example). Else every attack, since a setting holds only when all are bounded.
+    # example). Else every attack, since a setting holds only when all are bounded. (The last
+    # rung also extends the others of a focused setting: sweep.sample_plan.every_attack_target.)
     # Analytic attacks that take a quarter of its seconds per example or less come along: for next
     # to nothing they may still show a stronger grade (a copy) on the fresh examples. (Robbing the
     # Fed under pruning: a tenth of IG's, give or take the machine's load; under noise its many

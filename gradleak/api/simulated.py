@@ -154,7 +154,8 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
         built, model_label = attack_seed(run_seed, images)
     for rung in range(1, sample_rungs + 1):
         # the sample ladder: fresh examples (new seeds) while the verdict is still open
-        plan = setting_target(AuditResult(runs, skipped, {}, tolerance=tolerance).verdicts(), max_examples)
+        plan = setting_target(AuditResult(runs, skipped, {}, tolerance=tolerance).verdicts(), max_examples,
+                              last=rung == sample_rungs)
         if plan is None or len(dataset) < batch_size:
             break
         # plan.attacks: those the open verdicts name (gradleak.analysis.verdict: the one nearest

@@ -39,13 +39,31 @@ def verdict_target(entry: dict, max_examples: int) -> RungTarget | None:
                    max_examples, str(entry["threat"]))
 
 
-def setting_target(entries: Iterable[dict], max_examples: int) -> RungTarget | None:
+def every_attack_target(entry: dict, max_examples: int) -> RungTarget | None:
+    """The last rung's target for every attack an open verdict rests on, beside its focused
+    one (`verdict_target`): from the fewest examples any was judged on towards what the most
+    wanting needs. A focused rung extends only the attack measuring at or above the tolerance;
+    with no rung after the last, a focused attack that comes below the tolerance there would
+    leave the verdict "not shown" for the others' want of examples (a calibration probe: IG
+    left at 8 examples, bounded to 0.73, beside CPL and ROG at 192 that held)."""
+    if not entry.get("open"):
+        return None
+    return _target(max(1, entry["min_examples"]), max(entry["ladder_needed"], entry["needed_examples"]), [None],
+                   max_examples, str(entry["threat"]))
+
+
+def setting_target(entries: Iterable[dict], max_examples: int, last: bool = False) -> RungTarget | None:
     """One target for the open verdicts of one setting together (an audit's): from the fewest
     examples any was judged on towards the most any needs, for the attacks they name (every
-    attack when one names none); None when none is open or nothing is to be added."""
+    attack when one names none, or on the `last` rung: `every_attack_target`); None when none
+    is open or nothing is to be added."""
     open_entries = [e for e in entries if e.get("open")]
     if not open_entries:
         return None
+    if last:
+        return _target(max(1, min(e["min_examples"] for e in open_entries)),
+                       max(max(e["ladder_needed"], e["needed_examples"]) for e in open_entries),
+                       [None], max_examples, None)
     return _target(max(1, min(e["ladder_have"] for e in open_entries)),
                    max(e["ladder_needed"] for e in open_entries),
                    [e.get("ladder_attacks") for e in open_entries], max_examples, None)

@@ -14,7 +14,7 @@ import dataclasses
 
 from ..analysis.cells import SCENARIO_KEYS
 from ..knowledge import granted
-from .sample_plan import RungTarget, examples_per_run, rung_seed, verdict_target
+from .sample_plan import RungTarget, every_attack_target, examples_per_run, rung_seed, verdict_target
 from .spec import Cell, SampleLadder, canonical_json
 
 
@@ -41,10 +41,13 @@ def extension_cells(grid_cells: list[Cell], entries: list[dict], examples_by_att
     run at, without climbing again (`saturated_budgets`)."""
     plans: dict[tuple, list[RungTarget]] = {}
     for entry in entries:
-        plan = verdict_target(entry, ladder.max_examples)
-        if plan is not None:
-            setting = tuple(entry[k] for k in SCENARIO_KEYS[1:]) + (entry["defense"], entry["strength"])
-            plans.setdefault(setting, []).append(plan)
+        # the last rung extends every attack beside a focused one (every_attack_target)
+        extra = every_attack_target(entry, ladder.max_examples) if rung == ladder.rungs and \
+            entry.get("ladder_attacks") else None
+        for plan in (verdict_target(entry, ladder.max_examples), extra):
+            if plan is not None:
+                setting = tuple(entry[k] for k in SCENARIO_KEYS[1:]) + (entry["defense"], entry["strength"])
+                plans.setdefault(setting, []).append(plan)
     if not plans:
         return []
     by_attack: dict[tuple, list[Cell]] = {}

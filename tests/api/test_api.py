@@ -285,7 +285,7 @@ def test_results_read_in_one_minute_a_short_repr_and_a_summary_with_the_verdict(
 def test_audits_sample_ladder_runs_only_the_attacks_the_open_verdict_names(mnist_test, monkeypatch):
     """The audit's sample ladder follows the verdict's `ladder_attacks` as the sweep's does:
     the fresh seeds run only the attack named (gradleak.analysis.verdict), every attack when
-    none is named."""
+    none is named or on the last rung (gradleak.sweep.sample_plan.every_attack_target)."""
     from gradleak.api.result import AuditResult
     from gradleak.leakage import SAMPLE_SEED_OFFSET
 
@@ -299,9 +299,14 @@ def test_audits_sample_ladder_runs_only_the_attacks_the_open_verdict_names(mnist
     model = build_model(ModelSpec("lenet", (1, 28, 28), 10, seed=0))
     data = (mnist_test.inputs[:64], mnist_test.labels[:64])
     attacks = ["dlg:iterations=4", "cpl:iterations=4"]
-    result = gradleak.audit(model, data, attacks=attacks, seed=[0, 1], lpips="none", sample_rungs=1)
+    # two rungs: the first (not the last) runs the named attack, after which nothing is open
+    result = gradleak.audit(model, data, attacks=attacks, seed=[0, 1], lpips="none", sample_rungs=2)
     fresh = [r.spec.attack for r in result.runs if r.spec.seed >= SAMPLE_SEED_OFFSET]
     assert sorted(fresh) == ["cpl:iterations=4"] * 2 and len(result.runs) == 6
+    # one rung, the last: every attack, the named one or not
+    result = gradleak.audit(model, data, attacks=attacks, seed=[0, 1], lpips="none", sample_rungs=1)
+    fresh = [r.spec.attack for r in result.runs if r.spec.seed >= SAMPLE_SEED_OFFSET]
+    assert sorted(fresh) == sorted(attacks * 2)
     named[0] = None
     result = gradleak.audit(model, data, attacks=attacks, seed=[0, 1], lpips="none", sample_rungs=1)
     fresh = [r.spec.attack for r in result.runs if r.spec.seed >= SAMPLE_SEED_OFFSET]
