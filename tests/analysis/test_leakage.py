@@ -173,9 +173,13 @@ def test_the_sample_ladder_extends_only_the_attack_that_can_show_a_leak_beyond_t
     [entry] = strongest_attacks(study)
     assert entry["open"] and entry["ladder_attacks"] == ["ig"]
     assert 8 < entry["ladder_needed"] < 64
-    cells = extension_cells(grid(study), [entry], examples_judged(study), 1, SampleLadder(1, 64))
+    cells = extension_cells(grid(study), [entry], examples_judged(study), 1, SampleLadder(2, 64))
     assert {c.labels["attack"] for c in cells} == {"ig"}
     assert sum(c.spec["images"] for c in cells) >= entry["ladder_needed"] - 8
+    # on the last rung cpl comes along: with no rung after it, ig coming below the tolerance
+    # would otherwise leave cpl at 8 examples and the setting not shown
+    last = extension_cells(grid(study), [entry], examples_judged(study), 2, SampleLadder(2, 64))
+    assert {c.labels["attack"] for c in last} == {"ig", "cpl"}
     # both beyond it: the one that would show it for the fewest seconds, here the cheaper one
     # although its AUC is a little lower (cpl's cells take 20 times as long)
     study = _study({"ig": [([0.45, 0.7, 0.95, 0.85], 0), ([0.5, 0.8, 0.6, 0.95], 0)],
