@@ -61,9 +61,12 @@ def run(args: argparse.Namespace) -> int:
     spec, option, direction = family(args.defense)
 
     with ResultStore(args.store) as store:
+        def setting_of(value: float) -> str:
+            return str(ComponentSpec(spec.name, {**spec.options, option: repr(value)}))
+
         def evaluate(value: float) -> Probe:
             value = float(f"{value:.4g}")  # stable store keys: a value probed again is found again
-            setting = str(ComponentSpec(spec.name, {**spec.options, option: repr(value)}))
+            setting = setting_of(value)
             sweep = probe_sweep(text, setting, str(path), args.max_examples)
             run_sweep(sweep, store, workers=args.workers, show_progress=False)
             labels = chain_labels(parse_chain([setting]))
@@ -77,11 +80,10 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {setting}: {verdict}", flush=True)
             return Probe(value, verdict, " | ".join(e["verdict_text"] for e in mine), round_epsilon(setting, sweep))
 
-        first = probe_sweep(text, str(ComponentSpec(spec.name, {**spec.options, option: repr(args.low)})),
-                            str(path), args.max_examples)
+        first = probe_sweep(text, setting_of(args.low), str(path), args.max_examples)
 
         def measure(value: float) -> float | None:  # a DP family's ε (the training is the same at every value)
-            return round_epsilon(str(ComponentSpec(spec.name, {**spec.options, option: repr(value)})), first)
+            return round_epsilon(setting_of(value), first)
 
         result = search(evaluate, spec, option, direction, args.low, args.high, args.factor, measure=measure)
     if args.json:

@@ -48,8 +48,14 @@ def every_attack_target(entry: dict, max_examples: int) -> RungTarget | None:
     left at 8 examples, bounded to 0.73, beside CPL and ROG at 192 that held)."""
     if not entry.get("open"):
         return None
-    return _target(max(1, entry["min_examples"]), max(entry["ladder_needed"], entry["needed_examples"]), [None],
-                   max_examples, str(entry["threat"]))
+    return _target(*_every_attack_span(entry), [None], max_examples, str(entry["threat"]))
+
+
+def _every_attack_span(entry: dict) -> tuple[int, int]:
+    """From how many examples, towards how many, every attack of a verdict is extended: its
+    least-examined attack's count, and what the most wanting one needs (the focused one's
+    `ladder_needed`, the others' `needed_examples`)."""
+    return max(1, entry["min_examples"]), max(entry["ladder_needed"], entry["needed_examples"])
 
 
 def setting_target(entries: Iterable[dict], max_examples: int, last: bool = False) -> RungTarget | None:
@@ -61,9 +67,8 @@ def setting_target(entries: Iterable[dict], max_examples: int, last: bool = Fals
     if not open_entries:
         return None
     if last:
-        return _target(max(1, min(e["min_examples"] for e in open_entries)),
-                       max(max(e["ladder_needed"], e["needed_examples"]) for e in open_entries),
-                       [None], max_examples, None)
+        spans = [_every_attack_span(e) for e in open_entries]
+        return _target(min(have for have, _ in spans), max(needed for _, needed in spans), [None], max_examples, None)
     return _target(max(1, min(e["ladder_have"] for e in open_entries)),
                    max(e["ladder_needed"] for e in open_entries),
                    [e.get("ladder_attacks") for e in open_entries], max_examples, None)
