@@ -46,8 +46,7 @@ def extension_cells(grid_cells: list[Cell], entries: list[dict], examples_by_att
             entry.get("ladder_attacks") else None
         for plan in (verdict_target(entry, ladder.max_examples), extra):
             if plan is not None:
-                setting = tuple(entry[k] for k in SCENARIO_KEYS[1:]) + (entry["defense"], entry["strength"])
-                plans.setdefault(setting, []).append(plan)
+                plans.setdefault(_setting(entry), []).append(plan)
     if not plans:
         return []
     by_attack: dict[tuple, list[Cell]] = {}
