@@ -22,4 +22,4 @@ audit = FlowerAudit(model_fn=make_model, ground_truth=_ground_truth, gallery=hel
                     training_keys={"lr": "lr", "momentum": "momentum", "weight_decay": "weight-decay",
                                    "local_epochs": "local-epochs", "local_batch_size": "batch-size"},
                     shuffle_seed_rule=shuffle_seed, rounds=(1, 3), clients=2,
-                    threat=("honest", "malicious"), attacks=["fedavg:iterations=125", "rtf", "loki", "mkor"])
+                    threat=("honest", "malicious"), attacks=["fedavg:iterations=125,polish=0.5", "rtf", "loki", "mkor"])
