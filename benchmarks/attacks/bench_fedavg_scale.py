@@ -17,6 +17,9 @@ its labels among the count estimate and its one-label swaps by matching (`label_
     python -m benchmarks fedavg_scale --device cuda --images 50 --epochs 10 --local-batch 5
     python -m benchmarks fedavg_scale --case sigmoid --seeds 10,11,12,13
     python -m benchmarks fedavg_scale --case sigmoid --seeds 16 --polish 0   # without the L-BFGS polish
+
+The command users type for the sigmoid case is `gradleak attack --dataset mnist --model lenet
+--batch-size 4 --local-epochs 2 --local-batch-size 2 --attack fedavg` (docs/client-training.md).
     python -m benchmarks fedavg_scale --model lenet5:activation=relu          # another client model
 
 `--start-noise SIGMA` is a diagnostic, not an attack: the attack starts from the true batch
@@ -95,8 +98,7 @@ def _client(args, seed: int, test, gallery) -> dict:
                   training=client.server_view(), batch_size=args.images, labels=y, defenses=[], modality="image")
     attack = make_attack(f"fedavg:iterations={args.iterations},distance={args.distance},replay={args.replay},"
                          f"lr={args.attack_lr},tv={args.tv},optimizer={args.attack_optimizer},"
-                         f"restarts={args.restarts},label_trials={args.label_trials},"
-                         f"label_final_iterations={args.label_final_iterations}"
+                         f"restarts={args.restarts},label_trials={args.label_trials}"
                          + (f",polish={args.polish}" if args.polish is not None else ""))
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -163,10 +165,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--polish", type=float, default=None,
                         help="fedavg's L-BFGS polish, a share of the rung's iterations (default: its own; 0: off)")
     parser.add_argument("--tv", type=float, default=1e-4)
-    parser.add_argument("--label-trials", choices=["off", "swaps"], default=None,
+    parser.add_argument("--label-trials", choices=["auto", "off", "swaps"], default=None,
                         help="the attack's label search (default: swaps for sigmoid, off for lenet5)")
-    parser.add_argument("--label-final-iterations", type=int, default=0,
-                        help="the label finalists' matching iterations (default 0: the attack's iterations)")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--start-noise", type=float, default=None,

@@ -53,7 +53,7 @@ POLISH_EVALUATIONS = 20
 @dataclass
 class FedAvgOptions:
     # Signed Adam on cosine matching with a light TV prior, as IG (docs/client-training.md)
-    iterations: int = 1000
+    iterations: int = 2000
     lr: float = 0.1
     # the engine's optimizer (signed Adam as IG; L-BFGS as DLG, `lr` its step, 20 evaluations
     # an iteration)
@@ -96,11 +96,11 @@ class FedAvgOptions:
     # the rung's result, the labels fixed as arranged, and the better-matching of the two kept:
     # signed Adam finds the basin but stalls in it (docs/client-training.md). Its budget, as a
     # share of the rung's iterations in function evaluations: ceil(polish × iterations / 20)
-    # L-BFGS iterations of up to 20 evaluations each (400 at 1,000 iterations; it stops earlier
-    # once converged); 0: off. 8 with 1,000 iterations of signed Adam: at a client lr of 0.1
-    # signed Adam alone needed 8,000 iterations for what this reaches (docs/client-training.md);
-    # the budget presets keep the lighter 0.5 that audits of hundreds of examples can afford
-    polish: float = 8.0
+    # L-BFGS iterations of up to 20 evaluations each (400 at 2,000 iterations; it stops earlier
+    # once converged); 0: off. 4 by default: at a client lr of 0.1, signed Adam alone needed
+    # 8,000 iterations for what 2,000 and this polish reach (docs/client-training.md); the
+    # budget presets keep the lighter 0.5 that audits of hundreds of examples can afford
+    polish: float = 4.0
 
     def __post_init__(self):
         check(self.iterations >= 1, "attack 'fedavg': iterations must be >= 1")
