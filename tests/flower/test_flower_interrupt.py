@@ -27,7 +27,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 COMMAND = [sys.executable, "-m", "gradleak", "flower", str(APP), "--num-supernodes", "10",
            "--run-config", "model=sigmoid-cnn", "--run-config", "examples-per-client=8",
            "--run-config", "local-epochs=2", "--rounds", "1", "--clients", "2", "--lpips", "none",
-           "--attack", "ig:iterations=150", "--attack", "fedavg:iterations=150", "--json"]
+           "--attack", "ig:iterations=150", "--attack", "fedavg:iterations=150,polish=0.5", "--json"]
 
 
 def _rows(store: Path) -> dict[str, str]:

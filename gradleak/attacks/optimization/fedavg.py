@@ -83,8 +83,8 @@ class FedAvgOptions:
     arrange_labels: Literal["auto", "on", "off"] = "auto"
     # labels recovered as counts can be off by one in how many of a class the batch holds.
     # "swaps": the count estimate and every multiset one label away (`labels.label_candidates`);
-    # "auto": only the multisets one label away that hold exactly the classes the head's rows
-    # show present (`labels.present_classes`; none where every present class is one example, or
+    # "auto": the estimate and only the multisets one label away that hold exactly the classes
+    # the head's rows show present (`labels.present_classes`; none where every present class is one example, or
     # the rule does not apply); "off": the estimate alone. Where more than label_finalists
     # candidates remain, each is matched label_trial_iterations first; the finalists then run
     # the attack's first rung in full (polish included) and the closest match goes on, so the
@@ -266,7 +266,7 @@ class FedAvgAttack(ResumableAttack):
             trials = (trials or []) + [{"labels": finalists[i].tolist(), "distance": round(runs[i][5].distance, 7),
                                         "iterations": opt.iterations} for i in order]
         engine, layout, label_candidate, extras, climb, first = runs[best]
-        del runs
+        runs.clear()  # the other finalists' engines are not needed past their first rung
         rung = first
         while True:
             out, rows, distance, polished = rung
@@ -277,7 +277,7 @@ class FedAvgAttack(ResumableAttack):
                                          "label_trials": trials, "polish": polished})
             rung = self._rung(engine, next(climb), image)
 
-    def _rung(self, engine: Engine, out: Outcome, image: bool) -> "PolishedRung":
+    def _rung(self, engine: Engine, out: Outcome, image: bool) -> PolishedRung:
         """A rung's outcome with its polish (`polish`): the better-matching rows and distance."""
         rows, distance, polished = out.inputs, out.distance, None
         if self.options.polish:

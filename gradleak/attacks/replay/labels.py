@@ -12,14 +12,15 @@ dummy inputs (or on prior data when the threat model grants it). Counts are
 rounded by largest remainder so they sum to B, and every class whose gradient
 is negative is counted at least once.
 
-Which classes the batch holds is exact more often than how many of each (the support rule,
+Which classes the batch holds is read more reliably than how many of each (the support rule,
 `present_classes`): where the features entering the head are non-negative (after a sigmoid or
 ReLU), an absent class's head-gradient row is p_c·h ≥ 0 in every coordinate, bias included, and
 stays so summed over the local steps of SGD or Adam with positive coefficients; a class the
-batch holds leaves a negative entry −(1 − p_y)·h_i where its example's features dominate. On the
-DLG LeNet at lr 0.1 (batch 4, 2 epochs of 2) the rows split at −0.3 against ≥ 0 of the head's
-largest entry on 8 of 8 seeds, where the bias sign alone missed a present class on 6 of them
-(docs/client-training.md). Counts are then rounded inside that support.
+batch holds usually leaves a negative entry −(1 − p_y)·h_i where its example's features
+dominate. On the DLG LeNet at lr 0.1 (batch 4, 2 epochs of 2) the rows split at −0.3 against ≥ 0
+of the head's largest entry on 8 of 8 seeds, where the bias sign alone missed a present class on
+7 of them (docs/client-training.md). Every class the rows show is then counted at least once;
+a class whose rows show nothing is not ruled out (the model may already predict its examples).
 
 Where the model's softmax is confident and input-dependent (the DLG LeNet's uniform init), the
 dummy inputs' mean softmax is a poor stand-in for the batch's own and the counts can be one
@@ -113,7 +114,7 @@ def label_candidates(obs: Observation, generator: torch.Generator | None = None,
 
 def present_classes(obs: Observation, generator: torch.Generator | None = None,
                     tolerance: float = 1e-3) -> torch.Tensor | None:
-    """The support rule: a boolean mask of the classes the batch holds, read from which rows of
+    """The support rule: a boolean mask of classes the batch certainly holds, read from which rows of
     the head's update (weight and bias, gradient orientation) have an entry below −tolerance ×
     the head's largest entry; None where the rule does not apply. It applies where every
     feature entering the head is non-negative (checked on the modality's probe inputs and on

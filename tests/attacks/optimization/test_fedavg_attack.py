@@ -97,7 +97,7 @@ def test_a_client_whose_order_the_server_does_not_know_is_still_reconstructed(mn
         model = build_named_model("lenet5", (1, 28, 28), 10, seed=seed, modality="image")
         client = TrainingSpec(lr=0.01, local_epochs=2, local_batch_size=2, shuffle="unknown", shuffle_seed=seed + 11)
         update = compute_update(model, x, y, client)
-        fedavg = make_attack("fedavg:iterations=400").reconstruct(
+        fedavg = make_attack("fedavg:iterations=400,polish=0.5,label_trials=off").reconstruct(  # as calibrated
             _observe(model, update, client.server_view(), x, y), AttackContext(seed=seed))
         in_order = make_attack("ig:iterations=400").reconstruct(
             _observe(model, update, TrainingSpec(lr=0.01, local_epochs=2, local_batch_size=2), x, y),
@@ -167,7 +167,7 @@ def test_many_steps_in_an_unknown_order_are_attacked_by_the_epoch_replay(mnist_t
         model = build_named_model("lenet", (1, 28, 28), 10, seed=seed, modality="image")
         client = TrainingSpec(lr=0.001, local_epochs=4, local_batch_size=1, shuffle="unknown", shuffle_seed=seed + 11)
         update = compute_update(model, x, y, client)
-        result = make_attack("fedavg:iterations=300").reconstruct(
+        result = make_attack("fedavg:iterations=300,polish=0.5,label_trials=off").reconstruct(  # as calibrated
             _observe(model, update, client.server_view(), x, y), AttackContext(seed=seed))
         assert result.extras["replay"] == "epochs"
         assert _psnr(result.inputs, x) >= 8.0
