@@ -48,6 +48,12 @@ def recover_labels(obs: Observation, method: Method = "auto", generator: torch.G
                    ) -> torch.Tensor:
     """Labels of the observed batch: granted ones if the threat model allows,
     else recovered from the update. Returns a sorted multiset for B > 1."""
+    return _recover(obs, method, generator, present_classes(obs, generator))
+
+
+def _recover(obs: Observation, method: Method, generator: torch.Generator | None, support: torch.Tensor | None
+             ) -> torch.Tensor:
+    """`recover_labels` with the support rule's classes (`present_classes`) already read."""
     if obs.knows("labels"):
         return obs.get("labels").clone()
     batch = obs.batch_size
@@ -62,7 +68,6 @@ def recover_labels(obs: Observation, method: Method = "auto", generator: torch.G
         if use_bias:
             return g_bias.argmin().view(1).long()
         return _odd_row_out(g_weight).view(1)
-    support = present_classes(obs, generator)
     trajectory = _sgd_step_weights(obs)
     if trajectory is not None:
         counts = _trajectory_counts(obs, head_name, head, generator, use_bias, trajectory, support)
@@ -87,7 +92,8 @@ def label_candidates(obs: Observation, generator: torch.Generator | None = None,
     that hold nothing but the classes the head's rows show present (`present_classes`), none
     where that rule does not apply. Only the labels themselves where the threat model grants
     them or the batch is one example (whose label is exact)."""
-    estimate = recover_labels(obs, "auto", generator)
+    present = present_classes(obs, generator)
+    estimate = _recover(obs, "auto", generator, present)
     if obs.knows("labels") or obs.batch_size == 1:
         return [estimate]
     head_name, _ = last_linear(obs.model)
@@ -95,7 +101,6 @@ def label_candidates(obs: Observation, generator: torch.Generator | None = None,
     g_bias = grads.get(f"{head_name}.bias")
     entries = g_bias if g_bias is not None else grads[f"{head_name}.weight"].sum(1)
     # a FedAvg delta's head entries have the sign of Σ_s c_s g_s, c_s > 0 for SGD
-    present = present_classes(obs, generator)
     if within_support and present is None:
         return [estimate]
     certain = entries < 0 if present is None else (entries < 0) | present
