@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from ..options import MAX_WORKERS, output_file, ranged
+from ..sweep.calibrate import PROBE_EXAMPLES_FACTOR
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", type=output_file("--store"), required=True,
                    help="results database (SQLite; created if missing): every probe's cells")
     p.add_argument("--max-examples", type=ranged(int, 1, 100_000, "--max-examples"), default=None,
-                   help="examples per attack a probe's sample ladder may judge on (default: twice the study's "
+                   help="examples per attack a probe's sample ladder may judge on (default: "
+                        f"{PROBE_EXAMPLES_FACTOR} times the study's "
                         "samples.max_examples, so that probes near the frontier are decided)")
     p.add_argument("--workers", type=ranged(int, 1, MAX_WORKERS, "--workers"), default=None)
     p.add_argument("--json", action="store_true", help="print the search as one JSON object")

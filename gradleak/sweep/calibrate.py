@@ -24,6 +24,12 @@ from ..options import ComponentSpec, parse_spec
 from .spec import Sweep, parse_sweep
 
 
+# A probe's cap on examples per attack, in multiples of the study's: near the frontier the
+# strongest attack's linkage falls by about 0.025 per probe step (1.78x) on the demo's scenario,
+# so telling the steps apart needs a standard error near 0.005, about 1,600 examples per attack.
+PROBE_EXAMPLES_FACTOR = 16
+
+
 @dataclass
 class Probe:
     value: float
@@ -122,12 +128,12 @@ def family(text: str) -> tuple[ComponentSpec, str, int]:
 def probe_sweep(base_text: str, setting: str, source: str, max_examples: int | None = None) -> Sweep:
     """The study's sweep file with every grid's defenses replaced by the one probed setting
     (and no utility runs): the cells of this probe. Its sample ladder may judge each attack on
-    up to `max_examples`, by default twice the study's `samples.max_examples`: a probe near the
-    frontier has linkage near the tolerance, and with the study's own cap it is often "not
-    shown", which the search counts as not holding. Twice the cap decides more of them (DP-SGD
-    on the demo's scenario: σ 0.05623 linkable and 0.06977 holds with 192 examples, both "not
-    shown" with 96; docs/sweeps-and-report.md), though a value at the frontier still falls on
-    either side with the draw."""
+    up to `max_examples`, by default `PROBE_EXAMPLES_FACTOR` times the study's
+    `samples.max_examples`: a probe near the frontier has linkage near the tolerance, and with
+    the study's own cap it is often "not shown", which the search counts as not holding. The
+    ladder adds examples only to a verdict still open, so only the probes near the frontier pay
+    for the larger cap (docs/sweeps-and-report.md: with twice the cap the frontier's probes were
+    still "not shown", and the brackets of four seed sets differed by one step)."""
     doc = yaml.safe_load(base_text)
     if not isinstance(doc, dict) or not isinstance(doc.get("grids"), list):
         raise GradleakError(f"calibrate: '{source}' is not a sweep file with grids")
@@ -137,7 +143,7 @@ def probe_sweep(base_text: str, setting: str, source: str, max_examples: int | N
             grid.pop("defenses", None)
             grid["defenses"] = [setting]
     sweep = parse_sweep(yaml.safe_dump(doc, sort_keys=False), source)
-    cap = 2 * sweep.samples.max_examples if max_examples is None else max_examples
+    cap = PROBE_EXAMPLES_FACTOR * sweep.samples.max_examples if max_examples is None else max_examples
     return dataclasses.replace(sweep, samples=dataclasses.replace(sweep.samples, max_examples=cap))
 
 
