@@ -23,7 +23,6 @@ from ..errors import GradleakError
 from ..options import ComponentSpec, parse_spec
 from .spec import Sweep, parse_sweep
 
-
 # A probe's cap on examples per attack, in multiples of the study's: near the frontier the
 # strongest attack's linkage falls by about 0.025 per probe step (1.78x) on the demo's scenario,
 # so telling the steps apart needs a standard error near 0.005, about 1,600 examples per attack.
