@@ -71,10 +71,10 @@ def test_the_range_ends_and_an_order_violation_are_said():
 def test_a_probe_replaces_every_grids_defenses_and_drops_the_utility_runs():
     sweep = probe_sweep(STUDY, "noise:sigma=0.05", "study.yaml")
     assert sweep.cells and all(c.kind == "attack" and c.spec["defenses"] == ["noise:sigma=0.05"] for c in sweep.cells)
-    # a probe near the frontier is judged on up to 16 times the study's examples, unless told otherwise
-    assert sweep.samples.max_examples == 16 * 64
+    # a probe near the frontier is judged on up to twice the study's examples, unless told otherwise
+    assert sweep.samples.max_examples == 2 * 64
     wider = probe_sweep(STUDY + "samples: {max_examples: 96}\n", "noise:sigma=0.05", "study.yaml")
-    assert wider.samples.max_examples == 1536
+    assert wider.samples.max_examples == 192
     assert probe_sweep(STUDY, "noise:sigma=0.05", "study.yaml", max_examples=96).samples.max_examples == 96
 
 
