@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from ..options import ComponentSpec, parse_chain
     from ..store import ResultStore
     from ..sweep import run_sweep
-    from ..sweep.calibrate import Probe, family, probe_sweep, search
+    from ..sweep.calibrate import Probe, family, probe_sweep, search, seeds_note
     from ..sweep.labels import chain_labels
 
     path = Path(args.spec)
@@ -88,10 +88,13 @@ def run(args: argparse.Namespace) -> int:
             return round_epsilon(setting_of(value), first)
 
         result = search(evaluate, spec, option, direction, args.low, args.high, args.factor, measure=measure)
+    note = seeds_note(first)
     if args.json:
-        print(json.dumps(result.to_dict()))
+        print(json.dumps({**result.to_dict(), "note": note}))
     else:
         print(result.answer())
         for violation in result.order_violations:
             print(f"  order violated: {violation}")
+        if note:
+            print(f"  {note}")
     return 0

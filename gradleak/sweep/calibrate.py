@@ -28,6 +28,12 @@ from .spec import Sweep, parse_sweep
 # initialisation (docs/sweeps-and-report.md), so the cheaper cap stays.
 PROBE_EXAMPLES_FACTOR = 2
 
+# The seeds a study needs for another seed set to reproduce its bracket: the frontier moves with
+# the model's initialisation, and a study's seeds are its initialisations (the sample ladder's
+# runs repeat them), so with few seeds the frontier is placed only to about one probe step
+# (docs/sweeps-and-report.md).
+STUDY_SEEDS = 16
+
 
 @dataclass
 class Probe:
@@ -144,6 +150,17 @@ def probe_sweep(base_text: str, setting: str, source: str, max_examples: int | N
     sweep = parse_sweep(yaml.safe_dump(doc, sort_keys=False), source)
     cap = PROBE_EXAMPLES_FACTOR * sweep.samples.max_examples if max_examples is None else max_examples
     return dataclasses.replace(sweep, samples=dataclasses.replace(sweep.samples, max_examples=cap))
+
+
+def seeds_note(sweep: Sweep) -> str | None:
+    """A line for the answer where the study has fewer than `STUDY_SEEDS` seeds: its bracket may
+    not be what another seed set finds."""
+    seeds = len({cell.spec.get("seed") for cell in sweep.attack_cells})
+    if seeds >= STUDY_SEEDS:
+        return None
+    return (f"note: the study has {seeds} seed{'s' if seeds != 1 else ''}; the frontier moves with the model's "
+            f"initialisation, so another seed set may land one probe step away; give the study {STUDY_SEEDS} "
+            f"seeds for a bracket that other seeds reproduce")
 
 
 def search(evaluate: Callable[[float], Probe], spec: ComponentSpec, option: str, direction: int,
