@@ -151,8 +151,8 @@ def test_the_midpoint_falls_back_to_the_values_without_a_measure():
 
 def test_a_study_of_few_seeds_is_told_that_its_bracket_may_move():
     # the frontier moves with the model's initialisation: studies of two seeds put noise's one
-    # step lower on 2 of 6 seed sets; of sixteen, the same bracket on both sets tried
-    # (docs/sweeps-and-report.md)
+    # step lower on 2 of 6 seed sets; of sixteen, noise and DP-SGD each the same bracket on both
+    # sets tried (docs/sweeps-and-report.md)
     two = probe_sweep(STUDY.replace("attacks:", "seeds: [3, 4]\n    attacks:"), "noise:sigma=0.5", "study.yaml")
     note = seeds_note(two)
     assert note is not None and "2 seeds" in note and f"{STUDY_SEEDS} seeds" in note
