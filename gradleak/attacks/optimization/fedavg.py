@@ -59,6 +59,13 @@ class FedAvgOptions:
     # an iteration)
     optimizer: Literal["signed-adam", "adam", "lbfgs"] = "signed-adam"
     tv: float = 1e-6
+    # a second start with this TV weight competes with `tv`'s on every label finalist, and the
+    # closest match goes on (0: off). Which weight lets the matching converge depends on the
+    # client: at a client lr of 0.1 a light prior can stall in salt-and-pepper noise that a
+    # heavy one removes, and a heavy one can stall where the light one converges; a converged
+    # match ends 10 to 1,000 times closer than a stall, so the distance tells them apart
+    # (docs/client-training.md)
+    tv_alternative: float = 1e-3
     # weight of the epoch-order-invariant prior (mean squared difference of the epochs'
     # mean reconstructions); off by default, as it lowered PSNR at every weight tried
     # (docs/client-training.md)
@@ -105,7 +112,7 @@ class FedAvgOptions:
     def __post_init__(self):
         check(self.iterations >= 1, "attack 'fedavg': iterations must be >= 1")
         check(self.lr > 0, "attack 'fedavg': lr must be > 0")
-        check(self.tv >= 0, "attack 'fedavg': tv must be >= 0")
+        check(min(self.tv, self.tv_alternative) >= 0, "attack 'fedavg': tv and tv_alternative must be >= 0")
         check(self.order_prior >= 0, "attack 'fedavg': order_prior must be >= 0")
         check(self.restarts >= 1, "attack 'fedavg': restarts must be >= 1")
         check(self.polish >= 0, "attack 'fedavg': polish must be >= 0")
@@ -255,16 +262,20 @@ class FedAvgAttack(ResumableAttack):
         finalists, trials = self._labels(obs, ctx)
         image = obs.kind.picture_shape(obs.input_shape) is not None
         flips = "flip" in obs.training.augment and "flip" in obs.kind.augmentations
+        weights = [opt.tv] + ([opt.tv_alternative] if image and opt.tv_alternative not in (0, opt.tv) else [])
         runs = []
         for labels in finalists:
-            engine, layout, label_candidate, extras = self._engine(obs, labels, ctx, opt.iterations)
-            climb = engine.start().doublings(opt.iterations)
-            runs.append((engine, layout, label_candidate, extras, climb, self._rung(engine, next(climb), image)))
+            for tv in weights:
+                engine, layout, label_candidate, extras = self._engine(obs, labels, ctx, opt.iterations, tv=tv)
+                climb = engine.start().doublings(opt.iterations)
+                runs.append((engine, layout, label_candidate, {**extras, "tv": tv}, climb,
+                             self._rung(engine, next(climb), image)))
         order = sorted(range(len(runs)), key=lambda i: runs[i][5].distance)
         best = order[0]
         if len(runs) > 1:  # the finalists' first rungs, closest first
-            trials = (trials or []) + [{"labels": finalists[i].tolist(), "distance": round(runs[i][5].distance, 7),
-                                        "iterations": opt.iterations} for i in order]
+            trials = (trials or []) + [{"labels": finalists[i // len(weights)].tolist(), "tv": runs[i][3]["tv"],
+                                        "distance": round(runs[i][5].distance, 7), "iterations": opt.iterations}
+                                       for i in order]
         engine, layout, label_candidate, extras, climb, first = runs[best]
         runs.clear()  # the other finalists' engines are not needed past their first rung
         rung = first
@@ -322,9 +333,10 @@ class FedAvgAttack(ResumableAttack):
         return [candidates[i] for _, i in trials[:opt.label_finalists]], first_round
 
     def _engine(self, obs: Observation, labels: torch.Tensor, ctx: AttackContext, iterations: int,
-                trial: bool = False) -> tuple[Engine, Layout, FixedLabels | ArrangedLabels, dict]:
-        """The matching run on `labels`; a label trial's (`_labels`) with one restart and no
-        progress reports."""
+                trial: bool = False, tv: float | None = None
+                ) -> tuple[Engine, Layout, FixedLabels | ArrangedLabels, dict]:
+        """The matching run on `labels` under TV weight `tv` (the option's by default); a label
+        trial's (`_labels`) with one restart and no progress reports."""
         opt = self.options
         by_epoch, share = self._epoch_replay(obs, labels, ctx)
         if by_epoch:  # one reconstruction per example; every step sees them all
@@ -353,7 +365,7 @@ class FedAvgAttack(ResumableAttack):
             candidates=lambda r: Pixels(observed_start(opt.init, shape, ctx.generator(r), obs, row_labels.cpu(), ctx)
                                         .to(ctx.device), box=image),
             optimizer=Optimizer(opt.optimizer, opt.lr, schedule=opt.schedule),
-            priors=[TotalVariation(opt.tv if image else 0.0),
+            priors=[TotalVariation((opt.tv if tv is None else tv) if image else 0.0),
                     EpochOrderInvariance(opt.order_prior, torch.tensor(layout.epoch, device=ctx.device))],
             iterations=iterations, restarts=1 if trial else opt.restarts, box=image, model=sim.model,
             progress=None if trial else ctx.progress, deadline=ctx.deadline)
