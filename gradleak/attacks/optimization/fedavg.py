@@ -26,6 +26,7 @@ per example, which the order only perturbs at second order in the learning rate 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -59,8 +60,8 @@ class FedAvgOptions:
     # an iteration)
     optimizer: Literal["signed-adam", "adam", "lbfgs"] = "signed-adam"
     tv: float = 1e-6
-    # a second start with this TV weight competes with `tv`'s on every label finalist, and the
-    # closest match goes on (0: off). Which weight lets the matching converge depends on the
+    # the closest label finalist runs its first rung again under this TV weight, and the closer
+    # match of the two goes on (0: off). Which weight lets the matching converge depends on the
     # client: at a client lr of 0.1 a light prior can stall in salt-and-pepper noise that a
     # heavy one removes, and a heavy one can stall where the light one converges; a converged
     # match ends 10 to 1,000 times closer than a stall, so the distance tells them apart
@@ -88,6 +89,12 @@ class FedAvgOptions:
     # the client's steps see different parts of the batch and the server cannot place the
     # labels itself (they are recovered as counts, or the order is unknown)
     arrange_labels: Literal["auto", "on", "off"] = "auto"
+    # where the labels need arranging ("auto"), the server knows the order, and the recovered
+    # multiset has at most this many distinct arrangements over the client's mini-batches, each
+    # arrangement is a label candidate of its own, placed rather than optimised: the soft
+    # arrangement can settle on a wrong one, and at a client lr of 0.1 the matching then stalls
+    # (docs/client-training.md); 0: always the soft arrangement
+    placed_arrangements: int = 12
     # labels recovered as counts can be off by one in how many of a class the batch holds.
     # "swaps": the count estimate and every multiset one label away (`labels.label_candidates`);
     # "auto": the estimate and only the multisets one label away that hold exactly the classes
@@ -115,6 +122,7 @@ class FedAvgOptions:
         check(min(self.tv, self.tv_alternative) >= 0, "attack 'fedavg': tv and tv_alternative must be >= 0")
         check(self.order_prior >= 0, "attack 'fedavg': order_prior must be >= 0")
         check(self.restarts >= 1, "attack 'fedavg': restarts must be >= 1")
+        check(self.placed_arrangements >= 0, "attack 'fedavg': placed_arrangements must be >= 0")
         check(self.polish >= 0, "attack 'fedavg': polish must be >= 0")
         check(min(self.label_trial_iterations, self.label_finalists) >= 1,
               "attack 'fedavg': label_trial_iterations and label_finalists must be >= 1")
@@ -175,6 +183,35 @@ def client_layout(obs: Observation, copies: str) -> Layout:
              for e in range(epochs) for b in range(per_epoch)][:total]
     return Layout(steps, [i for _ in range(epochs) for i in range(samples)],
                   [e for e in range(epochs) for _ in range(samples)])
+
+
+class LabelCandidate(NamedTuple):
+    """Labels by example slot. `placed`: this order is their arrangement over the client's
+    mini-batches, kept as it is; otherwise a multiset whose arrangement the attack optimises
+    where the steps need one (`arrange_labels`)."""
+
+    labels: torch.Tensor
+    placed: bool = False
+
+
+# batches above this many examples are not enumerated (8! orders to tell apart)
+MAX_ENUMERATED_BATCH = 8
+
+
+def arrangements(labels: torch.Tensor, layout: Layout, limit: int) -> list[torch.Tensor] | None:
+    """Every distinct arrangement of the multiset `labels` over the example slots, two being
+    distinct when some local step of `layout` sees a different mix of labels; None where there
+    are more than `limit`, or the batch is too large to enumerate."""
+    if len(labels) > MAX_ENUMERATED_BATCH:
+        return None
+    distinct: dict[tuple, tuple[int, ...]] = {}
+    for order in sorted(set(itertools.permutations(labels.tolist()))):
+        mix = tuple(tuple(sorted(order[layout.example[r]] for r in step)) for step in layout.steps)
+        if mix not in distinct:
+            distinct[mix] = order
+            if len(distinct) > limit:
+                return None
+    return [torch.tensor(order, dtype=torch.long) for order in distinct.values()]
 
 
 @dataclass
@@ -262,18 +299,16 @@ class FedAvgAttack(ResumableAttack):
         finalists, trials = self._labels(obs, ctx)
         image = obs.kind.picture_shape(obs.input_shape) is not None
         flips = "flip" in obs.training.augment and "flip" in obs.kind.augmentations
-        weights = [opt.tv] + ([opt.tv_alternative] if image and opt.tv_alternative not in (0, opt.tv) else [])
-        runs = []
-        for labels in finalists:
-            for tv in weights:
-                engine, layout, label_candidate, extras = self._engine(obs, labels, ctx, opt.iterations, tv=tv)
-                climb = engine.start().doublings(opt.iterations)
-                runs.append((engine, layout, label_candidate, {**extras, "tv": tv}, climb,
-                             self._rung(engine, next(climb), image)))
+        runs = [self._first_rung(obs, candidate, ctx, opt.tv, image) for candidate in finalists]
+        ran = list(finalists)
+        best = min(range(len(runs)), key=lambda i: runs[i][5].distance)
+        if image and opt.tv_alternative not in (0, opt.tv):  # the closest finalist under the other prior
+            runs.append(self._first_rung(obs, finalists[best], ctx, opt.tv_alternative, image))
+            ran.append(finalists[best])
         order = sorted(range(len(runs)), key=lambda i: runs[i][5].distance)
         best = order[0]
-        if len(runs) > 1:  # the finalists' first rungs, closest first
-            trials = (trials or []) + [{"labels": finalists[i // len(weights)].tolist(), "tv": runs[i][3]["tv"],
+        if len(runs) > 1:  # the first rungs, closest first
+            trials = (trials or []) + [{**_described(ran[i]), "tv": runs[i][3]["tv"],
                                         "distance": round(runs[i][5].distance, 7), "iterations": opt.iterations}
                                        for i in order]
         engine, layout, label_candidate, extras, climb, first = runs[best]
@@ -287,6 +322,13 @@ class FedAvgAttack(ResumableAttack):
                                  extras={"copies": layout.copies, "order": obs.training.order, **extras,
                                          "label_trials": trials, "polish": polished})
             rung = self._rung(engine, next(climb), image)
+
+    def _first_rung(self, obs: Observation, candidate: LabelCandidate, ctx: AttackContext, tv: float, image: bool):
+        """A label candidate's run under TV weight `tv`, through its first rung (polished): the
+        engine, layout, labels, extras, the rest of its climb and the rung."""
+        engine, layout, label_candidate, extras = self._engine(obs, candidate, ctx, self.options.iterations, tv=tv)
+        climb = engine.start().doublings(self.options.iterations)
+        return engine, layout, label_candidate, {**extras, "tv": tv}, climb, self._rung(engine, next(climb), image)
 
     def _rung(self, engine: Engine, out: Outcome, image: bool) -> PolishedRung:
         """A rung's outcome with its polish (`polish`): the better-matching rows and distance."""
@@ -316,28 +358,45 @@ class FedAvgAttack(ResumableAttack):
         inside = result.inputs.clamp(0, 1)
         return dataclasses.replace(result, inputs=inside, distance=polish._distance(Pixels(inside)))
 
-    def _labels(self, obs: Observation, ctx: AttackContext) -> tuple[list[torch.Tensor], list[dict] | None]:
-        """The label multisets whose first rungs compete (`label_trials`): the recovered labels
-        alone, or the candidates, narrowed to `label_finalists` by `label_trial_iterations` of
+    def _labels(self, obs: Observation, ctx: AttackContext) -> tuple[list[LabelCandidate], list[dict] | None]:
+        """The label candidates whose first rungs compete (`label_trials`, `placed_arrangements`):
+        the recovered labels alone, or the candidate multisets, each as its distinct arrangements
+        where those are placed; narrowed to `label_finalists` by `label_trial_iterations` of
         matching each where more remain (that round's labels and distances returned beside)."""
         opt = self.options
         if opt.label_trials == "off" or obs.knows("labels"):
-            return [recover_labels(obs, opt.label_method, ctx.generator(17))], None
-        candidates = label_candidates(obs, ctx.generator(17), within_support=opt.label_trials == "auto")
+            multisets = [recover_labels(obs, opt.label_method, ctx.generator(17))]
+        else:
+            multisets = label_candidates(obs, ctx.generator(17), within_support=opt.label_trials == "auto")
+        candidates = [placed for labels in multisets for placed in self._placed(obs, labels)]
         if len(candidates) <= opt.label_finalists:
             return candidates, None
         trials = sorted((self._engine(obs, c, ctx, opt.label_trial_iterations, trial=True)[0].run().distance, i)
                         for i, c in enumerate(candidates))
-        first_round = [{"labels": candidates[i].tolist(), "distance": round(d, 7),
-                        "iterations": opt.label_trial_iterations} for d, i in trials]
+        first_round = [{**_described(candidates[i]), "distance": round(d, 7), "iterations": opt.label_trial_iterations}
+                       for d, i in trials]
         return [candidates[i] for _, i in trials[:opt.label_finalists]], first_round
 
-    def _engine(self, obs: Observation, labels: torch.Tensor, ctx: AttackContext, iterations: int,
+    def _placed(self, obs: Observation, labels: torch.Tensor) -> list[LabelCandidate]:
+        """`labels` as the candidates it gives: each of its distinct arrangements, placed, where
+        the server knows the order and they are few (`placed_arrangements`); else the multiset."""
+        opt = self.options
+        if opt.arrange_labels != "auto" or not opt.placed_arrangements or opt.replay == "epochs" \
+                or obs.training.order == "unknown":
+            return [LabelCandidate(labels)]
+        layout = client_layout(obs, opt.copies)
+        if not _needs_arranging(obs, layout, labels):
+            return [LabelCandidate(labels)]
+        orders = arrangements(labels, layout, opt.placed_arrangements)
+        return [LabelCandidate(labels)] if orders is None else [LabelCandidate(o, placed=True) for o in orders]
+
+    def _engine(self, obs: Observation, candidate: LabelCandidate, ctx: AttackContext, iterations: int,
                 trial: bool = False, tv: float | None = None
                 ) -> tuple[Engine, Layout, FixedLabels | ArrangedLabels, dict]:
-        """The matching run on `labels` under TV weight `tv` (the option's by default); a label
-        trial's (`_labels`) with one restart and no progress reports."""
+        """The matching run on a label candidate under TV weight `tv` (the option's by default); a
+        label trial's (`_labels`) with one restart and no progress reports."""
         opt = self.options
+        labels = candidate.labels
         by_epoch, share = self._epoch_replay(obs, labels, ctx)
         if by_epoch:  # one reconstruction per example; every step sees them all
             layout = Layout([tuple(range(obs.batch_size))], list(range(obs.batch_size)), [0] * obs.batch_size)
@@ -348,10 +407,8 @@ class FedAvgAttack(ResumableAttack):
         example = torch.tensor(layout.example)
         row_labels = labels[example].to(ctx.device)
         unknown = obs.training.order == "unknown"
-        steps_differ = len(layout.steps) > 1 and any(len(step) < len(labels) for step in layout.steps)
-        arrange = not by_epoch and (opt.arrange_labels == "on" or (
-            opt.arrange_labels == "auto" and steps_differ and labels.unique().numel() > 1
-            and (unknown or not obs.knows("labels"))))
+        arrange = not by_epoch and not candidate.placed and (opt.arrange_labels == "on" or (
+            opt.arrange_labels == "auto" and _needs_arranging(obs, layout, labels)))
         label_candidate = (ArrangedLabels(labels.to(ctx.device), obs.num_classes, example.to(ctx.device),
                                           (torch.tensor(layout.epoch) if unknown
                                            else torch.zeros(len(example), dtype=torch.long)).to(ctx.device),
@@ -369,7 +426,8 @@ class FedAvgAttack(ResumableAttack):
                     EpochOrderInvariance(opt.order_prior, torch.tensor(layout.epoch, device=ctx.device))],
             iterations=iterations, restarts=1 if trial else opt.restarts, box=image, model=sim.model,
             progress=None if trial else ctx.progress, deadline=ctx.deadline)
-        extras = {"labels_arranged": arrange, "replay": "epochs" if by_epoch else "steps", "order_share": share}
+        extras = {"labels_arranged": arrange, "labels_placed": candidate.placed,
+                  "replay": "epochs" if by_epoch else "steps", "order_share": share}
         return engine, layout, label_candidate, extras
 
     def _epoch_replay(self, obs: Observation, labels: torch.Tensor, ctx: AttackContext) -> tuple[bool, float | None]:
@@ -384,3 +442,17 @@ class FedAvgAttack(ResumableAttack):
             return False, None
         share = order_share(obs, labels, self.options.distance, ctx.generator(29), ctx.device)
         return share <= MAX_ORDER_SHARE, round(share, 4)
+
+
+def _needs_arranging(obs: Observation, layout: Layout, labels: torch.Tensor) -> bool:
+    """Whether which label sits in which mini-batch is the attack's to find: the client's steps
+    see different parts of the batch, the labels are not all one class, and the server cannot
+    place them itself (they are recovered as counts, or the order is unknown)."""
+    steps_differ = len(layout.steps) > 1 and any(len(step) < len(labels) for step in layout.steps)
+    return steps_differ and labels.unique().numel() > 1 and (
+        obs.training.order == "unknown" or not obs.knows("labels"))
+
+
+def _described(candidate: LabelCandidate) -> dict:
+    """A label candidate as the result's extras list it."""
+    return {"labels": candidate.labels.tolist(), **({"placed": True} if candidate.placed else {})}
