@@ -272,6 +272,17 @@ class PolishedRung(NamedTuple):
     polished: dict | None
 
 
+class FirstRung(NamedTuple):
+    """A label candidate's run through its first rung: what the climb needs to go on."""
+
+    engine: Engine
+    layout: Layout
+    labels: FixedLabels | ArrangedLabels
+    extras: dict
+    climb: Iterator[Outcome]
+    rung: PolishedRung
+
+
 class FedAvgAttack(ResumableAttack):
     """Dimitrov et al.'s FedAvg attack: the client's epochs simulated on one reconstruction
     of every example per epoch, tied by the epoch-order-invariant prior."""
@@ -301,19 +312,17 @@ class FedAvgAttack(ResumableAttack):
         flips = "flip" in obs.training.augment and "flip" in obs.kind.augmentations
         runs = [self._first_rung(obs, candidate, ctx, opt.tv, image) for candidate in finalists]
         ran = list(finalists)
-        best = min(range(len(runs)), key=lambda i: runs[i][5].distance)
         if image and opt.tv_alternative not in (0, opt.tv):  # the closest finalist under the other prior
-            runs.append(self._first_rung(obs, finalists[best], ctx, opt.tv_alternative, image))
-            ran.append(finalists[best])
-        order = sorted(range(len(runs)), key=lambda i: runs[i][5].distance)
-        best = order[0]
+            closest = min(range(len(runs)), key=lambda i: runs[i].rung.distance)
+            runs.append(self._first_rung(obs, finalists[closest], ctx, opt.tv_alternative, image))
+            ran.append(finalists[closest])
+        order = sorted(range(len(runs)), key=lambda i: runs[i].rung.distance)
         if len(runs) > 1:  # the first rungs, closest first
-            trials = (trials or []) + [{**_described(ran[i]), "tv": runs[i][3]["tv"],
-                                        "distance": round(runs[i][5].distance, 7), "iterations": opt.iterations}
+            trials = (trials or []) + [{**_described(ran[i]), "tv": runs[i].extras["tv"],
+                                        "distance": round(runs[i].rung.distance, 7), "iterations": opt.iterations}
                                        for i in order]
-        engine, layout, label_candidate, extras, climb, first = runs[best]
-        runs.clear()  # the other finalists' engines are not needed past their first rung
-        rung = first
+        engine, layout, label_candidate, extras, climb, rung = runs[order[0]]
+        runs.clear()  # the other runs' engines are not needed past their first rung
         while True:
             out, rows, distance, polished = rung
             inputs, slot_labels = combine_copies(rows.cpu(), layout, label_candidate.hard().cpu(), flips)
@@ -323,12 +332,13 @@ class FedAvgAttack(ResumableAttack):
                                          "label_trials": trials, "polish": polished})
             rung = self._rung(engine, next(climb), image)
 
-    def _first_rung(self, obs: Observation, candidate: LabelCandidate, ctx: AttackContext, tv: float, image: bool):
-        """A label candidate's run under TV weight `tv`, through its first rung (polished): the
-        engine, layout, labels, extras, the rest of its climb and the rung."""
+    def _first_rung(self, obs: Observation, candidate: LabelCandidate, ctx: AttackContext, tv: float,
+                    image: bool) -> FirstRung:
+        """A label candidate's run under TV weight `tv` through its first rung, polished."""
         engine, layout, label_candidate, extras = self._engine(obs, candidate, ctx, self.options.iterations, tv=tv)
         climb = engine.start().doublings(self.options.iterations)
-        return engine, layout, label_candidate, {**extras, "tv": tv}, climb, self._rung(engine, next(climb), image)
+        return FirstRung(engine, layout, label_candidate, {**extras, "tv": tv}, climb,
+                         self._rung(engine, next(climb), image))
 
     def _rung(self, engine: Engine, out: Outcome, image: bool) -> PolishedRung:
         """A rung's outcome with its polish (`polish`): the better-matching rows and distance."""

@@ -227,7 +227,49 @@ def test_label_trials_pick_the_true_multiset_where_the_count_estimate_is_off_at_
         assert not torch.equal(recover_labels(obs), truth)  # the estimate alone is off
         result = make_attack("fedavg:iterations=300,polish=2").reconstruct(obs, AttackContext(seed=seed))
         trials = result.extras["label_trials"]
-        assert trials[0]["labels"] == truth.tolist(), trials
+        assert sorted(trials[0]["labels"]) == truth.tolist(), trials
         assert torch.equal(result.labels.sort().values, truth)
         # measured: the truth at 3.9e-6 against 1.3e-2 and 1.6e-2 (seed 4), 2.2e-4 against 1.7e-3
         # and 5.0e-3 (seed 6): 8 to 4,000 times closer
+
+
+def test_the_labels_placed_over_the_mini_batches_put_the_true_mix_first_at_lr_0_1(mnist_train):
+    """The DLG LeNet at batch 4, 2 epochs of 2 in the known cyclic order, at lr 0.1: which two
+    labels share a mini-batch is not in the recovered counts. Each distinct arrangement is a
+    candidate of its own (`placed_arrangements`), and the first round of label trials
+    (40 iterations each) ranks the true mix of each step first on 3 of 4 train-split seeds or
+    more: measured, on seeds 0-11, first on 11 of 12 (seed 11: 9th of 12)."""
+    from gradleak.attacks import AttackContext, make_attack
+    from gradleak.models.references import build_named_model
+
+    torch.set_num_threads(1)
+    first = 0
+    for seed in range(4):
+        pick = torch.randperm(len(mnist_train.labels), generator=torch.Generator().manual_seed(seed))[:4]
+        x, y = mnist_train.inputs[pick], mnist_train.labels[pick]
+        model = build_named_model("lenet", (1, 28, 28), 10, seed=seed, modality="image")
+        client = TrainingSpec(lr=0.1, local_epochs=2, local_batch_size=2)
+        obs = _observe(model, compute_update(model, x, y, client), client.server_view(), x, y)
+        layout = client_layout(obs, "auto")
+
+        def mix(labels) -> tuple:
+            return tuple(tuple(sorted(int(labels[layout.example[r]]) for r in step)) for step in layout.steps)
+
+        finalists, trials = make_attack("fedavg")._labels(obs, AttackContext(seed=seed))
+        assert trials is not None and all(t.get("placed") for t in trials)
+        assert len({mix(t["labels"]) for t in trials}) == len(trials)  # every arrangement once
+        first += mix(finalists[0].labels) == mix(y)
+    assert first >= 3
+
+
+def test_arrangements_are_told_apart_by_what_each_step_sees():
+    from gradleak.attacks.optimization.fedavg import Layout, arrangements
+
+    cyclic = Layout(steps=[(0, 1), (2, 3), (0, 1), (2, 3)], example=[0, 1, 2, 3], epoch=[0, 0, 0, 0])
+    distinct = arrangements(torch.tensor([1, 2, 3, 8]), cyclic, limit=12)
+    assert distinct is not None and len(distinct) == 6  # 4! orders, 2 within each of 2 steps
+    pairs = arrangements(torch.tensor([5, 5, 7, 7]), cyclic, limit=12)
+    assert pairs is not None and sorted(p.tolist() for p in pairs) == [[5, 5, 7, 7], [5, 7, 5, 7], [7, 7, 5, 5]]
+    assert arrangements(torch.tensor([1, 2, 3, 8]), cyclic, limit=5) is None
+    whole = Layout(steps=[tuple(range(9))], example=list(range(9)), epoch=[0] * 9)
+    assert arrangements(torch.arange(9), whole, limit=12) is None  # too large a batch to enumerate
