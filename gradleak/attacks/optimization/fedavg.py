@@ -17,7 +17,9 @@ does not depend on the order — the mean of an epoch's copies — must agree fr
 epoch. The result registers every epoch's copies to the first epoch's (Hungarian matching
 among examples of the same label, a horizontal flip allowed when the client flips) and
 averages them. Labels are the batch's label counts recovered from the update, in the same
-arrangement in every epoch.
+arrangement in every epoch: where the server knows the order and the arrangements over the
+mini-batches are few, each is a candidate of its own and the closest match chooses; otherwise
+the arrangement is optimised with the inputs.
 
 Many steps of plain SGD in an unknown order (Dimitrov et al.'s 10 epochs × 10 mini-batches)
 are replayed instead by `epoch_replay`: one full-batch step per epoch on one reconstruction
