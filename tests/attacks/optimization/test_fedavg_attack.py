@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from gradleak.attacks.optimization.fedavg import client_layout, combine_copies
+from gradleak.attacks.optimization.fedavg import LabelCandidate, client_layout, combine_copies
 from gradleak.attacks.replay.matching import UpdateSimulator
 from gradleak.fl import TrainingSpec, compute_update
 from gradleak.models import ModelSpec, build_model
@@ -195,7 +195,7 @@ def test_the_polish_finishes_a_basin_that_signed_adam_only_finds(mnist_test):
         client = TrainingSpec(lr=0.01, local_epochs=2, local_batch_size=2, shuffle="known", shuffle_seed=seed + 11)
         obs = _observe(model, compute_update(model, x, y, client), client.server_view(), x, y)
         attack = make_attack("fedavg:iterations=200")
-        engine, _, _, _ = attack._engine(obs, y, AttackContext(seed=seed), 200)
+        engine, _, _, _ = attack._engine(obs, LabelCandidate(y), AttackContext(seed=seed), 200)
         engine.start()
         noisy = (x + 0.1 * torch.randn(x.shape, generator=torch.Generator().manual_seed(seed))).clamp(0, 1)
         start = Outcome(inputs=noisy, labels=y, iterations=200, converged=None, distance=float("inf"), trace=[],
