@@ -66,7 +66,7 @@ class FedAvgOptions:
     # match of the two goes on (0: off). Which weight lets the matching converge depends on the
     # client: at a client lr of 0.1 a light prior can stall in salt-and-pepper noise that a
     # heavy one removes, and a heavy one can stall where the light one converges; a converged
-    # match ends 10 to 1,000 times closer than a stall, so the distance tells them apart
+    # match ends far closer than a stall, so the distance tells them apart
     # (docs/client-training.md)
     tv_alternative: float = 1e-3
     # weight of the epoch-order-invariant prior (mean squared difference of the epochs'
@@ -469,10 +469,9 @@ def _needs_arranging(obs: Observation, layout: Layout, labels: torch.Tensor) -> 
 
 def _optimised_beside(finalists: list[LabelCandidate]) -> list[LabelCandidate]:
     """Where the first finalist is placed, its multiset with the arrangement optimised instead,
-    as one more finalist: the soft arrangement finds no mix the placed ones lack, but it gives
-    the matching a way around stalls that a placed one cannot take (a client at lr 0.1 with
-    momentum: 30.0 and 26.4 dB soft where the placed truth stalled at 9.7 and 16.3 dB;
-    docs/client-training.md)."""
+    as one more finalist: the soft arrangement finds no mix the placed ones lack, but the soft
+    labels give the matching a way around stalls that a placed arrangement cannot take
+    (docs/client-training.md)."""
     if not finalists or not finalists[0].placed:
         return []
     return [LabelCandidate(finalists[0].labels.sort().values)]
