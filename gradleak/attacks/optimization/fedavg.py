@@ -148,6 +148,10 @@ class Layout:
     def copies(self) -> int:
         return max(self.epoch) + 1
 
+    def step_mix(self, labels) -> tuple[tuple[int, ...], ...]:
+        """The labels each local step sees (sorted within the step), for `labels` by example slot."""
+        return tuple(tuple(sorted(int(labels[self.example[r]]) for r in step)) for step in self.steps)
+
     @property
     def used(self) -> torch.Tensor:
         """Rows some local step trains on (copies of a partial last epoch may be unused)."""
@@ -209,7 +213,7 @@ def arrangements(labels: torch.Tensor, layout: Layout, limit: int) -> list[torch
         return None
     distinct: dict[tuple, tuple[int, ...]] = {}
     for order in sorted(set(itertools.permutations(labels.tolist()))):
-        mix = tuple(tuple(sorted(order[layout.example[r]] for r in step)) for step in layout.steps)
+        mix = layout.step_mix(order)
         if mix not in distinct:
             distinct[mix] = order
             if len(distinct) > limit:
@@ -278,6 +282,7 @@ class PolishedRung(NamedTuple):
 class FirstRung(NamedTuple):
     """A label candidate's run through its first rung: what the climb needs to go on."""
 
+    candidate: LabelCandidate
     engine: Engine
     layout: Layout
     labels: FixedLabels | ArrangedLabels
@@ -314,17 +319,15 @@ class FedAvgAttack(ResumableAttack):
         image = obs.kind.picture_shape(obs.input_shape) is not None
         flips = "flip" in obs.training.augment and "flip" in obs.kind.augmentations
         runs = [self._first_rung(obs, candidate, ctx, opt.tv, image) for candidate in finalists]
-        ran = list(finalists)
         if image and opt.tv_alternative not in (0, opt.tv):  # the closest finalist under the other prior
-            closest = min(range(len(runs)), key=lambda i: runs[i].rung.distance)
-            runs.append(self._first_rung(obs, finalists[closest], ctx, opt.tv_alternative, image))
-            ran.append(finalists[closest])
-        order = sorted(range(len(runs)), key=lambda i: runs[i].rung.distance)
+            closest = min(runs, key=lambda run: run.rung.distance)
+            runs.append(self._first_rung(obs, closest.candidate, ctx, opt.tv_alternative, image))
+        runs.sort(key=lambda run: run.rung.distance)
         if len(runs) > 1:  # the first rungs, closest first
-            trials = (trials or []) + [{**_described(ran[i]), "tv": runs[i].extras["tv"],
-                                        "distance": round(runs[i].rung.distance, 7), "iterations": opt.iterations}
-                                       for i in order]
-        engine, layout, label_candidate, extras, climb, rung = runs[order[0]]
+            trials = (trials or []) + [{**_described(run.candidate), "tv": run.extras["tv"],
+                                        "distance": round(run.rung.distance, 7), "iterations": opt.iterations}
+                                       for run in runs]
+        _, engine, layout, label_candidate, extras, climb, rung = runs[0]
         runs.clear()  # the other runs' engines are not needed past their first rung
         while True:
             out, rows, distance, polished = rung
@@ -340,7 +343,7 @@ class FedAvgAttack(ResumableAttack):
         """A label candidate's run under TV weight `tv` through its first rung, polished."""
         engine, layout, label_candidate, extras = self._engine(obs, candidate, ctx, self.options.iterations, tv=tv)
         climb = engine.start().doublings(self.options.iterations)
-        return FirstRung(engine, layout, label_candidate, {**extras, "tv": tv}, climb,
+        return FirstRung(candidate, engine, layout, label_candidate, {**extras, "tv": tv}, climb,
                          self._rung(engine, next(climb), image))
 
     def _rung(self, engine: Engine, out: Outcome, image: bool) -> PolishedRung:

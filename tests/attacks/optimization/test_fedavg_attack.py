@@ -251,10 +251,7 @@ def test_the_labels_placed_over_the_mini_batches_put_the_true_mix_first_at_lr_0_
         client = TrainingSpec(lr=0.1, local_epochs=2, local_batch_size=2)
         obs = _observe(model, compute_update(model, x, y, client), client.server_view(), x, y)
         layout = client_layout(obs, "auto")
-
-        def mix(labels) -> tuple:
-            return tuple(tuple(sorted(int(labels[layout.example[r]]) for r in step)) for step in layout.steps)
-
+        mix = layout.step_mix
         finalists, trials = make_attack("fedavg")._labels(obs, AttackContext(seed=seed))
         assert trials is not None and all(t.get("placed") for t in trials)
         assert len({mix(t["labels"]) for t in trials}) == len(trials)  # every arrangement once
