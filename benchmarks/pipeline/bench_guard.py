@@ -18,6 +18,8 @@
   split). Case "outbound": the sigmoid CNN, where the undefended update leaks; case
   "utility": the example's LeNet-5, which learns within its 10 rounds.
 - chance: the leak rule on updates that carry nothing (Gaussian noise at the update's RMS).
+- screen: the guard between audits (every 5 rounds, the norm screen in between) against the
+  full audit of every round on the utility case's clients: agreement and seconds per round.
 - flower: the example's real ClientApp (examples/flower_audit, all its mods) driven
   in-process with Flower messages, `guard = true`: an honest round 1, an rtf-crafted model in
   round 2, an honest round 3.
@@ -296,6 +298,86 @@ def outbound(quick: bool, case: str = "leak") -> dict:
     return out
 
 
+def screen(quick: bool, case: str = "utility") -> dict:
+    """The guard as shipped between audits (`every` rounds, the norm screen of every round in
+    between, climbing from the bottom) against the full audit of every round: a federation of
+    the case's clients driven by the screened guard; in each round the screen did not audit, a
+    second guard with `every = 1` audits the same update (its own memory, the same seeds), so
+    that the two decisions (sent or not, and the rung) can be compared. A scheduled or
+    triggered audit is the full audit itself. Reports the agreement, the guard's seconds per
+    client-round beside the client's training and the full audit's."""
+    from flower_audit.task import client_data, make_model
+
+    from gradleak.fl import compute_update
+    from gradleak.guard import Guard, GuardConfig
+    from gradleak.guard.trajectory import honest_fedavg
+
+    setting = dict(OUTBOUND[case])
+    if quick:
+        setting.update(clients=2, rounds=3)
+    config, clients, rounds = setting["config"], setting["clients"], setting["rounds"]
+    every = 5
+    data = [client_data(i, 10, config) for i in range(clients)]
+    training = _training(setting)
+    galleries = [_other_examples(c, config) for c in range(clients)]
+    screened_config = GuardConfig(strongest=(setting["attack"],), every=every)
+    full_config = GuardConfig(strongest=(setting["attack"],), every=1)
+    screened = [Guard(screened_config, training=training(1, c), client=c) for c in range(clients)]
+    full = [Guard(full_config, training=training(1, c), client=c) for c in range(clients)]
+    rows: list[dict] = []
+    audited_models: dict[int, torch.Tensor] = {}
+
+    def initial():
+        torch.manual_seed(int(config["seed"]))
+        return make_model(config)
+
+    def flat(model) -> torch.Tensor:
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    def guarded(number, client, model, update, x, y):
+        start = time.perf_counter()
+        compute_update(model, x, y, training(number, client))  # the client's own training, timed
+        train_seconds = time.perf_counter() - start
+        decision = screened[client].outbound(model, update, (x, y), gallery=galleries[client], server_round=number,
+                                             training=training(number, client))
+        audited = bool(decision.audits)
+        before = audited_models.get(client, flat(model))
+        drift = float((flat(model) - before).norm() / before.norm())
+        if audited:  # the full audit itself; the shadow guard takes its memory
+            audited_models[client] = flat(model)
+            shadow = decision
+            full[client].load_state_dict(screened[client].state_dict())
+        else:
+            shadow = full[client].outbound(model, update, (x, y), gallery=galleries[client], server_round=number,
+                                           training=training(number, client))
+        rows.append({"round": number, "client": client, "audited": audited,
+                     "norm_ratio": round(float(update.flat().norm()) / screened[client].audited_norm, 3),
+                     "model_drift": round(drift, 4),
+                     "screened": [decision.send, decision.rung], "full": [shadow.send, shadow.rung],
+                     "seconds": round(decision.seconds, 3), "full_seconds": round(shadow.seconds, 2),
+                     "train_seconds": round(train_seconds, 4)})
+        print(rows[-1], file=sys.stderr, flush=True)
+        return decision.update
+
+    list(honest_fedavg(initial(), data, training, rounds, keep=(), send=guarded, final=True))
+    between = [r for r in rows if not r["audited"]]
+    agree = [r for r in rows if r["screened"] == r["full"]]
+    seconds = [r["seconds"] for r in rows]
+    train = statistics.median(r["train_seconds"] for r in rows)
+    return {"setting": f"{clients} clients of examples/flower_audit ({config['model']}, "
+                       f"{config['examples-per-client']} examples each, {setting['local_epochs']} local epochs of "
+                       f"batch {setting['batch_size']}), {rounds} rounds, {setting['attack']}, default tolerance and "
+                       f"ladder, climbing from the bottom; screened: every {every}, growth "
+                       f"{screened_config.growth:g}; full: every round",
+            "client_rounds": len(rows), "audited_by_the_screened_guard": len(rows) - len(between),
+            "agreeing": len(agree), "agreeing_between_audits": sum(r in agree for r in between),
+            "between_audits": len(between),
+            "guard_seconds_median": statistics.median(seconds), "guard_seconds_mean": round(statistics.mean(seconds), 2),
+            "full_audit_seconds_median": statistics.median(r["full_seconds"] for r in rows),
+            "client_training_seconds_median": train,
+            "guard_over_training_median": round(statistics.median(seconds) / train, 2), "rows": rows}
+
+
 def chance(quick: bool, case: str = "utility") -> dict:
     """The leak rule on updates that carry nothing: for each client of the case, its round-1
     update replaced by Gaussian noise at the real update's RMS per tensor, attacked by the
@@ -400,7 +482,7 @@ def flower_app(quick: bool) -> dict:
     return out
 
 
-CASES = ("inbound", "flower_app", "outbound", "chance", "utility")
+CASES = ("inbound", "flower_app", "outbound", "chance", "utility", "screen")
 
 
 def run(quick: bool = False, cases=CASES) -> dict:
@@ -413,7 +495,7 @@ def run(quick: bool = False, cases=CASES) -> dict:
             out[case] = outbound(quick, "utility")
         else:
             out[case] = {"inbound": inbound, "flower_app": flower_app, "outbound": outbound,
-                         "chance": chance}[case](quick)
+                         "chance": chance, "screen": screen}[case](quick)
         out[f"{case}_seconds"] = round(time.perf_counter() - start, 1)
     return out
 

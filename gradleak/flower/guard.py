@@ -22,7 +22,7 @@ clean model, the client's own last update, the rung chosen) lives in the node's
 `gradleak flower` run, $GRADLEAK_FLOWER_OUT, else ./gradleak-guard.jsonl).
 
 Run-config keys read (all optional but `guard`): `guard` (true/false), `guard-tolerance`,
-`guard-ladder` (rungs separated by `;`), `guard-every`, `guard-start`, `guard-time-budget`,
+`guard-ladder` (rungs separated by `;`), `guard-every`, `guard-growth`, `guard-drift`, `guard-start`, `guard-time-budget`,
 `guard-on-crafted`, `guard-attacks` (attack specs separated by `;`). `FlowerGuard.check(run_config)`
 checks them when the run starts (`gradleak flower` calls it before the simulation, the
 example ServerApps first in their `main`), so that a bad value is one line before round 1.
@@ -54,6 +54,8 @@ RUN_CONFIG_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "guard-tolerance": ("tolerance", str),
     "guard-ladder": ("ladder", str),
     "guard-every": ("every", int),
+    "guard-growth": ("growth", float),
+    "guard-drift": ("drift", float),
     "guard-start": ("start", str),
     "guard-time-budget": ("time_budget", float),
     "guard-on-crafted": ("on_crafted", str),
@@ -232,8 +234,8 @@ def _no_update(msg, config: GuardConfig, reason: str, metric: str):
 
 def keep_state(guard_state: Mapping[str, Any], state) -> None:
     """The guard's memory (`Guard.state_dict()`) into the node's `context.state`, which Flower
-    keeps across rounds: the two models as array records, the rung and whether it withholds as
-    a config record."""
+    keeps across rounds: the three models as array records; the rung, whether it withholds and
+    the last audited update's norm and example count as a config record."""
     from flwr.app import ArrayRecord, ConfigRecord
 
     if guard_state["previous"] is not None:
@@ -242,8 +244,14 @@ def keep_state(guard_state: Mapping[str, Any], state) -> None:
     if guard_state["own_change"] is not None:
         state.array_records[f"{STATE_KEY}-own-change"] = ArrayRecord(
             {k: v.detach().clone() for k, v in guard_state["own_change"].items()})
-    state.config_records[STATE_KEY] = ConfigRecord({"rung": int(guard_state["rung"]),
-                                                    "withholding": bool(guard_state["withholding"])})
+    if guard_state.get("audited_model") is not None:
+        state.array_records[f"{STATE_KEY}-audited-model"] = ArrayRecord(
+            {k: v.clone() for k, v in guard_state["audited_model"].items()})
+    record: dict[str, Any] = {"rung": int(guard_state["rung"]), "withholding": bool(guard_state["withholding"])}
+    if guard_state.get("audited_norm") is not None:
+        record["audited-norm"] = float(guard_state["audited_norm"])
+        record["audited-examples"] = int(guard_state["audited_examples"])
+    state.config_records[STATE_KEY] = ConfigRecord(record)
 
 
 def kept_state(state) -> dict[str, Any]:
@@ -254,8 +262,13 @@ def kept_state(state) -> dict[str, Any]:
         kept["previous"] = state_of(state.array_records[f"{STATE_KEY}-previous"].to_torch_state_dict())
     if f"{STATE_KEY}-own-change" in state.array_records:
         kept["own_change"] = state_of(state.array_records[f"{STATE_KEY}-own-change"].to_torch_state_dict())
+    if f"{STATE_KEY}-audited-model" in state.array_records:
+        kept["audited_model"] = state_of(state.array_records[f"{STATE_KEY}-audited-model"].to_torch_state_dict())
     if STATE_KEY in state.config_records:
         record = state.config_records[STATE_KEY]
         kept["rung"] = int(record["rung"])
         kept["withholding"] = bool(record["withholding"]) if "withholding" in record else False
+        if "audited-norm" in record:
+            kept["audited_norm"] = float(record["audited-norm"])
+            kept["audited_examples"] = int(record["audited-examples"])
     return kept

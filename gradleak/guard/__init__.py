@@ -16,6 +16,7 @@ See docs/guard.md.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,8 +103,15 @@ class Guard:
     inbound checks, the client's own last update and the rung chosen at the last audit.
 
     `state`: that memory as a plain dict (`state_dict()`, keys `previous`, `own_change`, `rung`,
-    `withholding`), for a framework that keeps it between rounds and builds a Guard per round
-    (the Flower mod keeps it in the node's `context.state`)."""
+    `withholding`, `audited_model`, `audited_norm`, `audited_examples`), for a framework that
+    keeps it between rounds and builds a Guard per round (the Flower mod keeps it in the node's
+    `context.state`).
+
+    Between the audits of every k-th round (`GuardConfig.every`) a round is screened at the
+    cost of two norms: it is audited anyway when nothing was audited yet, when the received
+    model moved by more than `GuardConfig.drift` of its norm since the last audited round, when
+    the update's norm grew past `GuardConfig.growth` times the last audited one, or when it
+    trained on fewer examples (docs/guard.md, "Between audits")."""
 
     def __init__(self, config: GuardConfig, training: TrainingSpec | None = None, num_classes: int | None = None,
                  tokenizer: str | None = None, client: Any = None, state: Mapping[str, Any] | None = None):
@@ -118,6 +126,11 @@ class Guard:
         self.own_change: dict[str, torch.Tensor] | None = None
         self.rung = 0  # the rung chosen at the last audit
         self.withholding = False  # the last audit withheld the update: so do the rounds until the next
+        # the last audited round's model, update norm and example count: the screen between audits
+        # compares with them
+        self.audited_model: dict[str, torch.Tensor] | None = None
+        self.audited_norm: float | None = None
+        self.audited_examples: int | None = None
         self.client_state: dict = {}
         if state is not None:
             self.load_state_dict(state)
@@ -125,9 +138,12 @@ class Guard:
     def state_dict(self) -> dict[str, Any]:
         """The guard's memory across rounds as a plain dict: `previous` (the last model that
         passed, a state dict, or None), `own_change` (the tensors of the client's last sent
-        update, or None), `rung` (chosen at the last audit) and `withholding`."""
+        update, or None), `rung` (chosen at the last audit), `withholding`, and the last audited
+        round's model (`audited_model`, a state dict), update norm (`audited_norm`) and example
+        count (`audited_examples`), None before the first audit."""
         return {"previous": self.previous, "own_change": self.own_change, "rung": self.rung,
-                "withholding": self.withholding}
+                "withholding": self.withholding, "audited_model": self.audited_model,
+                "audited_norm": self.audited_norm, "audited_examples": self.audited_examples}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Take the memory a `state_dict()` gave (missing keys keep their start values)."""
@@ -135,6 +151,11 @@ class Guard:
         self.own_change = state.get("own_change", self.own_change)
         self.rung = int(state.get("rung", self.rung))
         self.withholding = bool(state.get("withholding", self.withholding))
+        self.audited_model = state.get("audited_model", self.audited_model)
+        norm, examples = state.get("audited_norm", self.audited_norm), state.get("audited_examples",
+                                                                                  self.audited_examples)
+        self.audited_norm = None if norm is None else float(norm)
+        self.audited_examples = None if examples is None else int(examples)
 
     # ------------------------------------------------------------------ inbound
 
@@ -152,7 +173,26 @@ class Guard:
     # ------------------------------------------------------------------ outbound
 
     def audited_round(self, server_round: int) -> bool:
+        """Whether `server_round` is one of the scheduled audits (every k-th round)."""
         return (server_round - 1) % self.config.every == 0
+
+    def audit_due(self, server_round: int, model: nn.Module, update: Update, examples: int) -> str | None:
+        """Why this round's update is audited ("scheduled", "first", "model moved 7.2%", "grew
+        ×1.43", "fewer examples"), or None: the screen found nothing the last audit had not seen."""
+        if self.audited_round(server_round):
+            return "scheduled"
+        if self.audited_norm is None or self.audited_examples is None or self.audited_model is None:
+            return "first"  # a client that joins between scheduled rounds has no audit to go by
+        if examples < self.audited_examples:
+            return "fewer examples"
+        moved = model_drift(self.audited_model, state_of(model))
+        if self.config.drift and moved > self.config.drift:
+            return f"model moved {100 * moved:.1f}%"
+        growth = self.config.growth
+        ratio = update_norm(update) / max(self.audited_norm, 1e-30)
+        if growth and ratio > growth:
+            return f"grew ×{ratio:.2f}"
+        return None
 
     def outbound(self, model_before: nn.Module, update: Update, examples: tuple[torch.Tensor, torch.Tensor], *,
                  gallery: GivenGallery | None = None, server_round: int = 1,
@@ -165,16 +205,19 @@ class Guard:
         x, y = examples
         cfg = self.config
         audits: list[OutboundAudit] = []
-        if not self.audited_round(server_round) and self.withholding:
+        due = self.audit_due(server_round, model_before, update, len(x))
+        screened = f"round not audited (every {cfg.every}; since the last audit the model moved less than " \
+                   f"{cfg.drift:g} of its norm and the update grew less than ×{cfg.growth:g})"
+        if due is None and self.withholding:
             decision = GuardDecision(False, None, self.rung, self._rung_text(self.rung), "withheld",
-                                     f"round not audited (every {cfg.every}); the last audit withheld the top rung",
-                                     time.perf_counter() - start)
-        elif not self.audited_round(server_round):
+                                     f"{screened}; the last audit withheld the top rung", time.perf_counter() - start)
+        elif due is None:
             sent = self.defended(self.rung, model_before, update, x, y, training, server_round, self.client_state)
             decision = GuardDecision(True, sent, self.rung, self._rung_text(self.rung), "not audited",
-                                     f"round not audited (every {cfg.every}); the last chosen rung applied",
-                                     time.perf_counter() - start)
+                                     f"{screened}; the last chosen rung applied", time.perf_counter() - start)
         else:
+            self.audited_model = state_of(model_before)
+            self.audited_norm, self.audited_examples = update_norm(update), len(x)
             first = self.rung if cfg.start == "last" else 0
             # the whole ladder to one walk below (audit_ladder): the rungs in order until the first
             # whose update does not leak, the examples wrapped and the attacks chosen once
@@ -209,7 +252,8 @@ class Guard:
                                          time.perf_counter() - start, audits)
         if decision.send and decision.update is not None:
             self.own_change = dict(decision.update.tensors)
-        self.log({"round": server_round, "stage": "outbound", "grade": decision.grade, "rung": decision.rung,
+        self.log({"round": server_round, "stage": "outbound", "audit": due, "grade": decision.grade,
+                  "rung": decision.rung,
                   "rung_text": decision.rung_text, "sent": decision.send, "reason": decision.reason,
                   "seconds": round(decision.seconds, 3),
                   "audits": [{"rung": decision.rung - len(audits) + 1 + k, "leaks": a.leaks, "verdict": a.verdict,
@@ -247,3 +291,24 @@ class Guard:
 
     def _rung_defenses(self, rung: int) -> tuple[str, ...]:
         return tuple(str(s) for s in self.config.rungs[rung - 1].specs) if rung else ()
+
+
+def update_norm(update: Update) -> float:
+    """The L2 norm of all of an update's tensors together."""
+    return math.sqrt(sum(float(t.detach().double().pow(2).sum()) for t in update.tensors.values()))
+
+
+def model_drift(before: Mapping[str, torch.Tensor], after: Mapping[str, torch.Tensor]) -> float:
+    """How far `after` moved from `before`: the norm of the change over the norm of `before`,
+    over their shared floating-point tensors (a tensor whose shape changed counts as moved
+    entirely)."""
+    change = total = 0.0
+    for name, old in before.items():
+        if name not in after or not old.is_floating_point():
+            continue
+        new = after[name]
+        old64 = old.double()
+        total += float(old64.pow(2).sum())
+        change += float((new.double() - old64).pow(2).sum()) if new.shape == old.shape else float(
+            old64.pow(2).sum() + new.double().pow(2).sum())
+    return math.sqrt(change / max(total, 1e-30))

@@ -51,6 +51,13 @@ class GuardConfig:
     every:       audit the outgoing update every k-th round (1: every round); between audits
                  the last chosen rung is applied unaudited (nothing is sent when the last audit
                  withheld the update);
+    growth:      between those audits, a round is audited anyway when its update's norm is
+                 above this multiple of the norm at the last audit, or it trained on fewer
+                 examples: more signal under the same rung's noise may leak where the last
+                 audit's did not (the guard's cheap screen of every round; 0: off);
+    drift:       between those audits, a round is audited anyway when the received model moved
+                 by more than this share of its norm since the last audited round: the same
+                 update leaks differently through another model (0: off);
     start:       where an audit starts climbing: "bottom" (the update as trained, then each rung
                  in turn) or "last" (the rung chosen at the last audit: fewer audits per round,
                  but the guard never steps back down);
@@ -69,6 +76,8 @@ class GuardConfig:
     ladder: Sequence[str] | str = DEFAULT_LADDER
     time_budget: float = 60.0
     every: int = 1
+    growth: float = 1.25
+    drift: float = 0.05
     start: Literal["bottom", "last"] = "bottom"
     on_crafted: Literal["refuse", "safe_copy"] = "refuse"
     attacks: str | Sequence[str] = "auto"
@@ -92,6 +101,12 @@ class GuardConfig:
             raise GradleakError(f"guard: time_budget must be a positive number of seconds, got {self.time_budget!r}")
         if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
             raise GradleakError(f"guard: every must be a whole number of rounds >= 1, got {self.every!r}")
+        if isinstance(self.growth, bool) or not isinstance(self.growth, (int, float)) \
+                or not math.isfinite(self.growth) or (self.growth != 0 and self.growth < 1):
+            raise GradleakError(f"guard: growth must be 0 (off) or a factor >= 1, got {self.growth!r}")
+        if isinstance(self.drift, bool) or not isinstance(self.drift, (int, float)) \
+                or not math.isfinite(self.drift) or self.drift < 0:
+            raise GradleakError(f"guard: drift must be a share >= 0 (0: off), got {self.drift!r}")
         if self.start not in ("bottom", "last"):
             raise GradleakError(f"guard: start must be 'bottom' or 'last', got {self.start!r}")
         if self.on_crafted not in ON_CRAFTED:

@@ -117,6 +117,23 @@ def test_honest_rounds_go_out_defended_and_a_crafted_round_is_refused(tmp_path):
     assert all(r["client"] == 0 for r in records)
 
 
+def test_the_screen_between_audits_remembers_the_audited_norm_across_rounds(tmp_path):
+    # the guard is built afresh each round; its memory (rung, the audited update's norm) lives in
+    # Flower's context.state, so round 2 is screened against round 1's audit
+    trained: list = []
+    app = _app(_guard(tmp_path), trained)
+    context = _context(**{"guard-every": 5})
+    sent = _mlp().state_dict()
+    for server_round in (1, 2):
+        assert _send(app, sent, server_round, context).content["metrics"]["guard-rung"] == 2
+    records = [json.loads(line) for line in (tmp_path / "guard.jsonl").read_text().splitlines()]
+    assert [(r["round"], r["audit"], r["grade"]) for r in records if r["stage"] == "outbound"] == [
+        (1, "scheduled", "within tolerance"), (2, None, "not audited")]
+    assert _send(app, sent, 3, _context(**{"guard-every": 5})).content["metrics"]["guard-rung"] == 2
+    # a node with no memory audits its first round, scheduled or not
+    assert json.loads((tmp_path / "guard.jsonl").read_text().splitlines()[-1])["audit"] == "first"
+
+
 def test_safe_copy_trains_the_last_clean_model(tmp_path):
     trained: list = []
     app = _app(_guard(tmp_path, on_crafted="safe_copy"), trained)

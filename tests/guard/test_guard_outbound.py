@@ -149,14 +149,16 @@ def test_the_guards_memory_is_a_plain_state_dict():
     g.inbound(_mlp(), 1)
     decision = g.outbound(_mlp(), update, (x, y), server_round=1)
     state = g.state_dict()
-    assert set(state) == {"previous", "own_change", "rung", "withholding"}
+    assert set(state) == {"previous", "own_change", "rung", "withholding", "audited_model", "audited_norm",
+                          "audited_examples"}
     assert (state["rung"], state["withholding"]) == (decision.rung, False) == (1, False)
     again = Guard(g.config, training=FEDSGD, state=state)
     assert (again.rung, again.withholding) == (1, False)
     assert torch.equal(again.previous["1.weight"], _mlp().state_dict()["1.weight"])
     assert torch.equal(again.own_change["1.weight"], decision.update.tensors["1.weight"])
     assert Guard(g.config, training=FEDSGD, state={}).state_dict() == {
-        "previous": None, "own_change": None, "rung": 0, "withholding": False}
+        "previous": None, "own_change": None, "rung": 0, "withholding": False, "audited_model": None,
+        "audited_norm": None, "audited_examples": None}
 
 
 def test_every_kth_round_keeps_the_last_rung_between_audits(tmp_path):
@@ -172,6 +174,51 @@ def test_every_kth_round_keeps_the_last_rung_between_audits(tmp_path):
     assert g.outbound(_mlp(), update, (x, y), server_round=3).audits  # audited again
     assert [json.loads(line)["grade"] for line in log.read_text().splitlines()] == [
         "within tolerance", "not audited", "within tolerance"]
+
+
+def test_between_audits_a_grown_update_or_fewer_examples_is_audited_anyway(tmp_path):
+    x, y = _one_example(2)
+    update = compute_update(_mlp(), x, y, FEDSGD)
+    log = tmp_path / "guard.jsonl"
+    config = GuardConfig(ladder=["noise:sigma=1"], attacks=["fc-analytic"], every=5, log=str(log))
+    g = Guard(config, training=FEDSGD)
+    assert g.outbound(_mlp(), update, (x, y), server_round=1).audits
+    assert g.audited_norm == pytest.approx(float(update.flat().norm()), rel=1e-6) and g.audited_examples == 2
+    # within the growth factor: screened, not audited
+    smaller = update.replace(tensors={k: 1.2 * v for k, v in update.tensors.items()})
+    assert not g.outbound(_mlp(), smaller, (x, y), server_round=2).audits
+    grown = update.replace(tensors={k: 1.3 * v for k, v in update.tensors.items()})
+    assert g.outbound(_mlp(), grown, (x, y), server_round=3).audits
+    # the audit moved the reference: the same grown update is screened in the next round
+    assert not g.outbound(_mlp(), grown, (x, y), server_round=4).audits
+    one = compute_update(_mlp(), x[:1], y[:1], FEDSGD)
+    assert g.outbound(_mlp(), one, (x[:1], y[:1]), server_round=5).audits
+    # a model that moved: 3% of its norm is within the default 5%, 8% is not
+    moved = _mlp()
+    with torch.no_grad():
+        total = sum(float(p.pow(2).sum()) for p in moved.parameters()) ** 0.5
+        first = next(moved.parameters())
+        direction = torch.ones_like(first) / first.numel() ** 0.5
+        first += 0.03 * total * direction
+    assert not g.outbound(moved, one, (x[:1], y[:1]), server_round=7).audits
+    with torch.no_grad():
+        first += 0.05 * total * direction
+    assert g.outbound(moved, one, (x[:1], y[:1]), server_round=8).audits
+    assert [json.loads(line)["audit"] for line in log.read_text().splitlines()] == [
+        "scheduled", None, "grew ×1.30", None, "fewer examples", None, "model moved 8.0%"]
+    # off: the grown update is not audited between scheduled rounds
+    off = Guard(GuardConfig(ladder=["noise:sigma=1"], attacks=["fc-analytic"], every=5, growth=0), training=FEDSGD)
+    off.outbound(_mlp(), update, (x, y), server_round=1)
+    assert not off.outbound(_mlp(), grown.replace(tensors={k: 10 * v for k, v in grown.tensors.items()}), (x, y),
+                            server_round=2).audits
+
+
+def test_a_client_first_seen_between_scheduled_rounds_is_audited():
+    x, y = _one_example()
+    update = compute_update(_mlp(), x, y, FEDSGD)
+    g = Guard(GuardConfig(ladder=["noise:sigma=1"], attacks=["fc-analytic"], every=5), training=FEDSGD)
+    decision = g.outbound(_mlp(), update, (x, y), server_round=3)
+    assert decision.audits and decision.rung == 1  # fc-analytic copies the plain update: never sent as it is
 
 
 def test_after_a_withholding_audit_the_rounds_until_the_next_withhold_too():
