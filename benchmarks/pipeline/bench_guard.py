@@ -372,7 +372,8 @@ def screen(quick: bool, case: str = "utility") -> dict:
             "client_rounds": len(rows), "audited_by_the_screened_guard": len(rows) - len(between),
             "agreeing": len(agree), "agreeing_between_audits": sum(r in agree for r in between),
             "between_audits": len(between),
-            "guard_seconds_median": statistics.median(seconds), "guard_seconds_mean": round(statistics.mean(seconds), 2),
+            "guard_seconds_median": statistics.median(seconds),
+            "guard_seconds_mean": round(statistics.mean(seconds), 2),
             "full_audit_seconds_median": statistics.median(r["full_seconds"] for r in rows),
             "client_training_seconds_median": train,
             "guard_over_training_median": round(statistics.median(seconds) / train, 2), "rows": rows}

@@ -22,9 +22,9 @@ clean model, the client's own last update, the rung chosen) lives in the node's
 `gradleak flower` run, $GRADLEAK_FLOWER_OUT, else ./gradleak-guard.jsonl).
 
 Run-config keys read (all optional but `guard`): `guard` (true/false), `guard-tolerance`,
-`guard-ladder` (rungs separated by `;`), `guard-every`, `guard-growth`, `guard-drift`, `guard-start`, `guard-time-budget`,
-`guard-on-crafted`, `guard-attacks` (attack specs separated by `;`). `FlowerGuard.check(run_config)`
-checks them when the run starts (`gradleak flower` calls it before the simulation, the
+`guard-ladder` (rungs separated by `;`), `guard-every`, `guard-growth`, `guard-drift`, `guard-start`,
+`guard-time-budget`, `guard-on-crafted`, `guard-attacks` (attack specs separated by `;`).
+`FlowerGuard.check(run_config)` checks them when the run starts (`gradleak flower` calls it before the simulation, the
 example ServerApps first in their `main`), so that a bad value is one line before round 1.
 """
 from __future__ import annotations
