@@ -189,7 +189,7 @@ class Guard:
         if self.config.drift and moved > self.config.drift:
             return f"model moved {100 * moved:.1f}%"
         growth = self.config.growth
-        ratio = update_norm(update) / max(self.audited_norm, 1e-30)
+        ratio = float(update.flat().detach().double().norm()) / max(self.audited_norm, 1e-30)
         if growth and ratio > growth:
             return f"grew ×{ratio:.2f}"
         return None
@@ -206,8 +206,7 @@ class Guard:
         cfg = self.config
         audits: list[OutboundAudit] = []
         due = self.audit_due(server_round, model_before, update, len(x))
-        screened = f"round not audited (every {cfg.every}; since the last audit the model moved less than " \
-                   f"{cfg.drift:g} of its norm and the update grew less than ×{cfg.growth:g})"
+        screened = f"round not audited (every {cfg.every}{self._screen_text()})"
         if due is None and self.withholding:
             decision = GuardDecision(False, None, self.rung, self._rung_text(self.rung), "withheld",
                                      f"{screened}; the last audit withheld the top rung", time.perf_counter() - start)
@@ -217,7 +216,7 @@ class Guard:
                                      f"{screened}; the last chosen rung applied", time.perf_counter() - start)
         else:
             self.audited_model = state_of(model_before)
-            self.audited_norm, self.audited_examples = update_norm(update), len(x)
+            self.audited_norm, self.audited_examples = float(update.flat().detach().double().norm()), len(x)
             first = self.rung if cfg.start == "last" else 0
             # the whole ladder to one walk below (audit_ladder): the rungs in order until the first
             # whose update does not leak, the examples wrapped and the attacks chosen once
@@ -286,16 +285,16 @@ class Guard:
             with path.open("a") as f:
                 f.write(json.dumps(record, default=str) + "\n")
 
+    def _screen_text(self) -> str:
+        tests = ([f"the model moved less than {self.config.drift:g} of its norm"] if self.config.drift else []) + \
+            ([f"the update grew less than ×{self.config.growth:g}"] if self.config.growth else [])
+        return f"; since the last audit {' and '.join(tests)}" if tests else ""
+
     def _rung_text(self, rung: int) -> str:
         return self.config.rungs[rung - 1].text if rung else "none"
 
     def _rung_defenses(self, rung: int) -> tuple[str, ...]:
         return tuple(str(s) for s in self.config.rungs[rung - 1].specs) if rung else ()
-
-
-def update_norm(update: Update) -> float:
-    """The L2 norm of all of an update's tensors together."""
-    return math.sqrt(sum(float(t.detach().double().pow(2).sum()) for t in update.tensors.values()))
 
 
 def model_drift(before: Mapping[str, torch.Tensor], after: Mapping[str, torch.Tensor]) -> float:
