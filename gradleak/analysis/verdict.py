@@ -7,7 +7,8 @@ The grades, strongest first (gradleak.leakage says how each is measured and test
 - **copies** — some attack reconstructed an example exactly: *leaks*;
 - **recognizable** — some attack's reconstructions re-identify their originals and pass the
   perceptual bar more often than chance allows (Holm-corrected over the setting's attacks and
-  both tests): *leaks*;
+  both tests), and the tolerance is not met: *leaks*; within the tolerance (a few of hundreds)
+  it may *hold*, and the verdict names the count;
 - **linkable** — reconstructions are measurably nearer their originals than chance (linkage
   AUC above 0.5, Holm-corrected), none shown recognizable, and the linkage is shown beyond the
   tolerance (its interval's lower end above it); measurably linkable but not yet placed on
@@ -30,7 +31,7 @@ from ..store import CellRecord
 from .cells import SCENARIO_KEYS
 from .costs import mark_frontier, privacy_bound, utility_loss, utility_metric, utility_table
 from .rows import attack_rows, failures, with_weaker_threats
-from .wording import attack_name, unconfirmed_text, verdict
+from .wording import attack_name, recognizable_within, unconfirmed_text, verdict
 
 # Grades of leakage, strongest first; "holds" is the grade of a setting that met the tolerance.
 GRADES = ("copies", "recognizable", "linkable")
@@ -132,7 +133,10 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
     meets = bool(judged) and len(judged) == len(members) and all(m["evidence"].meets(tolerance) for m in members)
     if copied:
         grade, best = "copies", max(copied, key=lambda m: m["evidence"].copies / max(m["evidence"].copies_of, 1))
-    elif recognised:
+    elif recognised and not meets:
+        # recognizable beyond chance is a leak unless the tolerance, which bounds the recognizable
+        # rate the user accepts, is met at its level: a few legible digits of hundreds then hold,
+        # and the verdict says how many
         grade, best = "recognizable", min(recognised, key=lambda m: significant[(id(m), "recognizable")])
     elif beyond:
         grade, best = "linkable", max(beyond, key=lambda m: m["evidence"].linkage_interval(tolerance.level)[0])
@@ -173,6 +177,7 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
             "unconfirmed_recognizable": None if grade in ("copies", "recognizable") or not unconfirmed else
             unconfirmed_text(min(unconfirmed, key=lambda m: significant[(id(m), "recognizable")])),
             "linkable_within": bool(linked) and meets,
+            "recognizable_within": recognizable_within(recognised) if meets else None,
             "linkable_open": grade is None and bool(linked) and not meets,
             "exceeds_tolerance": any(m["evidence"].exceeds(tolerance) for m in members),
             **{f"ev_{k}": v for k, v in evidence.summary(tolerance.level).items()},

@@ -20,6 +20,17 @@ def unconfirmed_text(member: dict) -> str:
             "(borderline, not confirmed on fresh examples: not called a leak)")
 
 
+def recognizable_within(recognised: list[dict]) -> str | None:
+    """The attack with the most examples recognizable beyond chance, where the tolerance is
+    met all the same: "13 of 800 examples recognizable by ATTACK (beyond chance)"; None for none."""
+    if not recognised:
+        return None
+    member = max(recognised, key=lambda m: m["evidence"].recognizable)
+    evidence: Evidence = member["evidence"]
+    return (f"{count_text(evidence.recognizable, evidence.examples)} recognizable by {attack_name(member)} "
+            "(beyond chance)")
+
+
 def entry_tolerance(entry: dict) -> Tolerance:
     stored = entry.get("tolerance")
     return Tolerance(**stored) if isinstance(stored, dict) else Tolerance()
@@ -117,7 +128,9 @@ def _verdict(entry: dict) -> tuple[str, str]:
                 f"not shown: measurably linkable, not recognizable — reconstructions by {attack} are nearer their "
                 f"originals than chance ({_evidence_text(entry)}), but {_unbounded(entry, tolerance)}")
         return "not shown (rates not bounded)", f"not shown: {_unbounded(entry, tolerance)}"
-    linkable = (" — measurably linkable, within the tolerance" if entry.get("linkable_within") else "")
+    within = (["measurably linkable"] if entry.get("linkable_within") else []) + (
+        [entry["recognizable_within"]] if entry.get("recognizable_within") else [])
+    linkable = f" — {' and '.join(within)}, within the tolerance" if within else ""
     return "holds", (f"holds at the tolerance ({tolerance.describe()}) against {against} (saturated at "
                      f"{_budget_text(entry)}; over {entry['min_examples']} or more examples per attack the linkage "
                      f"AUC is at most {entry['worst_linkage_high']:.2f} and the recognizable rate at most "

@@ -133,6 +133,30 @@ def test_holds_states_the_bound_it_reached_and_few_examples_are_not_shown():
     assert "8 examples per attack bound" in entry["verdict_text"]
 
 
+def test_a_few_recognizable_among_hundreds_hold_within_the_tolerance_and_say_so():
+    from gradleak.analysis import strongest_attacks
+
+    rng = random.Random(5)
+    # 2 seeds × 400 examples near chance linkage; 13 of 800 recognised at a chance level of 0.2%:
+    # decisively beyond chance (binomial tail ~1e-8), yet the rate's 95% upper end (2.8%) is
+    # within the tolerance's 10%: the tolerance is met, so the setting holds and names the count
+    study = {"fedavg": [([0.5 + 0.1 * (rng.random() - 0.5) for _ in range(400)], 13 if seed == 0 else 0)
+                        for seed in range(2)]}
+    [entry] = strongest_attacks(_study(study))
+    assert entry["grade"] is None and entry["verdict"] == "holds"
+    assert entry["recognizable_within"] == "13 of 800 examples recognizable by fedavg (beyond chance)"
+    assert entry["verdict_text"].endswith("— 13 of 800 examples recognizable by fedavg (beyond chance), within the "
+                                          "tolerance")
+    # 120 of 800 recognised (15%, 95% upper end above 10%): the tolerance is not met, a leak
+    study["fedavg"][0] = (study["fedavg"][0][0], 120)
+    [entry] = strongest_attacks(_study(study))
+    assert entry["grade"] == "recognizable" and entry["verdict"] == "leaks"
+    # 60 of 800 (7.5%, upper end 9.6%): within the tolerance, so it holds, however far beyond chance
+    study["fedavg"][0] = (study["fedavg"][0][0], 60)
+    [entry] = strongest_attacks(_study(study))
+    assert entry["verdict"] == "holds" and "60 of 800 examples recognizable" in entry["verdict_text"]
+
+
 def test_a_borderline_recognizable_count_is_not_called_a_leak_until_confirmed():
     from gradleak.analysis import strongest_attacks
 
