@@ -18,8 +18,9 @@
   split). Case "outbound": the sigmoid CNN, where the undefended update leaks; case
   "utility": the example's LeNet-5, which learns within its 10 rounds.
 - chance: the leak rule on updates that carry nothing (Gaussian noise at the update's RMS).
-- screen: the guard between audits (every 5 rounds, the norm screen in between) against the
-  full audit of every round on the utility case's clients: agreement and seconds per round.
+- screen: the guard between audits (every 5 rounds, the screen's drift and growth tests in
+  between) against the full audit of every round on the utility case's clients: agreement and
+  seconds per round.
 - flower: the example's real ClientApp (examples/flower_audit, all its mods) driven
   in-process with Flower messages, `guard = true`: an honest round 1, an rtf-crafted model in
   round 2, an honest round 3.
@@ -299,7 +300,7 @@ def outbound(quick: bool, case: str = "leak") -> dict:
 
 
 def screen(quick: bool, case: str = "utility") -> dict:
-    """The guard as shipped between audits (`every` rounds, the norm screen of every round in
+    """The guard as shipped between audits (`every` rounds, the screen of every round in
     between, climbing from the bottom) against the full audit of every round: a federation of
     the case's clients driven by the screened guard; in each round the screen did not audit, a
     second guard with `every = 1` audits the same update (its own memory, the same seeds), so
@@ -309,7 +310,8 @@ def screen(quick: bool, case: str = "utility") -> dict:
     from flower_audit.task import client_data, make_model
 
     from gradleak.fl import compute_update
-    from gradleak.guard import Guard, GuardConfig
+    from gradleak.guard import Guard, GuardConfig, model_drift
+    from gradleak.guard.inbound import state_of
     from gradleak.guard.trajectory import honest_fedavg
 
     setting = dict(OUTBOUND[case])
@@ -325,14 +327,11 @@ def screen(quick: bool, case: str = "utility") -> dict:
     screened = [Guard(screened_config, training=training(1, c), client=c) for c in range(clients)]
     full = [Guard(full_config, training=training(1, c), client=c) for c in range(clients)]
     rows: list[dict] = []
-    audited_models: dict[int, torch.Tensor] = {}
+    audited_models: dict[int, dict] = {}
 
     def initial():
         torch.manual_seed(int(config["seed"]))
         return make_model(config)
-
-    def flat(model) -> torch.Tensor:
-        return torch.cat([p.detach().flatten() for p in model.parameters()])
 
     def guarded(number, client, model, update, x, y):
         start = time.perf_counter()
@@ -341,10 +340,10 @@ def screen(quick: bool, case: str = "utility") -> dict:
         decision = screened[client].outbound(model, update, (x, y), gallery=galleries[client], server_round=number,
                                              training=training(number, client))
         audited = bool(decision.audits)
-        before = audited_models.get(client, flat(model))
-        drift = float((flat(model) - before).norm() / before.norm())
+        state = state_of(model)
+        drift = model_drift(audited_models.get(client, state), state)  # since the client's last audit
         if audited:  # the full audit itself; the shadow guard takes its memory
-            audited_models[client] = flat(model)
+            audited_models[client] = state
             shadow = decision
             full[client].load_state_dict(screened[client].state_dict())
         else:
@@ -367,8 +366,8 @@ def screen(quick: bool, case: str = "utility") -> dict:
     return {"setting": f"{clients} clients of examples/flower_audit ({config['model']}, "
                        f"{config['examples-per-client']} examples each, {setting['local_epochs']} local epochs of "
                        f"batch {setting['batch_size']}), {rounds} rounds, {setting['attack']}, default tolerance and "
-                       f"ladder, climbing from the bottom; screened: every {every}, growth "
-                       f"{screened_config.growth:g}; full: every round",
+                       f"ladder, climbing from the bottom; screened: every {every}, drift "
+                       f"{screened_config.drift:g}, growth {screened_config.growth:g}; full: every round",
             "client_rounds": len(rows), "audited_by_the_screened_guard": len(rows) - len(between),
             "agreeing": len(agree), "agreeing_between_audits": sum(r in agree for r in between),
             "between_audits": len(between),

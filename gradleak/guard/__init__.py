@@ -47,7 +47,8 @@ from .outbound import (
 
 __all__ = ["guard", "Guard", "GuardConfig", "GuardDecision", "check_received", "InboundReport", "Finding",
            "OutboundAudit", "OutboundCase", "LadderAudit", "LadderCheck", "audit_ladder", "audit_outbound",
-           "UpdateGrade", "judge_update", "update_evidence", "update_leaks", "parse_ladder", "DEFAULT_LADDER"]
+           "UpdateGrade", "judge_update", "update_evidence", "update_leaks", "parse_ladder", "DEFAULT_LADDER",
+           "model_drift"]
 
 
 @dataclass
