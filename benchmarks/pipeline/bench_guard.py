@@ -21,6 +21,8 @@
 - screen: the guard between audits (every 5 rounds, the screen's drift and growth tests in
   between) against the full audit of every round on the utility case's clients: agreement and
   seconds per round.
+- top_rung: later rounds' plain, top-rung and content-free updates of the same clients, each
+  audited once: whether the top rung stops the attack, and how far one audit's linkage moves.
 - flower: the example's real ClientApp (examples/flower_audit, all its mods) driven
   in-process with Flower messages, `guard = true`: an honest round 1, an rtf-crafted model in
   round 2, an honest round 3.
@@ -411,6 +413,53 @@ def chance(quick: bool, case: str = "utility") -> dict:
             "beyond_chance": sum(r["beyond_chance"] for r in rows), "rows": rows}
 
 
+def top_rung(quick: bool, case: str = "utility") -> dict:
+    """What one audit measures, later in training: on the honest trajectory's rounds 5 and 8 (2 in
+    `--quick`), each client's plain update, the same update under the ladder's top rung, and a
+    content-free update (Gaussian noise at each tensor's RMS), each audited once by the case's
+    attack: the grade, linkage and whether beyond chance. Shows whether the top rung stops the
+    attack and how far the audit's linkage over a client's examples moves on its own."""
+    from flower_audit.task import client_data, make_model
+
+    from gradleak.defenses import make_chain
+    from gradleak.fl.places import DefenseContext
+    from gradleak.guard import DEFAULT_LADDER, audit_outbound
+    from gradleak.guard.trajectory import honest_fedavg
+    from gradleak.leakage import parse_tolerance
+    from gradleak.seeding import stream
+
+    setting = OUTBOUND[case]
+    config = setting["config"]
+    clients, rounds = (2, (2,)) if quick else (setting["clients"], (5, 8))
+    data = [client_data(i, 10, config) for i in range(clients)]
+    training = _training(setting)
+    torch.manual_seed(int(config["seed"]))
+    rows = []
+    for past in honest_fedavg(make_model(config), data, training, max(rounds), keep=None):
+        if past.number not in rounds:
+            continue
+        for client, update in past.updates.items():
+            x, y = data[client]
+            model = make_model(config)
+            model.load_state_dict(past.received)
+            g = torch.Generator().manual_seed(1000 + client)
+            content_free = update.replace(tensors={k: torch.randn(v.shape, generator=g) * v.pow(2).mean().sqrt()
+                                                   for k, v in update.tensors.items()})
+            context = DefenseContext(stream(0, "top rung", past.number, client), {}, training(past.number, client),
+                                     model)
+            top = make_chain([DEFAULT_LADDER[-1]]).transform_update(update, context)
+            row: dict = {"round": past.number, "client": client, "update_norm": round(float(update.flat().norm()), 3)}
+            for name, sent in (("plain", update), (DEFAULT_LADDER[-1], top), ("content-free", content_free)):
+                audit = audit_outbound(model, sent, x, y, training=training(past.number, client),
+                                       attacks=[setting["attack"]], gallery=_other_examples(client, config),
+                                       tolerance=parse_tolerance(None))
+                row[name] = {"leaks": audit.leaks, "beyond_chance": audit.beyond_chance, "reason": audit.reason}
+            print(row, file=sys.stderr, flush=True)
+            rows.append(row)
+    return {"setting": f"{case} case's clients, honest trajectory rounds {list(rounds)}, {setting['attack']}",
+            "rows": rows}
+
+
 def _other_examples(partition: int, config: dict):
     from types import SimpleNamespace
 
@@ -482,7 +531,7 @@ def flower_app(quick: bool) -> dict:
     return out
 
 
-CASES = ("inbound", "flower_app", "outbound", "chance", "utility", "screen")
+CASES = ("inbound", "flower_app", "outbound", "chance", "utility", "screen", "top_rung")
 
 
 def run(quick: bool = False, cases=CASES) -> dict:
@@ -495,7 +544,7 @@ def run(quick: bool = False, cases=CASES) -> dict:
             out[case] = outbound(quick, "utility")
         else:
             out[case] = {"inbound": inbound, "flower_app": flower_app, "outbound": outbound,
-                         "chance": chance, "screen": screen}[case](quick)
+                         "chance": chance, "screen": screen, "top_rung": top_rung}[case](quick)
         out[f"{case}_seconds"] = round(time.perf_counter() - start, 1)
     return out
 
