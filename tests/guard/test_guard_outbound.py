@@ -177,7 +177,8 @@ def test_every_kth_round_keeps_the_last_rung_between_audits(tmp_path):
 
 
 def test_between_audits_a_grown_update_or_fewer_examples_is_audited_anyway(tmp_path):
-    x, y = _one_example(2)
+    x = torch.cat([_one_example(1)[0], _one_example(2)[0]])
+    y = torch.tensor([2, 1])
     update = compute_update(_mlp(), x, y, FEDSGD)
     log = tmp_path / "guard.jsonl"
     config = GuardConfig(ladder=["noise:sigma=1"], attacks=["fc-analytic"], every=5, log=str(log))
