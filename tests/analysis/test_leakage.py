@@ -151,7 +151,7 @@ def test_a_few_recognizable_among_hundreds_hold_within_the_tolerance_and_say_so(
     study["fedavg"][0] = (study["fedavg"][0][0], 120)
     [entry] = strongest_attacks(_study(study))
     assert entry["grade"] == "recognizable" and entry["verdict"] == "leaks"
-    # 60 of 800 (7.5%, upper end 9.6%): within the tolerance, so it holds, however far beyond chance
+    # 60 of 800 (7.5%, upper end 9.5%): within the tolerance, so it holds, however far beyond chance
     study["fedavg"][0] = (study["fedavg"][0][0], 60)
     [entry] = strongest_attacks(_study(study))
     assert entry["verdict"] == "holds" and "60 of 800 examples recognizable" in entry["verdict_text"]
