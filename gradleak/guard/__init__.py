@@ -140,8 +140,9 @@ class Guard:
         """The guard's memory across rounds as a plain dict: `previous` (the last model that
         passed, a state dict, or None), `own_change` (the tensors of the client's last sent
         update, or None), `rung` (chosen at the last audit), `withholding`, and the last audited
-        round's model (`audited_model`, a state dict), update norm (`audited_norm`) and example
-        count (`audited_examples`), None before the first audit."""
+        round's model (`audited_model`, a state dict; kept only with `every` > 1 and `drift` on),
+        update norm (`audited_norm`) and example count (`audited_examples`), None before the
+        first audit."""
         return {"previous": self.previous, "own_change": self.own_change, "rung": self.rung,
                 "withholding": self.withholding, "audited_model": self.audited_model,
                 "audited_norm": self.audited_norm, "audited_examples": self.audited_examples}
@@ -177,21 +178,24 @@ class Guard:
         """Whether `server_round` is one of the scheduled audits (every k-th round)."""
         return (server_round - 1) % self.config.every == 0
 
-    def audit_due(self, server_round: int, model: nn.Module, update: Update, examples: int) -> str | None:
-        """Why this round's update is audited ("scheduled", "first", "model moved 7.2%", "grew
-        ×1.43", "fewer examples"), or None: the screen found nothing the last audit had not seen."""
+    def audit_due(self, server_round: int, model: nn.Module, update_norm: float, examples: int) -> str | None:
+        """Why this round's update (of norm `update_norm`, trained on `examples`) is audited
+        ("scheduled", "first", "model moved 7.2%", "grew ×1.43", "fewer examples"), or None: the
+        screen found nothing the last audit had not seen."""
         if self.audited_round(server_round):
             return "scheduled"
-        if self.audited_norm is None or self.audited_examples is None or self.audited_model is None:
+        if self.audited_norm is None or self.audited_examples is None:
             return "first"  # a client that joins between scheduled rounds has no audit to go by
         if examples < self.audited_examples:
             return "fewer examples"
-        moved = model_drift(self.audited_model, state_of(model))
-        if self.config.drift and moved > self.config.drift:
-            return f"model moved {100 * moved:.1f}%"
-        growth = self.config.growth
-        ratio = float(update.flat().detach().double().norm()) / max(self.audited_norm, 1e-30)
-        if growth and ratio > growth:
+        if self.config.drift:
+            if self.audited_model is None:
+                return "first"
+            moved = model_drift(self.audited_model, state_of(model))
+            if moved > self.config.drift:
+                return f"model moved {100 * moved:.1f}%"
+        ratio = update_norm / max(self.audited_norm, 1e-30)
+        if self.config.growth and ratio > self.config.growth:
             return f"grew ×{ratio:.2f}"
         return None
 
@@ -206,7 +210,8 @@ class Guard:
         x, y = examples
         cfg = self.config
         audits: list[OutboundAudit] = []
-        due = self.audit_due(server_round, model_before, update, len(x))
+        norm = float(update.flat().detach().double().norm())
+        due = self.audit_due(server_round, model_before, norm, len(x))
         screened = f"round not audited (every {cfg.every}{self._screen_text()})"
         if due is None and self.withholding:
             decision = GuardDecision(False, None, self.rung, self._rung_text(self.rung), "withheld",
@@ -216,8 +221,9 @@ class Guard:
             decision = GuardDecision(True, sent, self.rung, self._rung_text(self.rung), "not audited",
                                      f"{screened}; the last chosen rung applied", time.perf_counter() - start)
         else:
-            self.audited_model = state_of(model_before)
-            self.audited_norm, self.audited_examples = float(update.flat().detach().double().norm()), len(x)
+            # the model is kept only where a screen between audits will compare with it
+            self.audited_model = state_of(model_before) if cfg.every > 1 and cfg.drift else None
+            self.audited_norm, self.audited_examples = norm, len(x)
             first = self.rung if cfg.start == "last" else 0
             # the whole ladder to one walk below (audit_ladder): the rungs in order until the first
             # whose update does not leak, the examples wrapped and the attacks chosen once
