@@ -380,6 +380,60 @@ def screen(quick: bool, case: str = "utility") -> dict:
             "guard_over_training_median": round(statistics.median(seconds) / train, 2), "rows": rows}
 
 
+def repeat(quick: bool, case: str = "utility") -> dict:
+    """The full audit against itself: every client-round of the case's federation audited by two
+    guards that differ only in the attack's seed (`GuardConfig.seed` 0 and 1), each with its own
+    memory, both climbing from the bottom, on the same update. Their agreement (sent or not, and
+    the rung) is the most any cheaper predictor of the full audit can be measured to agree with
+    it; the first audit's grade and linkage beside it say where the two differ."""
+    from flower_audit.task import client_data, make_model
+
+    from gradleak.guard import Guard, GuardConfig
+    from gradleak.guard.trajectory import honest_fedavg
+
+    setting = dict(OUTBOUND[case])
+    if quick:
+        setting.update(clients=2, rounds=2)
+    config, clients, rounds = setting["config"], setting["clients"], setting["rounds"]
+    data = [client_data(i, 10, config) for i in range(clients)]
+    training = _training(setting)
+    galleries = [_other_examples(c, config) for c in range(clients)]
+    pairs = [[Guard(GuardConfig(strongest=(setting["attack"],), every=1, seed=seed), training=training(1, c), client=c)
+              for seed in (0, 1)] for c in range(clients)]
+    rows: list[dict] = []
+
+    def initial():
+        torch.manual_seed(int(config["seed"]))
+        return make_model(config)
+
+    def first(decision):
+        audit = decision.audits[0] if decision.audits else None
+        return None if audit is None else {"leaks": audit.leaks, "beyond_chance": audit.beyond_chance,
+                                           "grade": decision.grade}
+
+    def guarded(number, client, model, update, x, y):
+        decisions = [g.outbound(model, update, (x, y), gallery=galleries[client], server_round=number,
+                                training=training(number, client)) for g in pairs[client]]
+        rows.append({"round": number, "client": client,
+                     "decisions": [[d.send, d.rung] for d in decisions],
+                     "first_audits": [first(d) for d in decisions],
+                     "seconds": [round(d.seconds, 2) for d in decisions]})
+        print(rows[-1], file=sys.stderr, flush=True)
+        return decisions[0].update
+
+    list(honest_fedavg(initial(), data, training, rounds, keep=(), send=guarded, final=True))
+    agree = [r for r in rows if r["decisions"][0] == r["decisions"][1]]
+    first_agree = [r for r in rows if r["first_audits"][0] and r["first_audits"][1]
+                   and r["first_audits"][0]["leaks"] == r["first_audits"][1]["leaks"]]
+    return {"setting": f"{clients} clients of examples/flower_audit ({config['model']}, "
+                       f"{config['examples-per-client']} examples each, {setting['local_epochs']} local epochs of "
+                       f"batch {setting['batch_size']}), {rounds} rounds, {setting['attack']}, default tolerance and "
+                       "ladder, climbing from the bottom, every round audited twice (attack seeds 0 and 1)",
+            "client_rounds": len(rows), "agreeing": len(agree),
+            "plain_update_leak_call_agreeing": len(first_agree),
+            "full_audit_seconds_median": statistics.median(s for r in rows for s in r["seconds"]), "rows": rows}
+
+
 def chance(quick: bool, case: str = "utility") -> dict:
     """The leak rule on updates that carry nothing: for each client of the case, its round-1
     update replaced by Gaussian noise at the real update's RMS per tensor, attacked by the
@@ -531,7 +585,7 @@ def flower_app(quick: bool) -> dict:
     return out
 
 
-CASES = ("inbound", "flower_app", "outbound", "chance", "utility", "screen", "top_rung")
+CASES = ("inbound", "flower_app", "outbound", "chance", "utility", "screen", "repeat", "top_rung")
 
 
 def run(quick: bool = False, cases=CASES) -> dict:
@@ -544,7 +598,7 @@ def run(quick: bool = False, cases=CASES) -> dict:
             out[case] = outbound(quick, "utility")
         else:
             out[case] = {"inbound": inbound, "flower_app": flower_app, "outbound": outbound,
-                         "chance": chance, "screen": screen, "top_rung": top_rung}[case](quick)
+                         "chance": chance, "screen": screen, "repeat": repeat, "top_rung": top_rung}[case](quick)
         out[f"{case}_seconds"] = round(time.perf_counter() - start, 1)
     return out
 
