@@ -1,6 +1,6 @@
 """The client-side guard (gradleak.guard, gradleak.flower.guard) on the example apps.
 
-- inbound: models crafted by gradleak's rtf, fishing, loki and mkor `prepare_model`, one per
+- inbound: models crafted by gradleak's rtf, fishing, loki, mkor and scale-mia `prepare_model`, one per
   round of an honest FedAvg trajectory (the crafted model replaces that round's global model;
   the client compares it with the previous round's and its own last update; round 1 has nothing
   to compare with), and the false alarms over 20 honest rounds of each example app, for every
@@ -46,6 +46,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 MNIST = (1, 28, 28)
 IMAGE_ATTACKS = ("rtf", "rtf:bins=16,query=gaussian", "fishing", "fishing:target_class=3,fish_bias=5", "loki")
 MKOR_ATTACKS = ("mkor", "mkor:noise=0.01", "mkor:noise=0.1,shuffle=false")
+# bins written into the model's own first dense+ReLU layer: the example's (ReLU) LeNet-5
+LATENT_ATTACKS = ("scale-mia", "scale-mia:query=mean")
 # the inbound measurements ran on the example's sigmoid CNN (its default model then)
 MNIST_CONFIG = {"seed": 0, "dirichlet-alpha": 0.5, "examples-per-client": 8, "model": "sigmoid-cnn"}
 TEXT_CONFIG = {"seed": 0, "seq-len": 16, "sequences-per-client": 4}
@@ -95,8 +97,12 @@ def inbound(quick: bool) -> dict:
 
     def net():
         return initial_model(MNIST_CONFIG)
+
+    def relu_lenet5():
+        return initial_model({**MNIST_CONFIG, "model": "lenet5"})
     for label, factory, attacks in (("cnn (flower_audit's sigmoid-cnn)", net, IMAGE_ATTACKS),
-                                    ("lenet5", lenet5, MKOR_ATTACKS)):
+                                    ("lenet5", lenet5, MKOR_ATTACKS),
+                                    ("flower_audit's lenet5 (ReLU)", relu_lenet5, LATENT_ATTACKS)):
         history = list(honest_fedavg(factory(), data, training, rounds))
         false_alarms, checked, honest_scores = [], 0, []
         for client in range(clients):

@@ -11,6 +11,7 @@ ATTACKS: Registry = Registry("attack", {
     "fc-analytic": "gradleak.attacks.analytic.fc_analytic:FCAnalytic",
     "rtf": "gradleak.attacks.malicious.rtf:RobbingTheFed",
     "loki": "gradleak.attacks.malicious.loki:Loki",
+    "scale-mia": "gradleak.attacks.malicious.scale_mia:ScaleMIA",
     "fishing": "gradleak.attacks.malicious.fishing:ClassFishing",
     "cpa": "gradleak.attacks.analytic.cpa:CocktailParty",
     "tensor": "gradleak.attacks.analytic.tensor:TensorAttack",
