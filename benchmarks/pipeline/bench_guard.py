@@ -32,6 +32,7 @@ runs the cases named. `--quick`: fewer rounds and clients everywhere.
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import sys
 import time
@@ -440,6 +441,58 @@ def repeat(quick: bool, case: str = "utility") -> dict:
             "full_audit_seconds_median": statistics.median(s for r in rows for s in r["seconds"]), "rows": rows}
 
 
+def stealthy(quick: bool) -> dict:
+    """The disguised scale-mia against the guard in a client's first round (no earlier model to
+    compare with): the model it sends passes the inbound checks or not; the guard's outbound audit
+    (its defaults) of the update the client trains on it, and what the attack then reconstructs,
+    through the pipeline (`run_attack`), from the update as trained and through the rung the guard
+    chose. FedSGD (one step of the client's examples, lr 0.1), the ReLU LeNet-5, MNIST test split;
+    the server calibrates without held-out data (`--threat malicious`)."""
+    from gradleak.attacks import AttackContext, make_attack
+    from gradleak.data.references import resolve_data, run_order
+    from gradleak.fl import TrainingSpec, compute_update
+    from gradleak.guard import Guard, GuardConfig, check_received
+    from gradleak.run.experiment import AttackRunSpec, run_attack
+    from gradleak.run.scenario.assembly import scenario_model
+
+    seeds = (1, 2) if quick else (1, 2, 3, 4, 5, 6)
+    rows = []
+    for batch in ((8,) if quick else (8, 64)):
+        for seed in seeds:
+            spec = AttackRunSpec(dataset="mnist", model="lenet5", activation="relu", attack="scale-mia",
+                                 batch_size=batch, seed=seed, threat="malicious", lpips="none")
+            data = resolve_data(spec.dataset, spec.split, spec.resize, spec.seq_len).dataset
+            model = scenario_model(spec, data)
+            attack = make_attack(spec.attack)
+            crafted = attack.prepare_model(model, data.input_shape, data.num_classes, AttackContext(seed=seed)).model
+            inbound = check_received(crafted)
+            order = run_order(len(data), seed)
+            x, y = data.inputs[order[:batch]], data.labels[order[:batch]]
+            gallery = data.inputs[order[batch:batch + 64]]
+            training = TrainingSpec(lr=0.1)
+            update = compute_update(crafted, x, y, training)
+            decision = Guard(GuardConfig(), training=training).outbound(crafted, update, (x, y), gallery=gallery,
+                                                                         training=training)
+            plain = run_attack(spec).metrics
+            through = (run_attack(dataclasses.replace(spec, defenses=(decision.rung_text,))).metrics
+                       if decision.send and decision.rung > 0 else plain if decision.send else None)
+            rows.append({"batch": batch, "seed": seed, "inbound": inbound.summary(),
+                         "guard": {"send": decision.send, "rung": decision.rung_text, "grade": decision.grade,
+                                   "seconds": round(decision.seconds, 1)},
+                         "plain": {"recognizable": plain["recognizable"], "asr": plain["asr"]},
+                         "sent": None if through is None else {"recognizable": through["recognizable"],
+                                                               "asr": through["asr"]}})
+            print(rows[-1], file=sys.stderr, flush=True)
+    return {"setting": "scale-mia (disguised) on the ReLU LeNet-5, MNIST test split, FedSGD lr 0.1, a client's "
+                       "first round; the guard at its defaults (gallery: 64 other examples)",
+            "missed_inbound": sum(r["inbound"] == "no sign of a crafted model" for r in rows),
+            "client_rounds": len(rows),
+            "withheld": sum(not r["guard"]["send"] for r in rows),
+            "sent_while_leaking": sum(r["sent"] is not None
+                                      and (r["sent"]["recognizable"] > 0.1 or r["sent"]["asr"] > 0) for r in rows),
+            "rows": rows}
+
+
 def chance(quick: bool, case: str = "utility") -> dict:
     """The leak rule on updates that carry nothing: for each client of the case, its round-1
     update replaced by Gaussian noise at the real update's RMS per tensor, attacked by the
@@ -591,7 +644,7 @@ def flower_app(quick: bool) -> dict:
     return out
 
 
-CASES = ("inbound", "flower_app", "outbound", "chance", "utility", "screen", "repeat", "top_rung")
+CASES = ("inbound", "flower_app", "outbound", "chance", "utility", "screen", "repeat", "stealthy", "top_rung")
 
 
 def run(quick: bool = False, cases=CASES) -> dict:
@@ -604,7 +657,8 @@ def run(quick: bool = False, cases=CASES) -> dict:
             out[case] = outbound(quick, "utility")
         else:
             out[case] = {"inbound": inbound, "flower_app": flower_app, "outbound": outbound,
-                         "chance": chance, "screen": screen, "repeat": repeat, "top_rung": top_rung}[case](quick)
+                         "chance": chance, "screen": screen, "repeat": repeat, "stealthy": stealthy,
+                         "top_rung": top_rung}[case](quick)
         out[f"{case}_seconds"] = round(time.perf_counter() - start, 1)
     return out
 

@@ -23,7 +23,14 @@ Where we differ from the paper: Scale-MIA trains an autoencoder on auxiliary dat
 encoder as the model's first layers, keeping the decoder; this attack keeps the model's own
 encoder and decodes by inversion, so it needs no training and no auxiliary data beyond the
 thresholds' calibration (held-out examples when `prior_data` is granted, else pen strokes and
-photograph crops, `gradleak.data.auxiliary`). Like Robbing the Fed it assumes the bins do not
+photograph crops, `gradleak.data.auxiliary`). Tried on seed 1 (ReLU LeNet-5, batch 64): the
+LeNet-5 encoder trained with an MLP decoder on 5,000 held-out digits (20 epochs) gave 20 of 64
+recognisable through its decoder and 34 by inversion through it, against 36 with the model's
+own encoder inverted.
+
+The disguise (`disguise`, on by default) is ours: Scale-MIA's crafted layers are, like Robbing
+the Fed's, rows on one query and a read-out of rank one, which gradleak's guard flags from the
+model alone (docs/guard.md). Like Robbing the Fed it assumes the bins do not
 move during the round: one local step (`loki` is the imprint that survives several).
 """
 from __future__ import annotations
