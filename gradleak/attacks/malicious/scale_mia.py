@@ -113,7 +113,8 @@ def readout_layer(model: nn.Module, layer: DenseReLU) -> str:
 
 def calibration_inputs(input_shape: tuple[int, ...], prior_data, calibration: str,
                        generator: torch.Generator) -> torch.Tensor:
-    """Where the thresholds come from: held-out examples, or pen strokes and photograph crops."""
+    """Where the thresholds come from: held-out examples, else pen strokes and photograph crops
+    (images) or standard normal records (tabular data)."""
     if calibration == "prior" or (calibration == "auto" and prior_data is not None):
         if prior_data is None:
             raise GradleakError("attack 'scale-mia': calibration=prior needs held-out data (--knows prior_data)")
@@ -121,6 +122,8 @@ def calibration_inputs(input_shape: tuple[int, ...], prior_data, calibration: st
     from ...data.auxiliary import pen_strokes, public_images
 
     count = 2000
+    if len(input_shape) != 3:  # not images: records standardised, as gradleak's tabular data are
+        return torch.randn(count, *input_shape, generator=generator)
     out = torch.empty(count, *input_shape)
     out[0::2] = pen_strokes(input_shape, len(out[0::2]), generator)
     out[1::2] = public_images(input_shape, len(out[1::2]), generator)
