@@ -204,6 +204,24 @@ OUTBOUND = {
 }
 
 
+def _outbound_case(case: str, quick: bool, quick_rounds: int = 2) -> tuple[dict, dict, int, int]:
+    """The outbound case's setting (fewer clients and rounds with `quick`), its app config, clients
+    and rounds."""
+    setting = dict(OUTBOUND[case])
+    if quick:
+        setting.update(clients=2, rounds=quick_rounds)
+    return setting, setting["config"], setting["clients"], setting["rounds"]
+
+
+def _clients(setting: dict):
+    """The setting's clients: their examples, their training per round and their galleries."""
+    from flower_audit.task import client_data
+
+    config = setting["config"]
+    data = [client_data(i, 10, config) for i in range(setting["clients"])]
+    return data, _training(setting), [_other_examples(c, config) for c in range(setting["clients"])]
+
+
 def _training(setting: dict):
     from flower_audit.task import shuffle_seed
 
@@ -221,7 +239,7 @@ def outbound(quick: bool, case: str = "leak") -> dict:
     the last rung), against the same federation under fixed noise of the strongest rung the
     guard sent and without any defense: per round the rungs sent, the verdicts after them and
     the guard's seconds; the test accuracy after every round (1,000 MNIST test examples)."""
-    from flower_audit.task import client_data, evaluate, make_model
+    from flower_audit.task import evaluate, make_model
 
     from gradleak.data import DatasetSpec, load_dataset
     from gradleak.defenses import make_chain
@@ -231,13 +249,8 @@ def outbound(quick: bool, case: str = "leak") -> dict:
     from gradleak.guard.trajectory import honest_fedavg
     from gradleak.seeding import stream
 
-    setting = dict(OUTBOUND[case])
-    if quick:
-        setting.update(clients=2, rounds=2)
-    config, clients, rounds = setting["config"], setting["clients"], setting["rounds"]
-    data = [client_data(i, 10, config) for i in range(clients)]
-    training = _training(setting)
-    galleries = [_other_examples(c, config) for c in range(clients)]
+    setting, config, clients, rounds = _outbound_case(case, quick, quick_rounds=2)
+    data, training, galleries = _clients(setting)
     test = load_dataset(DatasetSpec("mnist", split="test"))
     guard_config = GuardConfig(strongest=(setting["attack"],), start="last", every=setting["every"])
 
@@ -316,21 +329,16 @@ def screen(quick: bool, case: str = "utility") -> dict:
     that the two decisions (sent or not, and the rung) can be compared. A scheduled or
     triggered audit is the full audit itself. Reports the agreement, the guard's seconds per
     client-round beside the client's training and the full audit's."""
-    from flower_audit.task import client_data, make_model
+    from flower_audit.task import make_model
 
     from gradleak.fl import compute_update
     from gradleak.guard import Guard, GuardConfig, model_drift
     from gradleak.guard.inbound import state_of
     from gradleak.guard.trajectory import honest_fedavg
 
-    setting = dict(OUTBOUND[case])
-    if quick:
-        setting.update(clients=2, rounds=3)
-    config, clients, rounds = setting["config"], setting["clients"], setting["rounds"]
+    setting, config, clients, rounds = _outbound_case(case, quick, quick_rounds=3)
     every = 5
-    data = [client_data(i, 10, config) for i in range(clients)]
-    training = _training(setting)
-    galleries = [_other_examples(c, config) for c in range(clients)]
+    data, training, galleries = _clients(setting)
     screened_config = GuardConfig(strongest=(setting["attack"],), every=every)
     full_config = GuardConfig(strongest=(setting["attack"],), every=1)
     screened = [Guard(screened_config, training=training(1, c), client=c) for c in range(clients)]
@@ -393,18 +401,13 @@ def repeat(quick: bool, case: str = "utility") -> dict:
     memory, both climbing from the bottom, on the same update. Their agreement (sent or not, and
     the rung) is the most any cheaper predictor of the full audit can be measured to agree with
     it; the first audit's grade and linkage beside it say where the two differ."""
-    from flower_audit.task import client_data, make_model
+    from flower_audit.task import make_model
 
     from gradleak.guard import Guard, GuardConfig
     from gradleak.guard.trajectory import honest_fedavg
 
-    setting = dict(OUTBOUND[case])
-    if quick:
-        setting.update(clients=2, rounds=2)
-    config, clients, rounds = setting["config"], setting["clients"], setting["rounds"]
-    data = [client_data(i, 10, config) for i in range(clients)]
-    training = _training(setting)
-    galleries = [_other_examples(c, config) for c in range(clients)]
+    setting, config, clients, rounds = _outbound_case(case, quick, quick_rounds=2)
+    data, training, galleries = _clients(setting)
     pairs = [[Guard(GuardConfig(strongest=(setting["attack"],), every=1, seed=seed), training=training(1, c), client=c)
               for seed in (0, 1)] for c in range(clients)]
     rows: list[dict] = []
@@ -473,23 +476,24 @@ def stealthy(quick: bool) -> dict:
             update = compute_update(crafted, x, y, training)
             decision = Guard(GuardConfig(), training=training).outbound(crafted, update, (x, y), gallery=gallery,
                                                                          training=training)
-            plain = run_attack(spec).metrics
-            through = (run_attack(dataclasses.replace(spec, defenses=(decision.rung_text,))).metrics
+            def judged(result):
+                return {"recognizable": result.metrics["recognizable"], "asr": result.metrics["asr"],
+                        "decision": result.extras["ladder"]["decision"]}
+            plain = judged(run_attack(spec))
+            through = (judged(run_attack(dataclasses.replace(spec, defenses=(decision.rung_text,))))
                        if decision.send and decision.rung > 0 else plain if decision.send else None)
             rows.append({"batch": batch, "seed": seed, "inbound": inbound.summary(),
                          "guard": {"send": decision.send, "rung": decision.rung_text, "grade": decision.grade,
                                    "seconds": round(decision.seconds, 1)},
-                         "plain": {"recognizable": plain["recognizable"], "asr": plain["asr"]},
-                         "sent": None if through is None else {"recognizable": through["recognizable"],
-                                                               "asr": through["asr"]}})
+                         "plain": plain, "sent": through})
             print(rows[-1], file=sys.stderr, flush=True)
     return {"setting": "scale-mia (disguised) on the ReLU LeNet-5, MNIST test split, FedSGD lr 0.1, a client's "
                        "first round; the guard at its defaults (gallery: 64 other examples)",
             "missed_inbound": sum(r["inbound"] == "no sign of a crafted model" for r in rows),
             "client_rounds": len(rows),
             "withheld": sum(not r["guard"]["send"] for r in rows),
-            "sent_while_leaking": sum(r["sent"] is not None
-                                      and (r["sent"]["recognizable"] > 0.1 or r["sent"]["asr"] > 0) for r in rows),
+            # the attack's own run through the rung sent, judged by the pipeline's ladder
+            "sent_while_leaking": sum(r["sent"] is not None and r["sent"]["decision"] == "leak" for r in rows),
             "rows": rows}
 
 
