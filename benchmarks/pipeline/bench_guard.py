@@ -84,7 +84,9 @@ def inbound(quick: bool) -> dict:
 
     from gradleak.attacks import make_attack
     from gradleak.attacks.base import AttackContext
+    from gradleak.fl import TrainingSpec, compute_update
     from gradleak.guard import Guard, GuardConfig, check_received
+    from gradleak.guard.bins import binned_pairs
     from gradleak.guard.dsnr import disaggregation_snr
     from gradleak.guard.trajectory import honest_fedavg
     from gradleak.models import ModelSpec, build_model
@@ -105,7 +107,7 @@ def inbound(quick: bool) -> dict:
                                     ("lenet5", lenet5, MKOR_ATTACKS),
                                     ("flower_audit's lenet5 (ReLU)", relu_lenet5, LATENT_ATTACKS)):
         history = list(honest_fedavg(factory(), data, training, rounds))
-        false_alarms, checked, honest_scores = [], 0, []
+        false_alarms, checked, honest_scores, binned_alarms = [], 0, [], []
         for client in range(clients):
             g = Guard(GuardConfig(), training=training(1, client))
             for now in history:
@@ -114,16 +116,22 @@ def inbound(quick: bool) -> dict:
                 honest_scores.append(report.score)
                 if report.crafted:
                     false_alarms.append(f"round {now.number} client {client}: {report.summary()}")
+                # the outbound bins check on the update this client sent
+                binned = binned_pairs(_load(factory, now.received), now.updates[client], data[client][0])
+                if binned:
+                    binned_alarms.append(f"round {now.number} client {client}: {binned[0]}")
                 g.own_change = now.updates[client].tensors
         x0, y0 = data[0]
         out[f"honest {label}"] = {"client_rounds": checked, "false_alarms": len(false_alarms),
-                                  "examples": false_alarms[:3],
+                                  "examples": false_alarms[:3], "bins_false_alarms": len(binned_alarms),
+                                  "bins_examples": binned_alarms[:3],
                                   "dsnr_median": round(statistics.median(
                                       disaggregation_snr(_load(factory, now.received), x0, y0) for now in history), 2),
                                   "score_max": json_score(max(honest_scores)),
                                   "score_median": json_score(statistics.median(honest_scores))}
         for spec in attacks:
             attack, detected, alone, checks, seconds, scores, dsnr = make_attack(spec), 0, 0, {}, [], [], []
+            bins = {"fedsgd": 0, "local": 0}
             for now in history:
                 crafted = attack.prepare_model(_load(factory, now.received), MNIST, 10,
                                                AttackContext(seed=now.number)).model
@@ -133,6 +141,9 @@ def inbound(quick: bool) -> dict:
                 detected += report.crafted
                 scores.append(report.score)
                 dsnr.append(disaggregation_snr(crafted, x0, y0))
+                # client 0 trains on it (FedSGD and the case's training): the outbound bins check
+                for kind, plan in (("fedsgd", TrainingSpec(lr=0.1)), ("local", training(now.number, 0))):
+                    bins[kind] += bool(binned_pairs(crafted, compute_update(crafted, x0, y0, plan), x0))
                 alone += check_received(crafted).crafted
                 seconds.append(report.seconds)
                 for c in report.checks:
@@ -142,7 +153,8 @@ def inbound(quick: bool) -> dict:
                                          "median_check_seconds": round(statistics.median(seconds), 4),
                                          "score_min": json_score(min(scores)),
                                          "dsnr_median": json_score(round(statistics.median(dsnr), 2)),
-                                         "roc": detector_roc(honest_scores, scores)}
+                                         "roc": detector_roc(honest_scores, scores),
+                                         "outbound_bins_detected": bins}
     out["honest text (flower_text's GPT-2)"] = _text_false_alarms(4 if quick else 20, 3 if quick else 8)
     return out
 

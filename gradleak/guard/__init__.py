@@ -4,8 +4,10 @@ Two halves, for any framework (the Flower client mod is `gradleak.flower.guard`)
 
 - inbound (`check_received`, `Guard.inbound`): before training, the received model is
   checked for the signs of a crafted one (`gradleak.guard.inbound`);
-- outbound (`guard`, `Guard.outbound`): after training, the update is attacked as the
-  server would attack it and scored against the client's own examples
+- outbound (`guard`, `Guard.outbound`): after training, every round, the update is checked
+  for pairs of a dense layer's rows whose difference is one of the client's examples (a binning
+  imprint, also one disguised to pass the inbound checks: `gradleak.guard.bins`), and withheld
+  if it has one; then the update is attacked as the server would attack it and scored against the client's own examples
   (`gradleak.guard.outbound`); while it leaks beyond the verdict's tolerance (by the measured
   rates), the next rung of the defense ladder is applied and the update re-checked; if the
   top rung still leaks beyond what chance explains, the update is withheld.
@@ -30,6 +32,7 @@ from ..errors import GradleakError
 from ..fl import TrainingSpec
 from ..fl.update import Update
 from ..seeding import stream
+from .bins import binned_pairs
 from .config import DEFAULT_LADDER, GuardConfig, Rung, parse_ladder
 from .inbound import Finding, InboundReport, inspect_received, state_of
 from .outbound import (
@@ -213,7 +216,14 @@ class Guard:
         norm = float(update.flat().detach().double().norm())
         due = self.audit_due(server_round, model_before, norm, len(x))
         screened = f"round not audited (every {cfg.every}{self._screen_text()})"
-        if due is None and self.withholding:
+        binned = binned_pairs(model_before, update, x)
+        if binned:
+            # a binning imprint the inbound checks did not see: no rung of noise is the answer
+            shown = "; ".join(str(p) for p in binned[:2]) + (f" (+{len(binned) - 2} more)" if len(binned) > 2 else "")
+            decision = GuardDecision(False, None, self.rung, self._rung_text(self.rung), "crafted",
+                                     f"the model bins this client's examples: {len(binned)} of {len(x)} read from "
+                                     f"pairs of rows ({shown}); update withheld", time.perf_counter() - start)
+        elif due is None and self.withholding:
             decision = GuardDecision(False, None, self.rung, self._rung_text(self.rung), "withheld",
                                      f"{screened}; the last audit withheld the top rung", time.perf_counter() - start)
         elif due is None:
