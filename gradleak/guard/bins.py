@@ -12,13 +12,13 @@ row reveals that example's input to an honest server as well, which the audit's 
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..fl.update import Update
-from ..solvers.features import FeatureExtractor
 
 # a pair's difference, written over the inputs of the examples active in its upper row: the
 # example's coefficient within this of 1 and every other's within it of 0
@@ -43,19 +43,39 @@ class BinnedPair:
 def binned_pairs(model: nn.Module, update: Update, inputs: torch.Tensor) -> list[BinnedPair]:
     """The pairs of rows, in every dense layer with a bias, whose update difference is one of
     `inputs`' inputs to the layer (at most one pair per example and layer)."""
+    layers = {name: layer for name, layer in model.named_modules()
+              if isinstance(layer, nn.Linear) and layer.bias is not None and layer.out_features <= MAX_UNITS
+              and f"{name}.weight" in update.tensors and f"{name}.bias" in update.tensors}
+    if not layers:
+        return []
+    seen = layer_inputs(model, list(layers), inputs)
     found: list[BinnedPair] = []
-    for name, layer in model.named_modules():
-        weight, bias = update.tensors.get(f"{name}.weight"), update.tensors.get(f"{name}.bias")
-        if not isinstance(layer, nn.Linear) or layer.bias is None or weight is None or bias is None \
-                or layer.out_features > MAX_UNITS:
-            continue
+    for name, layer in layers.items():
+        features = seen.get(name)
+        if features is None or features.shape[1] != layer.in_features:
+            continue  # not reached, or applied per position (a transformer's layers): not bins
         with torch.no_grad():
-            seen = FeatureExtractor(model, name)(inputs).double()
-            if seen.shape[1] != layer.in_features:  # a layer applied per position (a transformer's): not bins
-                continue
-            active = (seen @ layer.weight.double().T + layer.bias.double() > 0).T  # units × examples
-        found += _pairs(name, active, weight.double(), bias.double(), seen)
+            active = (features @ layer.weight.double().T + layer.bias.double() > 0).T  # units × examples
+        found += _pairs(name, active, update.tensors[f"{name}.weight"].double(),
+                        update.tensors[f"{name}.bias"].double(), features)
     return found
+
+
+def layer_inputs(model: nn.Module, names: list[str], inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each named layer's input for `inputs`, flattened per example, from one forward pass of a
+    copy of the model (its mode kept: batch norm in train mode would otherwise update the
+    client's running statistics)."""
+    replica = copy.deepcopy(model)
+    captured: dict[str, torch.Tensor] = {}
+    hooks = [replica.get_submodule(name).register_forward_pre_hook(
+        lambda _module, args, name=name: captured.__setitem__(name, args[0].detach())) for name in names]
+    try:
+        with torch.no_grad():
+            replica(inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return {name: captured[name].flatten(1).double() for name in names if name in captured}
 
 
 def _pairs(name: str, active: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
