@@ -161,8 +161,8 @@ def disguised_rows(query: torch.Tensor, features: torch.Tensor, units: int, disg
     return rows + noise, noise @ features.mean(0)
 
 
-def disguise_readout(model: nn.Module, layer_name: str, read_name: str, inputs: torch.Tensor, num_classes: int,
-                     disguise: float, size: torch.Tensor, generator: torch.Generator) -> None:
+def disguise_readout(model: nn.Module, read_name: str, inputs: torch.Tensor, num_classes: int, disguise: float,
+                     size: torch.Tensor, generator: torch.Generator) -> None:
     """Adds to the read-out's shared column a random part per bin in the directions that the
     signal back-propagated to the read-out's outputs never takes (measured on the calibration
     inputs with random labels: their complement), so every bin still receives the same signal
@@ -268,7 +268,7 @@ class ScaleMIA(Attack):
             if read.bias is not None:
                 read.bias.fill_(1.0)  # the ReLU behind the read-out open for every example
         if opt.disguise > 0:
-            disguise_readout(model, layer.name, read_name, inputs, num_classes, opt.disguise, read_size, gen)
+            disguise_readout(model, read_name, inputs, num_classes, opt.disguise, read_size, gen)
         secrets = LatentBins(layer.name, read_name, query.float(), thresholds.float())
         return PreparedModel(model, secrets)
 
