@@ -7,8 +7,8 @@ Two halves, for any framework (the Flower client mod is `gradleak.flower.guard`)
 - outbound (`guard`, `Guard.outbound`): after training, every round, the update is checked
   for pairs of a dense layer's rows whose difference is one of the client's examples (a binning
   imprint, also one disguised to pass the inbound checks: `gradleak.guard.bins`), and withheld
-  if it has one; then the update is attacked as the server would attack it and scored against the client's own examples
-  (`gradleak.guard.outbound`); while it leaks beyond the verdict's tolerance (by the measured
+  if it has one; then the update is attacked as the server would attack it and scored against
+  the client's own examples (`gradleak.guard.outbound`); while it leaks beyond the verdict's tolerance (by the measured
   rates), the next rung of the defense ladder is applied and the update re-checked; if the
   top rung still leaks beyond what chance explains, the update is withheld.
 
@@ -214,9 +214,10 @@ class Guard:
         cfg = self.config
         audits: list[OutboundAudit] = []
         norm = float(update.flat().detach().double().norm())
-        due = self.audit_due(server_round, model_before, norm, len(x))
-        screened = f"round not audited (every {cfg.every}{self._screen_text()})"
         binned = binned_pairs(model_before, update, x)
+        # a binned update is withheld unaudited: the screen's model comparison is not needed then
+        due = None if binned else self.audit_due(server_round, model_before, norm, len(x))
+        screened = f"round not audited (every {cfg.every}{self._screen_text()})"
         if binned:
             # a binning imprint the inbound checks did not see: no rung of noise is the answer
             shown = "; ".join(str(p) for p in binned[:2]) + (f" (+{len(binned) - 2} more)" if len(binned) > 2 else "")

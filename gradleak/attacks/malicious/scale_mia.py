@@ -87,12 +87,13 @@ class ScaleMIAOptions:
 @dataclass(frozen=True)
 class LatentBins:
     """What the server keeps: the bins' layer, the layer it crafted as their read-out, the query
-    and the thresholds in the order of the layer's units."""
+    and the thresholds in the order of the layer's units, and whether the bins see the input."""
 
     layer: str
     readout_layer: str
     query: torch.Tensor
     thresholds: torch.Tensor
+    on_input: bool  # the bins see the input itself (else features, inverted to inputs)
 
 
 def readout_layer(model: nn.Module, layer: DenseReLU) -> str:
@@ -240,8 +241,8 @@ class ScaleMIA(Attack):
             was = model.training
             model.eval()
             try:
-                features = torch.cat([FeatureExtractor(model, layer.name)(inputs[a:a + 1000])
-                                      for a in range(0, len(inputs), 1000)]).double()
+                extract = FeatureExtractor(model, layer.name)
+                features = torch.cat([extract(inputs[a:a + 1000]) for a in range(0, len(inputs), 1000)]).double()
             finally:
                 model.train(was)
         if opt.query == "mean":
@@ -269,7 +270,7 @@ class ScaleMIA(Attack):
                 read.bias.fill_(1.0)  # the ReLU behind the read-out open for every example
         if opt.disguise > 0:
             disguise_readout(model, read_name, inputs, num_classes, opt.disguise, read_size, gen)
-        secrets = LatentBins(layer.name, read_name, query.float(), thresholds.float())
+        secrets = LatentBins(layer.name, read_name, query.float(), thresholds.float(), layer.on_input)
         return PreparedModel(model, secrets)
 
     def reconstruct(self, obs: Observation, ctx: AttackContext) -> Reconstruction:
@@ -283,8 +284,7 @@ class ScaleMIA(Attack):
             raise GradleakError(f"attack 'scale-mia': the update has no tensors for layer '{secrets.layer}'")
         latent = bins_from(weight, bias, secrets.thresholds, self.options.min_difference)
         shape = tuple(obs.input_shape)
-        layer = locate_dense_relu(obs.model, shape, secrets.layer, self.name)
-        if layer.on_input:
+        if secrets.on_input:
             x = latent.reshape(-1, *shape)
         else:
             opt = self.options
