@@ -121,7 +121,10 @@ class ProcessExecutor:
         finally:
             if not completed:  # interrupted (Ctrl-C, SIGTERM) or abandoned: stop the running cells now
                 _terminate_workers(pool)
-            pool.shutdown(wait=completed, cancel_futures=True)
+            # Wait even when interrupted (the workers are gone, so it is quick): a pool left to
+            # close its pipes while the interpreter exits races CPython 3.11's exit hook, which
+            # then prints a traceback after our one line.
+            pool.shutdown(wait=True, cancel_futures=True)
             queue.close()
 
     @staticmethod
@@ -164,3 +167,6 @@ def _terminate_workers(pool: ProcessPoolExecutor) -> None:
             process.terminate()
     for process in processes:
         process.join(timeout=5)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=5)
