@@ -20,7 +20,9 @@
 - chance: the leak rule on updates that carry nothing (Gaussian noise at the update's RMS).
 - screen: the guard between audits (every 5 rounds, the screen's drift and growth tests in
   between) against the full audit of every round on the utility case's clients: agreement and
-  seconds per round.
+  seconds per round. repeat: the full audit against itself (attack seeds 0 and 1).
+  screen_example, repeat_example: the same at the example's real partitions (400 examples per
+  client, 13 local steps, 20 s per rung).
 - top_rung: later rounds' plain, top-rung and content-free updates of the same clients, each
   audited once: whether the top rung stops the attack, and how far one audit's linkage moves.
 - flower: the example's real ClientApp (examples/flower_audit, all its mods) driven
@@ -213,6 +215,13 @@ OUTBOUND = {
              "local_epochs": 2, "batch_size": 32, "attack": "ig:iterations=200"},
     "utility": {"config": {**MNIST_CONFIG, "model": "lenet5"}, "clients": 3, "rounds": 10, "every": 5,
                 "local_epochs": 10, "batch_size": 8, "attack": "ig:iterations=25"},
+    # the example at its real partitions (400 examples, one epoch of mini-batches of 32: 13 local
+    # steps), the guard's default attack under a 20 s budget per rung (an audit at the
+    # example's 60 s decides the same here: Inverting Gradients recovers nothing of 400
+    # examples in either)
+    "example": {"config": {**MNIST_CONFIG, "model": "lenet5", "examples-per-client": 400}, "clients": 3,
+                "rounds": 10, "every": 5, "local_epochs": 1, "batch_size": 32, "attack": "ig:iterations=300",
+                "time_budget": 20.0},
 }
 
 
@@ -351,8 +360,9 @@ def screen(quick: bool, case: str = "utility") -> dict:
     setting, config, clients, rounds = _outbound_case(case, quick, quick_rounds=3)
     every = 5
     data, training, galleries = _clients(setting)
-    screened_config = GuardConfig(strongest=(setting["attack"],), every=every)
-    full_config = GuardConfig(strongest=(setting["attack"],), every=1)
+    budget = setting.get("time_budget", GuardConfig.time_budget)
+    screened_config = GuardConfig(strongest=(setting["attack"],), every=every, time_budget=budget)
+    full_config = GuardConfig(strongest=(setting["attack"],), every=1, time_budget=budget)
     screened = [Guard(screened_config, training=training(1, c), client=c) for c in range(clients)]
     full = [Guard(full_config, training=training(1, c), client=c) for c in range(clients)]
     rows: list[dict] = []
@@ -369,6 +379,7 @@ def screen(quick: bool, case: str = "utility") -> dict:
         decision = screened[client].outbound(model, update, (x, y), gallery=galleries[client], server_round=number,
                                              training=training(number, client))
         audited = bool(decision.audits)
+        decisive = screened[client].decisive
         state = state_of(model)
         drift = model_drift(audited_models.get(client, state), state)  # since the client's last audit
         if audited:  # the full audit itself; the shadow guard takes its memory
@@ -378,7 +389,7 @@ def screen(quick: bool, case: str = "utility") -> dict:
         else:
             shadow = full[client].outbound(model, update, (x, y), gallery=galleries[client], server_round=number,
                                            training=training(number, client))
-        rows.append({"round": number, "client": client, "audited": audited,
+        rows.append({"round": number, "client": client, "audited": audited, "decisive": decisive,
                      "norm_ratio": round(float(update.flat().norm()) / screened[client].audited_norm, 3),
                      "model_drift": round(drift, 4),
                      "screened": [decision.send, decision.rung], "full": [shadow.send, shadow.rung],
@@ -394,9 +405,11 @@ def screen(quick: bool, case: str = "utility") -> dict:
     train = statistics.median(r["train_seconds"] for r in rows)
     return {"setting": f"{clients} clients of examples/flower_audit ({config['model']}, "
                        f"{config['examples-per-client']} examples each, {setting['local_epochs']} local epochs of "
-                       f"batch {setting['batch_size']}), {rounds} rounds, {setting['attack']}, default tolerance and "
+                       f"batch {setting['batch_size']}), {rounds} rounds, {setting['attack']} within "
+                       f"{budget:g} s per rung, default tolerance and "
                        f"ladder, climbing from the bottom; screened: every {every}, drift "
-                       f"{screened_config.drift:g}, growth {screened_config.growth:g}; full: every round",
+                       f"{screened_config.drift:g} (unless the last audit was decisive), growth "
+                       f"{screened_config.growth:g}; full: every round",
             "client_rounds": len(rows), "audited_by_the_screened_guard": len(rows) - len(between),
             "agreeing": len(agree), "agreeing_between_audits": sum(r in agree for r in between),
             "between_audits": len(between),
@@ -404,7 +417,10 @@ def screen(quick: bool, case: str = "utility") -> dict:
             "guard_seconds_mean": round(statistics.mean(seconds), 2),
             "full_audit_seconds_median": statistics.median(r["full_seconds"] for r in rows),
             "client_training_seconds_median": train,
-            "guard_over_training_median": round(statistics.median(seconds) / train, 2), "rows": rows}
+            "guard_over_training_median": round(statistics.median(seconds) / train, 2),
+            "guard_over_training_mean": round(statistics.mean(seconds) / train, 2),
+            "full_audit_over_training_median": round(statistics.median(r["full_seconds"] for r in rows) / train, 2),
+            "rows": rows}
 
 
 def repeat(quick: bool, case: str = "utility") -> dict:
@@ -420,8 +436,9 @@ def repeat(quick: bool, case: str = "utility") -> dict:
 
     setting, config, clients, rounds = _outbound_case(case, quick, quick_rounds=2)
     data, training, galleries = _clients(setting)
-    pairs = [[Guard(GuardConfig(strongest=(setting["attack"],), every=1, seed=seed), training=training(1, c), client=c)
-              for seed in (0, 1)] for c in range(clients)]
+    budget = setting.get("time_budget", GuardConfig.time_budget)
+    pairs = [[Guard(GuardConfig(strongest=(setting["attack"],), every=1, seed=seed, time_budget=budget),
+                    training=training(1, c), client=c) for seed in (0, 1)] for c in range(clients)]
     rows: list[dict] = []
 
     def initial():
@@ -431,13 +448,15 @@ def repeat(quick: bool, case: str = "utility") -> dict:
     def first(decision):
         audit = decision.audits[0] if decision.audits else None
         return None if audit is None else {"leaks": audit.leaks, "beyond_chance": audit.beyond_chance,
-                                           "grade": decision.grade}
+                                           "grade": decision.grade, "decisive": audit.decisive,
+                                           "linkage": [r["linkage"] for r in audit.attacks_run]}
 
     def guarded(number, client, model, update, x, y):
         decisions = [g.outbound(model, update, (x, y), gallery=galleries[client], server_round=number,
                                 training=training(number, client)) for g in pairs[client]]
         rows.append({"round": number, "client": client,
                      "decisions": [[d.send, d.rung] for d in decisions],
+                     "decisive": [g.decisive for g in pairs[client]],
                      "first_audits": [first(d) for d in decisions],
                      "seconds": [round(d.seconds, 2) for d in decisions]})
         print(rows[-1], file=sys.stderr, flush=True)
@@ -445,14 +464,17 @@ def repeat(quick: bool, case: str = "utility") -> dict:
 
     list(honest_fedavg(initial(), data, training, rounds, keep=(), send=guarded, final=True))
     agree = [r for r in rows if r["decisions"][0] == r["decisions"][1]]
+    decisive = [r for r in rows if all(r["decisive"])]
     first_agree = [r for r in rows if r["first_audits"][0] and r["first_audits"][1]
                    and r["first_audits"][0]["leaks"] == r["first_audits"][1]["leaks"]]
     return {"setting": f"{clients} clients of examples/flower_audit ({config['model']}, "
                        f"{config['examples-per-client']} examples each, {setting['local_epochs']} local epochs of "
                        f"batch {setting['batch_size']}), {rounds} rounds, {setting['attack']}, default tolerance and "
-                       "ladder, climbing from the bottom, every round audited twice (attack seeds 0 and 1)",
+                       f"ladder, climbing from the bottom, every round audited twice (attack seeds 0 and 1), "
+                       f"{budget:g} s per rung",
             "client_rounds": len(rows), "agreeing": len(agree),
             "plain_update_leak_call_agreeing": len(first_agree),
+            "both_decisive": len(decisive), "both_decisive_agreeing": sum(r in agree for r in decisive),
             "full_audit_seconds_median": statistics.median(s for r in rows for s in r["seconds"]), "rows": rows}
 
 
@@ -660,7 +682,8 @@ def flower_app(quick: bool) -> dict:
     return out
 
 
-CASES = ("inbound", "flower_app", "outbound", "chance", "utility", "screen", "repeat", "stealthy", "top_rung")
+CASES = ("inbound", "flower_app", "outbound", "chance", "utility", "screen", "repeat", "screen_example",
+         "repeat_example", "stealthy", "top_rung")
 
 
 def run(quick: bool = False, cases=CASES) -> dict:
@@ -671,6 +694,8 @@ def run(quick: bool = False, cases=CASES) -> dict:
         start = time.perf_counter()
         if case == "utility":
             out[case] = outbound(quick, "utility")
+        elif case in ("screen_example", "repeat_example"):  # the same cases at the example's real partitions
+            out[case] = (screen if case == "screen_example" else repeat)(quick, "example")
         else:
             out[case] = {"inbound": inbound, "flower_app": flower_app, "outbound": outbound,
                          "chance": chance, "screen": screen, "repeat": repeat, "stealthy": stealthy,

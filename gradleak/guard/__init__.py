@@ -107,15 +107,17 @@ class Guard:
     inbound checks, the client's own last update and the rung chosen at the last audit.
 
     `state`: that memory as a plain dict (`state_dict()`, keys `previous`, `own_change`, `rung`,
-    `withholding`, `audited_model`, `audited_norm`, `audited_examples`), for a framework that
-    keeps it between rounds and builds a Guard per round (the Flower mod keeps it in the node's
-    `context.state`).
+    `withholding`, `decisive`, `audited_model`, `audited_norm`, `audited_examples`), for a
+    framework that keeps it between rounds and builds a Guard per round (the Flower mod keeps it
+    in the node's `context.state`).
 
     Between the audits of every k-th round (`GuardConfig.every`) a round is screened at the
-    cost of two norms: it is audited anyway when nothing was audited yet, when the received
-    model moved by more than `GuardConfig.drift` of its norm since the last audited round, when
-    the update's norm grew past `GuardConfig.growth` times the last audited one, or when it
-    trained on fewer examples (docs/guard.md, "Between audits")."""
+    cost of two norms: it is audited anyway when nothing was audited yet, when the update's norm
+    grew past `GuardConfig.growth` times the last audited one, when it trained on fewer examples,
+    or, unless the last audit's decision was decisive (each rung's grade held at the tolerance's
+    level, not only by its point estimates), when the received model moved by more than
+    `GuardConfig.drift` of its norm since the last audited round (docs/guard.md, "Between
+    audits")."""
 
     def __init__(self, config: GuardConfig, training: TrainingSpec | None = None, num_classes: int | None = None,
                  tokenizer: str | None = None, client: Any = None, state: Mapping[str, Any] | None = None):
@@ -130,6 +132,10 @@ class Guard:
         self.own_change: dict[str, torch.Tensor] | None = None
         self.rung = 0  # the rung chosen at the last audit
         self.withholding = False  # the last audit withheld the update: so do the rounds until the next
+        # the last audit's decision rests on grades that hold at the tolerance's level (each rung
+        # checked below the chosen one leaked beyond its interval, the chosen one was bounded
+        # within it): another audit of a similar update is expected to decide the same
+        self.decisive = False
         # the last audited round's model, update norm and example count: the screen between audits
         # compares with them
         self.audited_model: dict[str, torch.Tensor] | None = None
@@ -147,7 +153,7 @@ class Guard:
         update norm (`audited_norm`) and example count (`audited_examples`), None before the
         first audit."""
         return {"previous": self.previous, "own_change": self.own_change, "rung": self.rung,
-                "withholding": self.withholding, "audited_model": self.audited_model,
+                "withholding": self.withholding, "decisive": self.decisive, "audited_model": self.audited_model,
                 "audited_norm": self.audited_norm, "audited_examples": self.audited_examples}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -156,6 +162,7 @@ class Guard:
         self.own_change = state.get("own_change", self.own_change)
         self.rung = int(state.get("rung", self.rung))
         self.withholding = bool(state.get("withholding", self.withholding))
+        self.decisive = bool(state.get("decisive", self.decisive))
         self.audited_model = state.get("audited_model", self.audited_model)
         norm, examples = state.get("audited_norm", self.audited_norm), state.get("audited_examples",
                                                                                   self.audited_examples)
@@ -191,7 +198,7 @@ class Guard:
             return "first"  # a client that joins between scheduled rounds has no audit to go by
         if examples < self.audited_examples:
             return "fewer examples"
-        if self.config.drift:
+        if self.config.drift and not self.decisive:
             if self.audited_model is None:
                 return "first"
             moved = model_drift(self.audited_model, state_of(model))
@@ -232,7 +239,7 @@ class Guard:
             decision = GuardDecision(True, sent, self.rung, self._rung_text(self.rung), "not audited",
                                      f"{screened}; the last chosen rung applied", time.perf_counter() - start)
         else:
-            # the model is kept only where a screen between audits will compare with it
+            # the model is kept only where a screen between audits may compare with it
             self.audited_model = state_of(model_before) if cfg.every > 1 and cfg.drift else None
             self.audited_norm, self.audited_examples = norm, len(x)
             first = self.rung if cfg.start == "last" else 0
@@ -262,6 +269,9 @@ class Guard:
                                          "within chance", f"the top rung is above the tolerance only within chance "
                                          f"({audits[-1].reason}); sent under it", time.perf_counter() - start, audits)
             self.withholding = decision is None
+            # decisive: every rung checked below the last leaked beyond its interval, and the last
+            # was bounded within the tolerance (sent) or beyond it (withheld); "within chance" is not
+            self.decisive = all(a.decisive for a in audits) and (decision is None or decision.grade != "within chance")
             if decision is None:
                 self.rung = len(cfg.rungs)
                 decision = GuardDecision(False, None, self.rung, self._rung_text(self.rung), "withheld",
@@ -304,9 +314,11 @@ class Guard:
                 f.write(json.dumps(record, default=str) + "\n")
 
     def _screen_text(self) -> str:
-        tests = ([f"the model moved less than {self.config.drift:g} of its norm"] if self.config.drift else []) + \
+        drift = self.config.drift and not self.decisive
+        tests = ([f"the model moved less than {self.config.drift:g} of its norm"] if drift else []) + \
             ([f"the update grew less than ×{self.config.growth:g}"] if self.config.growth else [])
-        return f"; since the last audit {' and '.join(tests)}" if tests else ""
+        decisive = "; the last audit decided at the tolerance's level" if self.decisive else ""
+        return decisive + (f"; since the last audit {' and '.join(tests)}" if tests else "")
 
     def _rung_text(self, rung: int) -> str:
         return self.config.rungs[rung - 1].text if rung else "none"

@@ -69,7 +69,11 @@ class UpdateGrade:
     grade: str  # "copies", "recognizable", "linkable" or "within tolerance"
     reason: str
     attack: str | None = None  # the attack the grade rests on
-
+    # the grade holds at the tolerance's level, not only by the point estimates: a copy, a rate
+    # whose interval lies above the tolerance (Evidence.exceeds), or, within tolerance, every
+    # attack's rates bounded within it (Evidence.meets). Another run of the audit is then
+    # expected to grade the update the same; near the tolerance it may not (docs/guard.md)
+    decisive: bool = False
 
 def judge_update(evidence: Sequence[tuple[str, Evidence]], tolerance: Tolerance | str | None = None) -> UpdateGrade:
     """The guard's grade of an update from its attacks' evidence (`(attack, Evidence)` pairs):
@@ -87,7 +91,7 @@ def judge_update(evidence: Sequence[tuple[str, Evidence]], tolerance: Tolerance 
     if copied:
         attack, e = max(copied, key=lambda ae: ae[1].copies / max(ae[1].copies_of, 1))
         return UpdateGrade(True, True, "copies", f"{attack}: {e.copies} of {e.copies_of} examples copied "
-                           "exactly (a copy is no chance event)", attack)
+                           "exactly (a copy is no chance event)", attack, decisive=True)
     for kind, limit, value, text in (
             ("recognizable", tolerance.recognizable, lambda e: e.recognizable_rate,
              lambda e: f"{e.recognizable} of {e.examples} examples recognizable ({100 * e.recognizable_rate:.3g}%, "
@@ -105,17 +109,19 @@ def judge_update(evidence: Sequence[tuple[str, Evidence]], tolerance: Tolerance 
         grade = "recognizable" if kind == "recognizable" else "linkable"
         bound = f"{100 * limit:g}%" if kind == "recognizable" else f"{limit:g}"
         return UpdateGrade(True, beyond, grade, f"{attack}: {text(e)}, above the tolerance's {bound}, {chance}",
-                           attack)
+                           attack, decisive=any(e.exceeds(tolerance) for _, e in above))
     if not evidence:
         return UpdateGrade(False, False, "within tolerance", "no example scored")
     attack, e = max(evidence, key=lambda ae: (ae[1].linkage or 0.0, ae[1].recognizable_rate or 0.0))
     if not e.examples:
         return UpdateGrade(False, False, "within tolerance", f"{attack}: no copy among {e.copies_of} examples "
                            "(no gallery: only copies can show a leak)", attack)
+    bounded = all(e.meets(tolerance) for _, e in evidence)
     return UpdateGrade(False, False, "within tolerance",
                        f"{attack}: no copy, {e.recognizable} of {e.examples} recognizable, linkage AUC "
-                       f"{e.linkage:.3f}: within the tolerance ({tolerance.describe()}, by the point estimates)",
-                       attack)
+                       f"{e.linkage:.3f}: within the tolerance ({tolerance.describe()}, "
+                       + ("bounded at its level)" if bounded else "by the point estimates)"),
+                       attack, decisive=bounded)
 
 
 def update_leaks(scores: Sequence[dict], tolerance: Tolerance | str | None = None) -> tuple[bool, str]:
@@ -142,6 +148,7 @@ class OutboundAudit:
     labels_shown: dict | None = None
     seconds: float = 0.0
     budget_spent: bool = False
+    decisive: bool = False  # the grade holds at the tolerance's level (UpdateGrade.decisive)
 
     @property
     def grade(self) -> str:
@@ -151,7 +158,7 @@ class OutboundAudit:
         return {"leaks": self.leaks, "grade": self.grade, "verdict": self.verdict,
                 "beyond_chance": self.beyond_chance, "reason": self.reason, "attack": self.attack,
                 "attacks_run": self.attacks_run, "skipped": self.skipped, "labels_shown": self.labels_shown,
-                "seconds": round(self.seconds, 3), "budget_spent": self.budget_spent}
+                "seconds": round(self.seconds, 3), "budget_spent": self.budget_spent, "decisive": self.decisive}
 
 
 @dataclass
@@ -278,6 +285,7 @@ def audit_ladder(model_before: nn.Module, update: Update, inputs: torch.Tensor, 
             if evidence:
                 grade = judge_update(evidence, tolerance)
                 result.leaks, result.beyond_chance, result.verdict = grade.leaks, grade.beyond_chance, grade.grade
+                result.decisive = grade.decisive
                 result.attack, result.reason = grade.attack or text, grade.reason
             if cut:
                 result.budget_spent = True
