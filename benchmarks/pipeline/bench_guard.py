@@ -22,7 +22,7 @@
   between) against the full audit of every round on the utility case's clients: agreement and
   seconds per round. repeat: the full audit against itself (attack seeds 0 and 1).
   screen_example, repeat_example: the same at the example's real partitions (400 examples per
-  client, 13 local steps, 20 s per rung).
+  client, 13 local steps, 20 s per rung); `--seed S` sets the example's seed there.
 - top_rung: later rounds' plain, top-rung and content-free updates of the same clients, each
   audited once: whether the top rung stops the attack, and how far one audit's linkage moves.
 - flower: the example's real ClientApp (examples/flower_audit, all its mods) driven
@@ -225,10 +225,13 @@ OUTBOUND = {
 }
 
 
-def _outbound_case(case: str, quick: bool, quick_rounds: int = 2) -> tuple[dict, dict, int, int]:
-    """The outbound case's setting (fewer clients and rounds with `quick`), its app config, clients
-    and rounds."""
+def _outbound_case(case: str, quick: bool, quick_rounds: int = 2, seed: int | None = None
+                   ) -> tuple[dict, dict, int, int]:
+    """The outbound case's setting (fewer clients and rounds with `quick`; the app's `seed`, its
+    partitions and initial model, when given), its app config, clients and rounds."""
     setting = dict(OUTBOUND[case])
+    if seed is not None:
+        setting["config"] = {**setting["config"], "seed": seed}
     if quick:
         setting.update(clients=2, rounds=quick_rounds)
     return setting, setting["config"], setting["clients"], setting["rounds"]
@@ -342,7 +345,7 @@ def outbound(quick: bool, case: str = "leak") -> dict:
     return out
 
 
-def screen(quick: bool, case: str = "utility") -> dict:
+def screen(quick: bool, case: str = "utility", seed: int | None = None) -> dict:
     """The guard as shipped between audits (`every` rounds, the screen of every round in
     between, climbing from the bottom) against the full audit of every round: a federation of
     the case's clients driven by the screened guard; in each round the screen did not audit, a
@@ -357,7 +360,7 @@ def screen(quick: bool, case: str = "utility") -> dict:
     from gradleak.guard.inbound import state_of
     from gradleak.guard.trajectory import honest_fedavg
 
-    setting, config, clients, rounds = _outbound_case(case, quick, quick_rounds=3)
+    setting, config, clients, rounds = _outbound_case(case, quick, quick_rounds=3, seed=seed)
     every = 5
     data, training, galleries = _clients(setting)
     budget = setting.get("time_budget", GuardConfig.time_budget)
@@ -403,7 +406,7 @@ def screen(quick: bool, case: str = "utility") -> dict:
     agree = [r for r in rows if r["screened"] == r["full"]]
     seconds = [r["seconds"] for r in rows]
     train = statistics.median(r["train_seconds"] for r in rows)
-    return {"setting": f"{clients} clients of examples/flower_audit ({config['model']}, "
+    return {"setting": f"{clients} clients of examples/flower_audit (seed {config['seed']}, {config['model']}, "
                        f"{config['examples-per-client']} examples each, {setting['local_epochs']} local epochs of "
                        f"batch {setting['batch_size']}), {rounds} rounds, {setting['attack']} within "
                        f"{budget:g} s per rung, default tolerance and "
@@ -423,7 +426,7 @@ def screen(quick: bool, case: str = "utility") -> dict:
             "rows": rows}
 
 
-def repeat(quick: bool, case: str = "utility") -> dict:
+def repeat(quick: bool, case: str = "utility", seed: int | None = None) -> dict:
     """The full audit against itself: every client-round of the case's federation audited by two
     guards that differ only in the attack's seed (`GuardConfig.seed` 0 and 1), each with its own
     memory, both climbing from the bottom, on the same update. Their agreement (sent or not, and
@@ -434,7 +437,7 @@ def repeat(quick: bool, case: str = "utility") -> dict:
     from gradleak.guard import Guard, GuardConfig
     from gradleak.guard.trajectory import honest_fedavg
 
-    setting, config, clients, rounds = _outbound_case(case, quick, quick_rounds=2)
+    setting, config, clients, rounds = _outbound_case(case, quick, quick_rounds=2, seed=seed)
     data, training, galleries = _clients(setting)
     budget = setting.get("time_budget", GuardConfig.time_budget)
     pairs = [[Guard(GuardConfig(strongest=(setting["attack"],), every=1, seed=seed, time_budget=budget),
@@ -467,7 +470,7 @@ def repeat(quick: bool, case: str = "utility") -> dict:
     decisive = [r for r in rows if all(r["decisive"])]
     first_agree = [r for r in rows if r["first_audits"][0] and r["first_audits"][1]
                    and r["first_audits"][0]["leaks"] == r["first_audits"][1]["leaks"]]
-    return {"setting": f"{clients} clients of examples/flower_audit ({config['model']}, "
+    return {"setting": f"{clients} clients of examples/flower_audit (seed {config['seed']}, {config['model']}, "
                        f"{config['examples-per-client']} examples each, {setting['local_epochs']} local epochs of "
                        f"batch {setting['batch_size']}), {rounds} rounds, {setting['attack']}, default tolerance and "
                        f"ladder, climbing from the bottom, every round audited twice (attack seeds 0 and 1), "
@@ -686,7 +689,7 @@ CASES = ("inbound", "flower_app", "outbound", "chance", "utility", "screen", "re
          "repeat_example", "stealthy", "top_rung")
 
 
-def run(quick: bool = False, cases=CASES) -> dict:
+def run(quick: bool = False, cases=CASES, seed: int = 0) -> dict:
     torch.set_num_threads(1)
     _apps_on_path()
     out: dict = {}
@@ -695,7 +698,7 @@ def run(quick: bool = False, cases=CASES) -> dict:
         if case == "utility":
             out[case] = outbound(quick, "utility")
         elif case in ("screen_example", "repeat_example"):  # the same cases at the example's real partitions
-            out[case] = (screen if case == "screen_example" else repeat)(quick, "example")
+            out[case] = (screen if case == "screen_example" else repeat)(quick, "example", seed)
         else:
             out[case] = {"inbound": inbound, "flower_app": flower_app, "outbound": outbound,
                          "chance": chance, "screen": screen, "repeat": repeat, "stealthy": stealthy,
@@ -708,5 +711,8 @@ def run_with(argv: list[str]) -> dict:
     parser = common.parser("guard")
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES), metavar="CASE",
                         help=f"the cases to run (default: all of {', '.join(CASES)})")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the example app's seed (its partitions and initial model) in screen_example and "
+                             "repeat_example (default 0, the example's own)")
     args = parser.parse_args(argv)
-    return run(args.quick, tuple(args.cases))
+    return run(args.quick, tuple(args.cases), args.seed)

@@ -234,8 +234,9 @@ def _no_update(msg, config: GuardConfig, reason: str, metric: str):
 
 def keep_state(guard_state: Mapping[str, Any], state) -> None:
     """The guard's memory (`Guard.state_dict()`) into the node's `context.state`, which Flower
-    keeps across rounds: the three models as array records; the rung, whether it withholds and
-    the last audited update's norm and example count as a config record."""
+    keeps across rounds: the three models as array records; the rung, whether it withholds,
+    whether the last audit was decisive and the last audited update's norm and example count as
+    a config record."""
     from flwr.app import ArrayRecord, ConfigRecord
 
     if guard_state["previous"] is not None:
@@ -247,7 +248,8 @@ def keep_state(guard_state: Mapping[str, Any], state) -> None:
     if guard_state.get("audited_model") is not None:
         state.array_records[f"{STATE_KEY}-audited-model"] = ArrayRecord(
             {k: v.clone() for k, v in guard_state["audited_model"].items()})
-    record: dict[str, Any] = {"rung": int(guard_state["rung"]), "withholding": bool(guard_state["withholding"])}
+    record: dict[str, Any] = {"rung": int(guard_state["rung"]), "withholding": bool(guard_state["withholding"]),
+                              "decisive": bool(guard_state.get("decisive", False))}
     if guard_state.get("audited_norm") is not None:
         record["audited-norm"] = float(guard_state["audited_norm"])
         record["audited-examples"] = int(guard_state["audited_examples"])
@@ -268,6 +270,7 @@ def kept_state(state) -> dict[str, Any]:
         record = state.config_records[STATE_KEY]
         kept["rung"] = int(record["rung"])
         kept["withholding"] = bool(record["withholding"]) if "withholding" in record else False
+        kept["decisive"] = bool(record["decisive"]) if "decisive" in record else False
         if "audited-norm" in record:
             kept["audited_norm"] = float(record["audited-norm"])
             kept["audited_examples"] = int(record["audited-examples"])

@@ -113,7 +113,8 @@ class Guard:
 
     Between the audits of every k-th round (`GuardConfig.every`) a round is screened at the
     cost of two norms: it is audited anyway when nothing was audited yet, when the update's norm
-    grew past `GuardConfig.growth` times the last audited one, when it trained on fewer examples,
+    grew past `GuardConfig.growth` times the last audited one under a rung that adds a defense
+    (the update as trained has no noise for its signal to outgrow), when it trained on fewer examples,
     or, unless the last audit's decision was decisive (each rung's grade held at the tolerance's
     level, not only by its point estimates), when the received model moved by more than
     `GuardConfig.drift` of its norm since the last audited round (docs/guard.md, "Between
@@ -205,7 +206,9 @@ class Guard:
             if moved > self.config.drift:
                 return f"model moved {100 * moved:.1f}%"
         ratio = update_norm / max(self.audited_norm, 1e-30)
-        if self.config.growth and ratio > self.config.growth:
+        # growth is signal over the rung's noise; an update sent as trained has none, and the
+        # attacks match its direction (cosine), not its scale
+        if self.config.growth and self.rung > 0 and ratio > self.config.growth:
             return f"grew ×{ratio:.2f}"
         return None
 
@@ -316,7 +319,7 @@ class Guard:
     def _screen_text(self) -> str:
         drift = self.config.drift and not self.decisive
         tests = ([f"the model moved less than {self.config.drift:g} of its norm"] if drift else []) + \
-            ([f"the update grew less than ×{self.config.growth:g}"] if self.config.growth else [])
+            ([f"the update grew less than ×{self.config.growth:g}"] if self.config.growth and self.rung else [])
         decisive = "; the last audit decided at the tolerance's level" if self.decisive else ""
         return decisive + (f"; since the last audit {' and '.join(tests)}" if tests else "")
 

@@ -51,13 +51,16 @@ class GuardConfig:
     every:       audit the outgoing update every k-th round (1: every round); between audits
                  the last chosen rung is applied unaudited (nothing is sent when the last audit
                  withheld the update);
-    growth:      between those audits, a round is audited anyway when its update's norm is
-                 above this multiple of the norm at the last audit, or it trained on fewer
-                 examples: more signal under the same rung's noise may leak where the last
-                 audit's did not (the guard's cheap screen of every round; 0: off);
+    growth:      between those audits, a round is audited anyway when it trained on fewer
+                 examples, or, under a rung that adds a defense, its update's norm is above this
+                 multiple of the norm at the last audit: more signal under the same rung's noise
+                 may leak where the last audit's did not (the guard's cheap screen of every
+                 round; 0: off);
     drift:       between those audits, a round is audited anyway when the received model moved
                  by more than this share of its norm since the last audited round: the same
-                 update leaks differently through another model (0: off);
+                 update leaks differently through another model (0: off); not after a decisive
+                 audit (each grade held at the tolerance's level), which waits for the next
+                 scheduled one;
     start:       where an audit starts climbing: "bottom" (the update as trained, then each rung
                  in turn) or "last" (the rung chosen at the last audit: fewer audits per round,
                  but the guard never steps back down);

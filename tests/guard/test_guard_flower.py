@@ -134,6 +134,25 @@ def test_the_screen_between_audits_remembers_the_audited_norm_across_rounds(tmp_
     assert json.loads((tmp_path / "guard.jsonl").read_text().splitlines()[-1])["audit"] == "first"
 
 
+def test_the_guards_memory_survives_the_context_state():
+    """Every key of `Guard.state_dict()` that decides the next round (the rung, withholding,
+    the last audit's decisiveness, the audited norm and count, the models) comes back from
+    Flower's context.state as it went in."""
+    from gradleak.flower.guard import keep_state, kept_state
+
+    weights = {k: v.clone() for k, v in _mlp().state_dict().items()}
+    memory = {"previous": weights, "own_change": weights, "rung": 2, "withholding": False, "decisive": True,
+              "audited_model": weights, "audited_norm": 1.5, "audited_examples": 400}
+    state = RecordDict()
+    keep_state(memory, state)
+    back = kept_state(state)
+    assert set(back) == set(memory)
+    assert {k: back[k] for k in ("rung", "withholding", "decisive", "audited_norm", "audited_examples")} == {
+        "rung": 2, "withholding": False, "decisive": True, "audited_norm": 1.5, "audited_examples": 400}
+    assert all(torch.equal(back[m]["1.weight"], weights["1.weight"]) for m in ("previous", "own_change",
+                                                                                "audited_model"))
+
+
 def test_safe_copy_trains_the_last_clean_model(tmp_path):
     trained: list = []
     app = _app(_guard(tmp_path, on_crafted="safe_copy"), trained)

@@ -64,6 +64,36 @@ def test_update_leaks_weighs_the_verdicts_evidence_against_its_tolerance():
     assert not update_leaks([])[0]
 
 
+def _spread(n: int, mean: float, recognizable: int = 0):
+    """`n` examples whose linkage AUCs spread ±0.3 around `mean` (a per-example AUC varies that
+    much in the audits measured), `recognizable` of them recognised."""
+    scores = _scores(n, recognizable=recognizable)
+    for k, s in enumerate(scores):
+        s["linkage"] = mean + (0.3 if k % 2 else -0.3)
+    return update_evidence(scores)
+
+
+def test_a_grade_is_decisive_where_it_holds_at_the_tolerances_level():
+    """Within tolerance by the point estimates is decisive only where both rates' intervals lie
+    within it; a leak, where an interval lies beyond it; a copy always."""
+    assert judge_update([("ig", update_evidence(_scores(8, copies=1)))]).decisive
+    # 400 examples at chance: linkage 0.50 ± 0.03, 0 recognizable (upper end 0.9 %): bounded
+    grade = judge_update([("ig", _spread(400, 0.5))])
+    assert not grade.leaks and grade.decisive and "bounded at its level" in grade.reason
+    # 8 such examples: 0 of 8 recognizable has an upper end of 37 %, the linkage ± 0.25
+    grade = judge_update([("ig", _spread(8, 0.5))])
+    assert not grade.leaks and not grade.decisive and "by the point estimates" in grade.reason
+    # every attack must bound it: one that judged 16 examples (0 of 16: up to 21 %) does not
+    assert not judge_update([("ig", _spread(400, 0.5)), ("other", _spread(16, 0.5))]).decisive
+    # 0.75 over 400 examples leaks beyond the interval; 0.62 over 400 (0.59-0.65) only by its point
+    assert judge_update([("ig", _spread(400, 0.75))]).decisive
+    grade = judge_update([("ig", _spread(400, 0.62))])
+    assert grade.leaks and grade.beyond_chance and not grade.decisive
+    # and without a gallery (only copies count) nothing is bounded
+    bare = [{"success": False, "gallery_rank": None, "linkage": None}] * 8
+    assert not judge_update([("ig", update_evidence(bare))]).decisive
+
+
 def test_holm_corrects_over_the_audits_attacks():
     """linkage 0.72 over 8 examples: one-sided p 0.016; two tests of one attack make it
     0.031 (beyond chance at 95 %), eight tests of four attacks 0.12 (within chance)."""
@@ -149,16 +179,16 @@ def test_the_guards_memory_is_a_plain_state_dict():
     g.inbound(_mlp(), 1)
     decision = g.outbound(_mlp(), update, (x, y), server_round=1)
     state = g.state_dict()
-    assert set(state) == {"previous", "own_change", "rung", "withholding", "audited_model", "audited_norm",
-                          "audited_examples"}
+    assert set(state) == {"previous", "own_change", "rung", "withholding", "decisive", "audited_model",
+                          "audited_norm", "audited_examples"}
     assert (state["rung"], state["withholding"]) == (decision.rung, False) == (1, False)
     again = Guard(g.config, training=FEDSGD, state=state)
     assert (again.rung, again.withholding) == (1, False)
     assert torch.equal(again.previous["1.weight"], _mlp().state_dict()["1.weight"])
     assert torch.equal(again.own_change["1.weight"], decision.update.tensors["1.weight"])
     assert Guard(g.config, training=FEDSGD, state={}).state_dict() == {
-        "previous": None, "own_change": None, "rung": 0, "withholding": False, "audited_model": None,
-        "audited_norm": None, "audited_examples": None}
+        "previous": None, "own_change": None, "rung": 0, "withholding": False, "decisive": False,
+        "audited_model": None, "audited_norm": None, "audited_examples": None}
 
 
 def test_every_kth_round_keeps_the_last_rung_between_audits(tmp_path):
@@ -212,6 +242,60 @@ def test_between_audits_a_grown_update_or_fewer_examples_is_audited_anyway(tmp_p
     off.outbound(_mlp(), update, (x, y), server_round=1)
     assert not off.outbound(_mlp(), grown.replace(tensors={k: 10 * v for k, v in grown.tensors.items()}), (x, y),
                             server_round=2).audits
+
+
+def test_after_a_decisive_audit_a_moved_model_waits_for_the_scheduled_audit(monkeypatch):
+    """The screen's drift test is for decisions near the tolerance: after an audit whose every
+    grade held at the tolerance's level, a round whose model moved is sent under the chosen
+    rung until the scheduled audit; a grown update or fewer examples is still audited."""
+    import gradleak.guard as guard_module
+    from gradleak.guard.outbound import LadderAudit, OutboundAudit
+
+    x, y = _one_example()
+    update = compute_update(_mlp(), x, y, FEDSGD)
+    moved = _mlp()
+    with torch.no_grad():
+        for p in moved.parameters():
+            p.mul_(1.5)  # 50 % of its norm
+    for decisive in (True, False):
+        def walk(*args, checks, defend, client_state, decisive=decisive, **kwargs):
+            # the update as trained leaks beyond its interval; the first rung is bounded within it
+            audits = [OutboundAudit(True, "copies", beyond_chance=True, decisive=True),
+                      OutboundAudit(False, "bounded", decisive=decisive)]
+            return LadderAudit(audits, [defend(c.rung, dict(client_state)) for c in checks[:2]],
+                               [dict(client_state)] * 2, passed=1)
+
+        monkeypatch.setattr(guard_module, "audit_ladder", walk)
+        g = Guard(GuardConfig(ladder=["noise:sigma=1"], every=5), training=FEDSGD)
+        assert g.outbound(_mlp(), update, (x, y), server_round=1).rung == 1 and g.decisive == decisive
+        between = g.outbound(moved, update, (x, y), server_round=2)
+        assert bool(between.audits) != decisive
+        if decisive:
+            assert "decided at the tolerance's level" in between.reason and "moved" not in between.reason
+            grown = update.replace(tensors={k: 2 * v for k, v in update.tensors.items()})
+            assert g.outbound(moved, grown, (x, y), server_round=3).audits  # more signal under the rung's noise
+            assert g.outbound(moved, grown, (x, y), server_round=6).audits  # scheduled
+
+
+def test_an_update_sent_as_trained_is_not_audited_for_growing(monkeypatch):
+    """With no defense on the update there is no noise for a larger update to outgrow (the
+    attacks match its direction): between audits, only a defended rung's update is audited for
+    its growth."""
+    import gradleak.guard as guard_module
+    from gradleak.guard.outbound import LadderAudit, OutboundAudit
+
+    def walk(*args, checks, defend, client_state, **kwargs):
+        return LadderAudit([OutboundAudit(False, "bounded", decisive=True)],
+                           [defend(checks[0].rung, dict(client_state))], [dict(client_state)], passed=0)
+
+    monkeypatch.setattr(guard_module, "audit_ladder", walk)
+    x, y = _one_example()
+    update = compute_update(_mlp(), x, y, FEDSGD)
+    g = Guard(GuardConfig(ladder=["noise:sigma=1"], every=5), training=FEDSGD)
+    assert g.outbound(_mlp(), update, (x, y), server_round=1).rung == 0
+    grown = update.replace(tensors={k: 3 * v for k, v in update.tensors.items()})
+    between = g.outbound(_mlp(), grown, (x, y), server_round=2)
+    assert not between.audits and between.update is grown and "grew" not in between.reason
 
 
 def test_a_client_first_seen_between_scheduled_rounds_is_audited():
