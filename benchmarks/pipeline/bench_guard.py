@@ -397,6 +397,7 @@ def screen(quick: bool, case: str = "utility", seed: int | None = None) -> dict:
                      "model_drift": round(drift, 4),
                      "screened": [decision.send, decision.rung], "full": [shadow.send, shadow.rung],
                      "seconds": round(decision.seconds, 3), "full_seconds": round(shadow.seconds, 2),
+                     "rung_audit_seconds": [round(a.seconds, 2) for a in (decision.audits or shadow.audits)],
                      "train_seconds": round(train_seconds, 4)})
         print(rows[-1], file=sys.stderr, flush=True)
         return decision.update
@@ -419,6 +420,8 @@ def screen(quick: bool, case: str = "utility", seed: int | None = None) -> dict:
             "guard_seconds_median": statistics.median(seconds),
             "guard_seconds_mean": round(statistics.mean(seconds), 2),
             "full_audit_seconds_median": statistics.median(r["full_seconds"] for r in rows),
+            "rung_audit_seconds_max": max(s for r in rows for s in r["rung_audit_seconds"]),
+            "time_budget": budget,
             "client_training_seconds_median": train,
             "guard_over_training_median": round(statistics.median(seconds) / train, 2),
             "guard_over_training_mean": round(statistics.mean(seconds) / train, 2),
@@ -461,7 +464,8 @@ def repeat(quick: bool, case: str = "utility", seed: int | None = None) -> dict:
                      "decisions": [[d.send, d.rung] for d in decisions],
                      "decisive": [g.decisive for g in pairs[client]],
                      "first_audits": [first(d) for d in decisions],
-                     "seconds": [round(d.seconds, 2) for d in decisions]})
+                     "seconds": [round(d.seconds, 2) for d in decisions],
+                     "rung_audit_seconds": [round(a.seconds, 2) for d in decisions for a in d.audits]})
         print(rows[-1], file=sys.stderr, flush=True)
         return decisions[0].update
 
@@ -478,7 +482,9 @@ def repeat(quick: bool, case: str = "utility", seed: int | None = None) -> dict:
             "client_rounds": len(rows), "agreeing": len(agree),
             "plain_update_leak_call_agreeing": len(first_agree),
             "both_decisive": len(decisive), "both_decisive_agreeing": sum(r in agree for r in decisive),
-            "full_audit_seconds_median": statistics.median(s for r in rows for s in r["seconds"]), "rows": rows}
+            "full_audit_seconds_median": statistics.median(s for r in rows for s in r["seconds"]),
+            "rung_audit_seconds_max": max(s for r in rows for s in r["rung_audit_seconds"]), "time_budget": budget,
+            "rows": rows}
 
 
 def stealthy(quick: bool) -> dict:

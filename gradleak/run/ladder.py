@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -81,6 +81,10 @@ def climb_budget_ladder(attack: Attack, obs: Observation, x: torch.Tensor, y: to
     at the first rung whose verdict is decided (`rung_decision`) or after `doublings`
     doublings."""
     started = time.perf_counter()
+    if ctx.deadline is not None:
+        # the scoring after the attack spends the same budget: the attack stops early enough to
+        # leave it the time that scoring these examples takes
+        ctx = replace(ctx, deadline=ctx.deadline - judging_seconds(obs, x, y, lpips, gallery))
     rungs: list[Rung] = []
     chance = None
     decision = None
@@ -118,6 +122,22 @@ def climb_budget_ladder(attack: Attack, obs: Observation, x: torch.Tensor, y: to
                                         "saturated": decision is not None, "reid_chance": chance,
                                         "attack_seconds": round(seconds - judging, 3),
                                         "judge_seconds": round(judging, 3)})
+
+
+JUDGE_PROBE = 8  # examples scored to time the scoring of a batch
+
+
+def judging_seconds(obs: Observation, x: torch.Tensor, y: torch.Tensor, lpips: str, gallery: Gallery | None
+                    ) -> float:
+    """About how long scoring reconstructions of all of `x` takes: the first few examples scored
+    as their own reconstructions (after one, which loads what the scorer loads once), scaled to
+    the batch."""
+    probe = min(len(x), JUDGE_PROBE)
+    score_batch(x[:1], y[:1], x[:1], y[:1], obs.modality, lpips, gallery=gallery, tokenizer=obs.tokenizer)
+    start = time.perf_counter()
+    score_batch(x[:probe], y[:probe], x[:probe], y[:probe], obs.modality, lpips, gallery=gallery,
+                tokenizer=obs.tokenizer)
+    return (time.perf_counter() - start) * len(x) / max(probe, 1)
 
 
 def score_rung(rec: Reconstruction, scores: list, budget: int | None, seconds: float,

@@ -286,8 +286,10 @@ class Engine:
                     best[0], best[1], best[2] = value, distances[i], [candidate.snapshot()]
             return total_loss
 
+        step_seconds = 0.0  # the last iteration's: one that would end past the deadline is not begun
         for it in range(iterations):
-            if self.deadline is not None and time.perf_counter() > self.deadline:
+            began = time.perf_counter()
+            if self.deadline is not None and began + step_seconds > self.deadline:
                 group.out_of_time = True
                 break
             due = [hook for hook in self.hooks if hook.due(offset + it)]
@@ -320,6 +322,7 @@ class Engine:
                     current = math.inf
             for candidate in active:
                 candidate.project()
+            step_seconds = time.perf_counter() - began
             if it % self.trace_every == 0 or it == iterations - 1:
                 group.trace.append(TracePoint(done + offset + it + 1, current, time.perf_counter() - self._start))
                 if self.progress:
