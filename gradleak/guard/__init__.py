@@ -287,7 +287,7 @@ class Guard:
                   "rung_text": decision.rung_text, "sent": decision.send, "reason": decision.reason,
                   "seconds": round(decision.seconds, 3),
                   "audits": [{"rung": decision.rung - len(audits) + 1 + k, "leaks": a.leaks, "verdict": a.verdict,
-                              "beyond_chance": a.beyond_chance, "attacks": a.attacks_run,
+                              "beyond_chance": a.beyond_chance, "decisive": a.decisive, "attacks": a.attacks_run,
                               "seconds": round(a.seconds, 3), "budget_spent": a.budget_spent}
                              for k, a in enumerate(audits)],
                   "labels_shown": audits[0].labels_shown if audits else None})

@@ -17,9 +17,11 @@ def _ground_truth(context, message):
 # its original among them is a re-identification. The attacks are those that apply to clients
 # of hundreds of examples: `fedavg` (an honest server replaying the client's local steps) and
 # the malicious servers' analytic attacks (loki: bins that stay decodable over the client's local
-# steps); each runs under the weakest threat model that allows it.
+# steps; scale-mia: bins in the model's own dense layer, disguised to pass the guard's inbound
+# checks); each runs under the weakest threat model that allows it.
 audit = FlowerAudit(model_fn=make_model, ground_truth=_ground_truth, gallery=held_out_examples,
                     training_keys={"lr": "lr", "momentum": "momentum", "weight_decay": "weight-decay",
                                    "local_epochs": "local-epochs", "local_batch_size": "batch-size"},
                     shuffle_seed_rule=shuffle_seed, rounds=(1, 3), clients=2,
-                    threat=("honest", "malicious"), attacks=["fedavg:iterations=125,polish=0.5", "rtf", "loki", "mkor"])
+                    threat=("honest", "malicious"),
+                    attacks=["fedavg:iterations=125,polish=0.5", "rtf", "loki", "mkor", "scale-mia"])
