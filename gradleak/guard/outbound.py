@@ -75,6 +75,7 @@ class UpdateGrade:
     # expected to grade the update the same; near the tolerance it may not (docs/guard.md)
     decisive: bool = False
 
+
 def judge_update(evidence: Sequence[tuple[str, Evidence]], tolerance: Tolerance | str | None = None) -> UpdateGrade:
     """The guard's grade of an update from its attacks' evidence (`(attack, Evidence)` pairs):
     copies first, then the recognizable rate, then the linkage AUC; a measure counts when its
