@@ -2,6 +2,7 @@
 writes every result (or failure) to the store as it arrives."""
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -91,6 +92,37 @@ def estimated_cost(cell: Cell) -> float:
     return iterations * steps * (1 + spec["batch_size"] / 4)
 
 
+def _setting(kind: str, spec: dict) -> str:
+    """A cell's setting without its seed and its number of examples: cells that share it cost
+    about the same per example."""
+    return json.dumps([kind, {k: v for k, v in spec.items() if k not in ("seed", "images")}], sort_keys=True,
+                      default=str)
+
+
+def _examples(spec: dict) -> int:
+    return int(spec.get("images") or spec.get("batch_size") or 1)
+
+
+def measured_costs(store, cells: list[Cell]) -> dict[str, float] | None:
+    """Each cell's expected seconds from the stored cells of its setting (their mean seconds per
+    example, times its examples), when every one of `cells` has such cells stored (a ladder's
+    rung: more seeds or examples of settings already run); else None, and the heuristic
+    `estimated_cost` orders them. What the heuristic cannot price, measured times know: e.g. a
+    utility run under a defense that trains per example (DP-SGD) takes several undefended ones."""
+    per_example: dict[str, list[float]] = {}
+    for record in store.cells():
+        if record.seconds and record.seconds > 0 and isinstance(record.spec, dict):
+            per_example.setdefault(_setting(record.kind, record.spec), []).append(
+                record.seconds / _examples(record.spec))
+    costs = {}
+    for cell in cells:
+        seen = per_example.get(_setting(cell.kind, cell.spec))
+        if not seen:
+            return None
+        costs[cell.key] = _examples(cell.spec) * sum(seen) / len(seen)
+    return costs
+
+
 def is_utility_baseline(cell: Cell) -> bool:
     """The undefended utility run of a (dataset, model, seed): the reference every
     defense's utility loss is measured from."""
@@ -161,10 +193,12 @@ def run_sweep(sweep: Sweep, store, workers: int | None = None, executor: str = "
     workers = workers or default_workers()
     start = time.perf_counter()
     totals = {"written": 0, "cpu_seconds": 0.0, "failed": []}
-    _run_cells(sweep, store, todo, baselines, workers, executor, address, show_progress, totals,
-               total=len(sweep.cells), already=len(sweep.cells) - len(todo))
-    extra = run_sample_ladder(sweep, store, workers, executor, address, show_progress, totals)
-    seeds = run_utility_ladder(sweep, store, workers, executor, address, show_progress, totals)
+    # one executor for every phase: its workers (and what they loaded) serve each ladder rung
+    with make_executor(executor, workers, address, study_artifacts(store)) as runner:
+        _run_cells(sweep, store, todo, baselines, runner, workers, show_progress, totals,
+                   total=len(sweep.cells), already=len(sweep.cells) - len(todo))
+        extra = run_sample_ladder(sweep, store, runner, workers, show_progress, totals)
+        seeds = run_utility_ladder(sweep, store, runner, workers, show_progress, totals)
     seconds = time.perf_counter() - start
     written, failed = totals["written"], totals["failed"]
     return {"sweep": sweep.name, "cells": len(sweep.cells) + extra["cells"] + seeds["cells"],
@@ -176,17 +210,18 @@ def run_sweep(sweep: Sweep, store, workers: int | None = None, executor: str = "
             "cells_per_minute": round(60 * written / seconds, 3) if written and seconds > 0 else None}
 
 
-def _run_cells(sweep: Sweep, store, todo: list[Cell], baselines: dict, workers: int, executor: str,
-               address: str | None, show_progress: bool, totals: dict, total: int, already: int) -> None:
-    """Run `todo` on the executor, writing each result (or failure) to the store as it arrives."""
+def _run_cells(sweep: Sweep, store, todo: list[Cell], baselines: dict, runner, workers: int,
+               show_progress: bool, totals: dict, total: int, already: int) -> None:
+    """Run `todo` on `runner` (an executor), writing each result (or failure) to the store as it
+    arrives."""
     if not todo:
         return
     if workers > 1:
-        todo.sort(key=estimated_cost, reverse=True)
+        measured = measured_costs(store, todo)
+        todo.sort(key=(lambda c: measured[c.key]) if measured else estimated_cost, reverse=True)
     todo.sort(key=lambda c: c.key not in baselines)  # stable: baselines first, the rest as ordered
     refusal = None
     with sweep_progress(total, already, enabled=show_progress) as bars:
-        runner = make_executor(executor, workers, address, study_artifacts(store))
         # closing: stopping early stops the executor's running cells at once
         with closing(runner.run(todo, bars)) as results:
             for cell, result in results:
@@ -205,8 +240,7 @@ def _run_cells(sweep: Sweep, store, todo: list[Cell], baselines: dict, workers: 
         raise GradleakError(refusal)
 
 
-def run_sample_ladder(sweep: Sweep, store, workers: int, executor: str, address: str | None,
-                      show_progress: bool, totals: dict) -> dict:
+def run_sample_ladder(sweep: Sweep, store, runner, workers: int, show_progress: bool, totals: dict) -> dict:
     """Add examples to the settings whose verdict is still open (gradleak.sweep.samples), one
     rung at a time, each rung judged on everything stored so far. Returns the cells it planned,
     those already stored, and the rungs it ran."""
@@ -223,7 +257,7 @@ def run_sample_ladder(sweep: Sweep, store, workers: int, executor: str, address:
         done = store.finished_keys()
         todo = [c for c in extension if c.key not in done]
         planned, skipped, rungs = planned + len(extension), skipped + len(extension) - len(todo), rung
-        _run_cells(sweep, store, todo, {}, workers, executor, address, show_progress, totals,
+        _run_cells(sweep, store, todo, {}, runner, workers, show_progress, totals,
                    total=len(extension), already=len(extension) - len(todo))
     return {"cells": planned, "skipped": skipped, "rungs": rungs}
 
@@ -232,8 +266,7 @@ def run_sample_ladder(sweep: Sweep, store, workers: int, executor: str, address:
 UTILITY_LADDER_RUNGS = 3
 
 
-def run_utility_ladder(sweep: Sweep, store, workers: int, executor: str, address: str | None,
-                       show_progress: bool, totals: dict) -> dict:
+def run_utility_ladder(sweep: Sweep, store, runner, workers: int, show_progress: bool, totals: dict) -> dict:
     """Add utility seeds to the defenses whose utility loss is not yet told within the study's
     precision (gradleak.sweep.utility_ladder), a rung at a time, each planned on everything
     stored so far. Returns the cells it planned, those already stored, and the rungs it ran."""
@@ -255,6 +288,6 @@ def run_utility_ladder(sweep: Sweep, store, workers: int, executor: str, address
         if not todo:
             break  # planned and stored already: a resumed sweep whose failed cells stay failed
         planned, skipped, rungs = planned + len(extension), skipped + len(extension) - len(todo), rung
-        _run_cells(sweep, store, todo, {}, workers, executor, address, show_progress, totals,
+        _run_cells(sweep, store, todo, {}, runner, workers, show_progress, totals,
                    total=len(extension), already=len(extension) - len(todo))
     return {"cells": planned, "skipped": skipped, "rungs": rungs}
