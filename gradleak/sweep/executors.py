@@ -45,12 +45,6 @@ class InProcessExecutor:
     def __init__(self, artifacts: Path | None = None):
         self.artifacts = artifacts
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *_exc) -> None:
-        return None
-
     def run(self, cells, bars: SweepBars):
         single_thread()
         for cell in cells:
@@ -90,49 +84,22 @@ def _worker_cell(key: str, kind: str, spec: dict, artifacts: Path | None) -> dic
 
 
 class ProcessExecutor:
-    """Cells in local worker processes. Used as a context manager (`with ProcessExecutor(n) as
-    runner:`), its workers outlive each `run`: a sweep's phases (its cells, then each rung of its
-    sample and utility ladders) share them, so no phase waits for new workers or fills their
-    caches (datasets, LPIPS weights) again. Outside one, each `run` has workers of its own."""
-
     def __init__(self, workers: int, artifacts: Path | None = None):
         self.workers = workers
         self.artifacts = artifacts
-        self._open = False
-        self._kept: tuple[ProcessPoolExecutor, object] | None = None  # (pool, its progress queue)
 
-    def __enter__(self):
-        self._open = True
-        return self
-
-    def __exit__(self, *_exc) -> None:
-        self._open = False
-        if self._kept is not None:
-            pool, queue = self._kept
-            self._kept = None
-            pool.shutdown(wait=True, cancel_futures=True)
-            queue.close()  # type: ignore[attr-defined]
-
-    def _pool(self, cells) -> tuple[ProcessPoolExecutor, object]:
-        if self._kept is not None:
-            return self._kept
+    def run(self, cells, bars: SweepBars):
+        if not cells:
+            return
         method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
         ctx = multiprocessing.get_context(method)
         if method == "forkserver":
             # Workers fork from a server that already imported torch and the pipeline.
             ctx.set_forkserver_preload(["torch", "gradleak.run.experiment", "gradleak.sweep.cells"])
         queue = ctx.Queue()
-        workers = self.workers if self._open else min(self.workers, len(cells))
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                                   initargs=(queue,))
-        return pool, queue
-
-    def run(self, cells, bars: SweepBars):
-        if not cells:
-            return
         by_key = {c.key: c for c in cells}
-        pool, queue = self._pool(cells)
-        self._kept = None  # kept again below only if this run completes
+        pool = ProcessPoolExecutor(max_workers=min(self.workers, len(cells)), mp_context=ctx,
+                                   initializer=_init_worker, initargs=(queue,))
         completed = False
         try:
             # submit() starts the workers. A signal that lands while the forkserver is still
@@ -152,16 +119,13 @@ class ProcessExecutor:
                     yield cell, result
             completed = True
         finally:
-            if completed and self._open:
-                self._kept = (pool, queue)  # idle workers, ready for the next run
-            else:
-                if not completed:  # interrupted (Ctrl-C, SIGTERM) or abandoned: stop the running cells now
-                    _terminate_workers(pool)
-                # Wait even when interrupted (the workers are gone, so it is quick): a pool left to
-                # close its pipes while the interpreter exits races CPython 3.11's exit hook, which
-                # then prints a traceback after our one line.
-                pool.shutdown(wait=True, cancel_futures=True)
-                queue.close()  # type: ignore[attr-defined]
+            if not completed:  # interrupted (Ctrl-C, SIGTERM) or abandoned: stop the running cells now
+                _terminate_workers(pool)
+            # Wait even when interrupted (the workers are gone, so it is quick): a pool left to
+            # close its pipes while the interpreter exits races CPython 3.11's exit hook, which
+            # then prints a traceback after our one line.
+            pool.shutdown(wait=True, cancel_futures=True)
+            queue.close()
 
     @staticmethod
     def _drain(queue, by_key, bars: SweepBars) -> None:

@@ -156,12 +156,6 @@ class RayExecutor:
         if not self.connect_timeout > 0:
             raise GradleakError(f"the Ray connect timeout must be > 0 seconds, got {self.connect_timeout}")
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *_exc) -> None:
-        return None
-
     def run(self, cells, bars: SweepBars):
         if not cells:
             return

@@ -193,12 +193,10 @@ def run_sweep(sweep: Sweep, store, workers: int | None = None, executor: str = "
     workers = workers or default_workers()
     start = time.perf_counter()
     totals = {"written": 0, "cpu_seconds": 0.0, "failed": []}
-    # one executor for every phase: its workers (and what they loaded) serve each ladder rung
-    with make_executor(executor, workers, address, study_artifacts(store)) as runner:
-        _run_cells(sweep, store, todo, baselines, runner, workers, show_progress, totals,
-                   total=len(sweep.cells), already=len(sweep.cells) - len(todo))
-        extra = run_sample_ladder(sweep, store, runner, workers, show_progress, totals)
-        seeds = run_utility_ladder(sweep, store, runner, workers, show_progress, totals)
+    _run_cells(sweep, store, todo, baselines, workers, executor, address, show_progress, totals,
+               total=len(sweep.cells), already=len(sweep.cells) - len(todo))
+    extra = run_sample_ladder(sweep, store, workers, executor, address, show_progress, totals)
+    seeds = run_utility_ladder(sweep, store, workers, executor, address, show_progress, totals)
     seconds = time.perf_counter() - start
     written, failed = totals["written"], totals["failed"]
     return {"sweep": sweep.name, "cells": len(sweep.cells) + extra["cells"] + seeds["cells"],
@@ -210,10 +208,9 @@ def run_sweep(sweep: Sweep, store, workers: int | None = None, executor: str = "
             "cells_per_minute": round(60 * written / seconds, 3) if written and seconds > 0 else None}
 
 
-def _run_cells(sweep: Sweep, store, todo: list[Cell], baselines: dict, runner, workers: int,
-               show_progress: bool, totals: dict, total: int, already: int) -> None:
-    """Run `todo` on `runner` (an executor), writing each result (or failure) to the store as it
-    arrives."""
+def _run_cells(sweep: Sweep, store, todo: list[Cell], baselines: dict, workers: int, executor: str,
+               address: str | None, show_progress: bool, totals: dict, total: int, already: int) -> None:
+    """Run `todo` on the executor, writing each result (or failure) to the store as it arrives."""
     if not todo:
         return
     if workers > 1:
@@ -222,6 +219,7 @@ def _run_cells(sweep: Sweep, store, todo: list[Cell], baselines: dict, runner, w
     todo.sort(key=lambda c: c.key not in baselines)  # stable: baselines first, the rest as ordered
     refusal = None
     with sweep_progress(total, already, enabled=show_progress) as bars:
+        runner = make_executor(executor, workers, address, study_artifacts(store))
         # closing: stopping early stops the executor's running cells at once
         with closing(runner.run(todo, bars)) as results:
             for cell, result in results:
@@ -240,7 +238,8 @@ def _run_cells(sweep: Sweep, store, todo: list[Cell], baselines: dict, runner, w
         raise GradleakError(refusal)
 
 
-def run_sample_ladder(sweep: Sweep, store, runner, workers: int, show_progress: bool, totals: dict) -> dict:
+def run_sample_ladder(sweep: Sweep, store, workers: int, executor: str, address: str | None,
+                      show_progress: bool, totals: dict) -> dict:
     """Add examples to the settings whose verdict is still open (gradleak.sweep.samples), one
     rung at a time, each rung judged on everything stored so far. Returns the cells it planned,
     those already stored, and the rungs it ran."""
@@ -257,7 +256,7 @@ def run_sample_ladder(sweep: Sweep, store, runner, workers: int, show_progress: 
         done = store.finished_keys()
         todo = [c for c in extension if c.key not in done]
         planned, skipped, rungs = planned + len(extension), skipped + len(extension) - len(todo), rung
-        _run_cells(sweep, store, todo, {}, runner, workers, show_progress, totals,
+        _run_cells(sweep, store, todo, {}, workers, executor, address, show_progress, totals,
                    total=len(extension), already=len(extension) - len(todo))
     return {"cells": planned, "skipped": skipped, "rungs": rungs}
 
@@ -266,7 +265,8 @@ def run_sample_ladder(sweep: Sweep, store, runner, workers: int, show_progress: 
 UTILITY_LADDER_RUNGS = 3
 
 
-def run_utility_ladder(sweep: Sweep, store, runner, workers: int, show_progress: bool, totals: dict) -> dict:
+def run_utility_ladder(sweep: Sweep, store, workers: int, executor: str, address: str | None,
+                       show_progress: bool, totals: dict) -> dict:
     """Add utility seeds to the defenses whose utility loss is not yet told within the study's
     precision (gradleak.sweep.utility_ladder), a rung at a time, each planned on everything
     stored so far. Returns the cells it planned, those already stored, and the rungs it ran."""
@@ -288,6 +288,6 @@ def run_utility_ladder(sweep: Sweep, store, runner, workers: int, show_progress:
         if not todo:
             break  # planned and stored already: a resumed sweep whose failed cells stay failed
         planned, skipped, rungs = planned + len(extension), skipped + len(extension) - len(todo), rung
-        _run_cells(sweep, store, todo, {}, runner, workers, show_progress, totals,
+        _run_cells(sweep, store, todo, {}, workers, executor, address, show_progress, totals,
                    total=len(extension), already=len(extension) - len(todo))
     return {"cells": planned, "skipped": skipped, "rungs": rungs}

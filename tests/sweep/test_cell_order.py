@@ -1,44 +1,9 @@
-"""How a sweep's phases share one executor: workers kept between runs while the executor is
-open, and the order a ladder rung's cells start in, priced from the cells already stored."""
+"""The order a ladder rung's cells start in: priced from the stored cells of their settings."""
 from __future__ import annotations
 
-import os
-from types import SimpleNamespace
-
 from gradleak.store import CellRecord, ResultStore
-from gradleak.sweep.executors import CellFailure, ProcessExecutor
-from gradleak.sweep.progress import SweepBars
 from gradleak.sweep.run import measured_costs
 from gradleak.sweep.spec import Cell
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def test_an_open_executor_keeps_its_workers_between_runs_and_stops_them_on_close():
-    # cells with no spec fail at once: the runs are about where they run, not what they compute
-    cells = [SimpleNamespace(key=str(i), kind="attack", spec={}, labels={}) for i in range(3)]
-    with ProcessExecutor(2) as runner:
-        first = list(runner.run(cells, SweepBars(None, len(cells), 0)))
-        workers = set(runner._kept[0]._processes)
-        second = list(runner.run(cells[:1], SweepBars(None, 1, 0)))
-        assert set(runner._kept[0]._processes) == workers and len(workers) == 2
-    assert runner._kept is None
-    assert not any(_alive(pid) for pid in workers)
-    assert len(first) == 3 and len(second) == 1
-    assert all(isinstance(result, CellFailure) for _, result in first + second)
-
-
-def test_a_closed_executor_has_workers_of_its_own_per_run():
-    cells = [SimpleNamespace(key="0", kind="attack", spec={}, labels={})]
-    runner = ProcessExecutor(2)
-    assert [isinstance(r, CellFailure) for _, r in runner.run(cells, SweepBars(None, 1, 0))] == [True]
-    assert runner._kept is None
 
 
 def _stored(store: ResultStore, kind: str, spec: dict, seconds: float) -> None:
