@@ -6,13 +6,18 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterable
 from contextlib import closing
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import GradleakError
 from .executors import CellFailure, InProcessExecutor, ProcessExecutor
 from .progress import sweep_progress
 from .spec import Cell, Sweep, cell_key
+
+if TYPE_CHECKING:
+    from ..store import CellRecord
 
 
 def study_artifacts(store) -> Path | None:
@@ -103,15 +108,15 @@ def _examples(spec: dict) -> int:
     return int(spec.get("images") or spec.get("batch_size") or 1)
 
 
-def measured_costs(store, cells: list[Cell]) -> dict[str, float] | None:
-    """Each cell's expected seconds from the stored cells of its setting (their mean seconds per
+def measured_costs(stored: Iterable[CellRecord], cells: list[Cell]) -> dict[str, float] | None:
+    """Each cell's expected seconds from the `stored` cells of its setting (their mean seconds per
     example, times its examples), when every one of `cells` has such cells stored (a ladder's
     rung: more seeds or examples of settings already run); else None, and the heuristic
     `estimated_cost` orders them. What the heuristic cannot price, measured times know: e.g. a
     utility run under a defense that trains per example (DP-SGD) takes several undefended ones."""
     per_example: dict[str, list[float]] = {}
-    for record in store.cells():
-        if record.seconds and record.seconds > 0 and isinstance(record.spec, dict):
+    for record in stored:
+        if record.seconds > 0:  # a failure is stored with 0
             per_example.setdefault(_setting(record.kind, record.spec), []).append(
                 record.seconds / _examples(record.spec))
     costs = {}
@@ -209,12 +214,14 @@ def run_sweep(sweep: Sweep, store, workers: int | None = None, executor: str = "
 
 
 def _run_cells(sweep: Sweep, store, todo: list[Cell], baselines: dict, workers: int, executor: str,
-               address: str | None, show_progress: bool, totals: dict, total: int, already: int) -> None:
-    """Run `todo` on the executor, writing each result (or failure) to the store as it arrives."""
+               address: str | None, show_progress: bool, totals: dict, total: int, already: int,
+               stored: list[CellRecord] | None = None) -> None:
+    """Run `todo` on the executor, writing each result (or failure) to the store as it arrives.
+    `stored`: the store's cells when the caller has just read them (they price `todo`)."""
     if not todo:
         return
     if workers > 1:
-        measured = measured_costs(store, todo)
+        measured = measured_costs(store.cells() if stored is None else stored, todo)
         todo.sort(key=(lambda c: measured[c.key]) if measured else estimated_cost, reverse=True)
     todo.sort(key=lambda c: c.key not in baselines)  # stable: baselines first, the rest as ordered
     refusal = None
@@ -257,7 +264,7 @@ def run_sample_ladder(sweep: Sweep, store, workers: int, executor: str, address:
         todo = [c for c in extension if c.key not in done]
         planned, skipped, rungs = planned + len(extension), skipped + len(extension) - len(todo), rung
         _run_cells(sweep, store, todo, {}, workers, executor, address, show_progress, totals,
-                   total=len(extension), already=len(extension) - len(todo))
+                   total=len(extension), already=len(extension) - len(todo), stored=cells)
     return {"cells": planned, "skipped": skipped, "rungs": rungs}
 
 
@@ -289,5 +296,5 @@ def run_utility_ladder(sweep: Sweep, store, workers: int, executor: str, address
             break  # planned and stored already: a resumed sweep whose failed cells stay failed
         planned, skipped, rungs = planned + len(extension), skipped + len(extension) - len(todo), rung
         _run_cells(sweep, store, todo, {}, workers, executor, address, show_progress, totals,
-                   total=len(extension), already=len(extension) - len(todo))
+                   total=len(extension), already=len(extension) - len(todo), stored=cells)
     return {"cells": planned, "skipped": skipped, "rungs": rungs}

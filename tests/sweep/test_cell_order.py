@@ -24,7 +24,7 @@ def test_a_rung_is_priced_from_its_settings_stored_cells(tmp_path):
         rung = [Cell("utility", {"defenses": [], "seed": 2}, {}),
                 Cell("utility", {"defenses": ["dpsgd"], "seed": 2}, {}),
                 Cell("attack", {"attack": "ig", "batch_size": 4, "images": 44, "seed": 1}, {})]
-        costs = measured_costs(store, rung)
+        costs = measured_costs(store.cells(), rung)
         assert costs == {rung[0].key: 6.0, rung[1].key: 15.0, rung[2].key: 22.0}
         # one cell of a setting never run: no measured order (the heuristic's instead)
-        assert measured_costs(store, rung + [Cell("utility", {"defenses": ["sign"], "seed": 0}, {})]) is None
+        assert measured_costs(store.cells(), rung + [Cell("utility", {"defenses": ["sign"], "seed": 0}, {})]) is None
