@@ -2,7 +2,6 @@
 writes every result (or failure) to the store as it arrives."""
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING
 from ..errors import GradleakError
 from .executors import CellFailure, InProcessExecutor, ProcessExecutor
 from .progress import sweep_progress
-from .spec import Cell, Sweep, cell_key
+from .spec import Cell, Sweep, cell_key, setting_key
 
 if TYPE_CHECKING:
     from ..store import CellRecord
@@ -97,13 +96,6 @@ def estimated_cost(cell: Cell) -> float:
     return iterations * steps * (1 + spec["batch_size"] / 4)
 
 
-def _setting(kind: str, spec: dict) -> str:
-    """A cell's setting without its seed and its number of examples: cells that share it cost
-    about the same per example."""
-    return json.dumps([kind, {k: v for k, v in spec.items() if k not in ("seed", "images")}], sort_keys=True,
-                      default=str)
-
-
 def _examples(spec: dict) -> int:
     return int(spec.get("images") or spec.get("batch_size") or 1)
 
@@ -117,11 +109,11 @@ def measured_costs(stored: Iterable[CellRecord], cells: list[Cell]) -> dict[str,
     per_example: dict[str, list[float]] = {}
     for record in stored:
         if record.seconds > 0:  # a failure is stored with 0
-            per_example.setdefault(_setting(record.kind, record.spec), []).append(
+            per_example.setdefault(setting_key(record.kind, record.spec, ("seed", "images")), []).append(
                 record.seconds / _examples(record.spec))
     costs = {}
     for cell in cells:
-        seen = per_example.get(_setting(cell.kind, cell.spec))
+        seen = per_example.get(setting_key(cell.kind, cell.spec, ("seed", "images")))
         if not seen:
             return None
         costs[cell.key] = _examples(cell.spec) * sum(seen) / len(seen)

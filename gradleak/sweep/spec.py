@@ -88,6 +88,12 @@ def cell_key(kind: str, spec: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def setting_key(kind: str, spec: dict, apart: tuple[str, ...] = ("seed",)) -> str:
+    """The cell's kind and spec without the fields `apart`: cells that differ only there share it
+    (the same setting, checked once; the same cost per example)."""
+    return kind + json.dumps({k: v for k, v in spec.items() if k not in apart}, sort_keys=True, default=list)
+
+
 def load_sweep(path: str | Path) -> Sweep:
     """Read and validate a sweep file: UTF-8 text without NUL bytes, valid YAML, a valid grid."""
     path = Path(path)
@@ -241,11 +247,10 @@ class _SweepParser:
 
         done: set[str] = set()
         for cell in cells:
-            seedless = json.dumps({k: v for k, v in cell.spec.items() if k != "seed"}, sort_keys=True,
-                                  default=list)
-            if cell.kind + seedless in done:
+            seedless = setting_key(cell.kind, cell.spec)
+            if seedless in done:
                 continue
-            done.add(cell.kind + seedless)
+            done.add(seedless)
             try:
                 if cell.kind == "attack":
                     from ..run.experiment import validate_run_spec
