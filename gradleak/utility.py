@@ -93,6 +93,9 @@ class UtilitySpec:
         require(self.local_steps is None or self.local_steps >= 1,
                 f"--local-steps must be >= 1, got {self.local_steps}")
         require(self.local_epochs >= 1, f"--local-epochs must be >= 1, got {self.local_epochs}")
+        require(self.local_steps is None or self.local_epochs == 1,
+                f"--local-steps {self.local_steps} and --local-epochs {self.local_epochs}: a client trains a "
+                "number of steps or of passes over its data; give one")
         require(self.local_batch_size >= 1, f"--local-batch-size must be >= 1, got {self.local_batch_size}")
         require(0 < self.delta < 1, f"--delta must be in (0, 1), got {self.delta}")
         check_bn_mode(self.bn_mode)

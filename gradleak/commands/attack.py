@@ -35,10 +35,12 @@ def add_training_arguments(p: argparse.ArgumentParser, local_steps_default: int 
                            local_epochs_default: int | None = None, local_batch_default: int | None = None,
                            lr_default: float = 0.1) -> None:
     """The client's local training: steps, epochs, batch size, batch norm mode, learning rate."""
-    p.add_argument("--local-steps", type=run_flag("local_steps"), default=local_steps_default,
-                   help="local SGD steps (1 = FedSGD gradient)")
-    p.add_argument("--local-epochs", type=run_flag("local_epochs"),
-                   default=local_epochs_default)
+    # a client trains a number of steps or of passes over its data: both given, one would be ignored
+    schedule = p.add_mutually_exclusive_group()
+    schedule.add_argument("--local-steps", type=run_flag("local_steps"), default=local_steps_default,
+                          help="local SGD steps (1 = FedSGD gradient)")
+    schedule.add_argument("--local-epochs", type=run_flag("local_epochs"),
+                          default=local_epochs_default)
     p.add_argument("--local-batch-size", type=run_flag("local_batch_size"),
                    default=local_batch_default)
     add_bn_mode_argument(p)

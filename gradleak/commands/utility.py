@@ -24,9 +24,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=ranged(int, 1, 100_000, "--rounds"), default=20)
     p.add_argument("--dirichlet", type=ranged(float, 1e-6, 1e6, "--dirichlet"), default=0.5,
                    help="α of the non-IID Dirichlet split")
-    p.add_argument("--local-steps", type=ranged(int, 1, MAX_ITERATIONS, "--local-steps"), default=None,
-                   help="local SGD steps (default: --local-epochs)")
-    p.add_argument("--local-epochs", type=ranged(int, 1, 10_000, "--local-epochs"), default=1)
+    schedule = p.add_mutually_exclusive_group()  # steps or passes: both given, one would be ignored
+    schedule.add_argument("--local-steps", type=ranged(int, 1, MAX_ITERATIONS, "--local-steps"), default=None,
+                          help="local SGD steps (default: --local-epochs)")
+    schedule.add_argument("--local-epochs", type=ranged(int, 1, 10_000, "--local-epochs"), default=1)
     p.add_argument("--local-batch-size", type=ranged(int, 1, MAX_BATCH, "--local-batch-size"), default=32)
     add_bn_mode_argument(p)
     p.add_argument("--lr", type=ranged(float, 0.0, MAX_LR, "--lr"), default=UtilitySpec.lr,

@@ -166,6 +166,9 @@ class TrainingSpec:
         check(self.local_steps >= 1, f"--local-steps must be >= 1, got {self.local_steps}")
         check(self.local_epochs is None or self.local_epochs >= 1,
               f"--local-epochs must be >= 1, got {self.local_epochs}")
+        check(self.local_epochs is None or self.local_steps == 1,
+              f"--local-steps {self.local_steps} and --local-epochs {self.local_epochs}: a client trains a number "
+              "of steps or of passes over its data; give one")
         check(self.local_batch_size is None or self.local_batch_size >= 1,
               f"--local-batch-size must be >= 1, got {self.local_batch_size}")
         check_bn_mode(self.batchnorm)

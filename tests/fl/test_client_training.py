@@ -73,6 +73,31 @@ def test_an_optimizer_gradleak_does_not_model_is_one_line(capsys, text, said):
     assert code == 2 and err.count("\n") == 1 and said in err
 
 
+
+@pytest.mark.parametrize("argv,said", [
+    (["attack", "--dataset", "mnist", "--model", "lenet", "--attack", "dlg:iterations=1", "--lpips", "none",
+      "--local-steps", "3", "--local-epochs", "2"], "not allowed with argument"),
+    (["utility", "--dataset", "digits", "--model", "mlp:hidden=8", "--rounds", "1", "--clients", "2",
+      "--per-round", "1", "--local-epochs", "2", "--local-steps", "3"], "not allowed with argument"),
+])
+def test_steps_and_epochs_together_are_one_line_not_one_ignored(capsys, argv, said):
+    from gradleak.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err
+
+
+def test_a_training_declared_with_steps_and_epochs_is_refused():
+    from gradleak.errors import GradleakError
+    from gradleak.utility import UtilitySpec
+
+    with pytest.raises(GradleakError, match="give one"):
+        TrainingSpec(lr=0.1, local_steps=3, local_epochs=2)
+    with pytest.raises(GradleakError, match="give one"):
+        UtilitySpec(local_steps=3, local_epochs=2)
+    assert TrainingSpec(lr=0.1, local_epochs=2).num_steps(4) == 2  # epochs alone, one step a pass of 4
+
 @pytest.mark.slow
 def test_an_attack_that_replays_the_clients_momentum_recovers_what_plain_sgd_replay_cannot():
     from gradleak.attacks import AttackContext, make_attack
