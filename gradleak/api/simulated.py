@@ -24,6 +24,7 @@ from ..models.base import model_digest
 from ..models.references import parse_model_reference, resolve_model
 from ..progress import attack_progress
 from ..run.experiment import run_scenario
+from ..run.scenario.assembly import check_whole_batches
 from ..run.scenario.gallery import GALLERY_SIZE, resolved_gallery, with_extra
 from ..run.scenario.spec import AttackRunResult, AttackRunSpec, training_fields
 from ..sweep.sample_plan import examples_per_run, rung_seed, setting_target
@@ -102,6 +103,9 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
         raise GradleakError(f"sample_rungs must be an integer from 0 to 10, got {sample_rungs!r}")
     if not isinstance(max_examples, int) or isinstance(max_examples, bool) or max_examples < 1:
         raise GradleakError(f"max_examples must be a positive integer, got {max_examples!r}")
+    if images is not None and (not isinstance(images, int) or isinstance(images, bool) or images < 1):
+        raise GradleakError(f"images must be a positive integer, got {images!r}")
+    check_whole_batches(images, batch_size)
     threat_model = make_threat_model(threat, tuple(knows))
     # the one resolve boundary: the references are parsed and loaded here (data/references,
     # models/references), and from here on only objects flow down
@@ -160,7 +164,7 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
             break
         # plan.attacks: those the open verdicts name (gradleak.analysis.verdict: the one nearest
         # to showing a leak beyond the tolerance), or None: all of them
-        per_seed = min(len(dataset), examples_per_run(plan.missing, len(seeds), batch_size))
+        per_seed = min(len(dataset) // batch_size * batch_size, examples_per_run(plan.missing, len(seeds), batch_size))
         for run_seed in seeds:
             attack_seed(rung_seed(run_seed, rung), per_seed, plan.attacks)
     setting = Setting(dataset=resolved.label, model=model_label, model_digest=model_digest(built),

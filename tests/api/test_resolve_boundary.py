@@ -63,3 +63,18 @@ def test_the_audit_attacks_the_targets_its_gallery_left_out(mnist_test):
     run = result.runs[0]
     assert torch.equal(run.originals, inputs[run_order(30, 4)[:2]])
     assert run.metrics["gallery"] == 28
+
+
+def test_the_sample_ladder_on_data_that_is_not_whole_batches_attacks_whole_batches(mnist_test):
+    """Ten examples of your own at batch 4: the ladder's runs take 8 (two clients of 4), never a
+    last client of 2 judged as one of 4; `images` that are not whole batches are one line."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 10))
+    data = (mnist_test.inputs[:10].clone(), mnist_test.labels[:10].clone())
+    # an analytic attack under heavy noise: saturated, within the tolerance, open for want of examples
+    result = gradleak.audit(model, data, attacks=["fc-analytic"], defenses=["noise:sigma=10"], batch_size=4,
+                            seed=[0, 1], sample_rungs=1, max_examples=40, lpips="none")
+    assert not result.skipped
+    assert [len(run.originals) for run in result.runs] == [4, 4, 8, 8]  # the ladder's runs: all 10 would be 4+4+2
+    with pytest.raises(GradleakError, match="use 8 or 12"):
+        gradleak.audit(model, data, attacks=["dlg:iterations=1"], batch_size=4, images=10, lpips="none")

@@ -172,6 +172,10 @@ def test_cli_attack_json_contract(tmp_path):
      "needs 999999"),
     (["attack", "--dataset", "image-folder:path=/does/not/exist", "--model", "lenet", "--attack", "ig"],
      "exist"),
+    (["attack", "--dataset", "mnist", "--model", "lenet", "--attack", "ig", "--images", "3", "--batch-size", "4"],
+     "not a whole number of batches of 4"),
+    (["audit", "--dataset", "mnist", "--model", "lenet", "--attack", "ig", "--images", "6", "--batch-size", "4"],
+     "use 4 or 8"),
     (["list", "widgets"], "invalid choice"),
     (["attack", "--model", "lenet"], "required"),
 ])

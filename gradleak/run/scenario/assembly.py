@@ -52,10 +52,25 @@ def check_scenario(spec: AttackRunSpec, data: Dataset, model: nn.Module | None =
     if spec.lora is not None and not getattr(attack, "handles_lora", False):
         raise GradleakError(f"attack '{attack_spec.name}' cannot invert a LoRA client's update (--lora): it "
                             "holds only the adapters' tensors; use dager")
+    check_whole_batches(spec.images, spec.batch_size)
     needed = (spec.images or spec.batch_size) + (chain.aggregate_clients - 1) * spec.batch_size
     if needed > len(data):
         raise GradleakError(f"dataset '{data.name}' has {len(data)} examples, the scenario needs {needed}")
     return attack, chain, threat
+
+
+def check_whole_batches(images: int | None, batch_size: int) -> None:
+    """Every attacked client holds one batch of `batch_size`: a last, smaller batch would be a
+    smaller client (easier to invert) judged as one of `batch_size`, so `images` must be whole
+    batches."""
+    sizes = (images, batch_size)
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes):
+        return  # not numbers of examples: the spec's own range checks say so
+    if images % batch_size:
+        whole = [n for n in (images // batch_size * batch_size, (images // batch_size + 1) * batch_size) if n]
+        raise GradleakError(f"--images {images} is not a whole number of batches of {batch_size}: each attacked "
+                            f"client holds one batch of {batch_size}, and a smaller last batch would be judged as "
+                            f"one; use {' or '.join(map(str, whole))}")
 
 
 def validate_run_spec(spec: AttackRunSpec, load: Callable[[DatasetSpec], Dataset], built: set) -> None:
