@@ -85,7 +85,9 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
              rates), up to `sample_rungs` more rounds attack more examples of `data` (new seeds,
              each drawing its own examples, which may repeat ones drawn before when `data` is
              small), until each attack was judged on `max_examples`. Default 0: none are added,
-             and an open verdict says how many examples would bound the rates (or pass `images`).
+             and an open verdict says how many examples would bound the rates (or pass `images`,
+             whole batches of `batch_size`: each attacked client holds one batch; the ladder's
+             runs also take whole batches, at most as many as `data` holds).
     out:     when given, the store and the HTML report are written there.
     artifacts: the folder where attacks keep what they train once per setting (the learned
              inverters), so that later calls with the same model, defenses and training reuse

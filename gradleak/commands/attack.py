@@ -88,7 +88,7 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
                    help="defense to apply (repeat to chain, in order)")
     add_training_arguments(p)
     p.add_argument("--images", type=run_flag("images"), default=None,
-                   help="images to attack (default: one batch)")
+                   help="images to attack, whole batches of --batch-size (default: one batch)")
     p.add_argument("--seed", type=seed_type, default=0)
     p.add_argument("--seq-len", type=run_flag("seq_len"), default=None,
                    help="tokens per sequence of a text dataset (default: news 16, polarity 32)")
