@@ -24,7 +24,7 @@ from ..models.base import model_digest
 from ..models.references import parse_model_reference, resolve_model
 from ..progress import attack_progress
 from ..run.experiment import run_scenario
-from ..run.scenario.assembly import check_whole_batches
+from ..run.scenario.assembly import check_enough_examples, check_whole_batches
 from ..run.scenario.gallery import GALLERY_SIZE, resolved_gallery, with_extra
 from ..run.scenario.spec import AttackRunResult, AttackRunSpec, training_fields
 from ..sweep.sample_plan import examples_per_run, rung_seed, setting_target
@@ -116,7 +116,10 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
     reference = parse_model_reference(model) if isinstance(model, str) else model
     extra_gallery = gallery_inputs(gallery, dataset) if gallery is not None else None
     defense_texts = tuple(component_text(d, "defense") for d in defenses)
-    expected = expected_view(threat_model, training, batch_size, make_chain(defense_texts).aggregate_clients)
+    clients = make_chain(defense_texts).aggregate_clients
+    expected = expected_view(threat_model, training, batch_size, clients)
+    # too few examples is a fact about the data, not about one attack: one line before any run
+    check_enough_examples(dataset, images, batch_size, clients)
     runs: list[AttackRunResult] = []
     skipped: list[SkippedAttack] = []
 

@@ -78,3 +78,5 @@ def test_the_sample_ladder_on_data_that_is_not_whole_batches_attacks_whole_batch
     assert [len(run.originals) for run in result.runs] == [4, 4, 8, 8]  # the ladder's runs: all 10 would be 4+4+2
     with pytest.raises(GradleakError, match="use 8 or 12"):
         gradleak.audit(model, data, attacks=["dlg:iterations=1"], batch_size=4, images=10, lpips="none")
+    with pytest.raises(GradleakError, match="has 10 examples, the scenario needs 16"):  # not every attack skipped
+        gradleak.audit(model, data, attacks=["dlg:iterations=1"], batch_size=16, lpips="none")
