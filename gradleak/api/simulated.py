@@ -119,7 +119,7 @@ def audit(model: nn.Module | Callable[[], nn.Module] | str, data: Any, *,
     clients = make_chain(defense_texts).aggregate_clients
     expected = expected_view(threat_model, training, batch_size, clients)
     # too few examples is a fact about the data, not about one attack: one line before any run
-    check_enough_examples(dataset, images, batch_size, clients)
+    check_enough_examples(len(dataset), dataset.name, images, batch_size, clients)
     runs: list[AttackRunResult] = []
     skipped: list[SkippedAttack] = []
 

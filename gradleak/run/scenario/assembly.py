@@ -53,16 +53,16 @@ def check_scenario(spec: AttackRunSpec, data: Dataset, model: nn.Module | None =
         raise GradleakError(f"attack '{attack_spec.name}' cannot invert a LoRA client's update (--lora): it "
                             "holds only the adapters' tensors; use dager")
     check_whole_batches(spec.images, spec.batch_size)
-    check_enough_examples(data, spec.images, spec.batch_size, chain.aggregate_clients)
+    check_enough_examples(len(data), data.name, spec.images, spec.batch_size, chain.aggregate_clients)
     return attack, chain, threat
 
 
-def check_enough_examples(data: Dataset, images: int | None, batch_size: int, clients: int) -> None:
-    """`data` holds the attacked examples (`images`, default one batch) and a batch for each of
-    the other `clients` − 1 that secure aggregation sums with the attacked one."""
+def check_enough_examples(examples: int, name: str, images: int | None, batch_size: int, clients: int) -> None:
+    """Dataset `name`'s `examples` hold the attacked ones (`images`, default one batch) and a
+    batch for each of the other `clients` − 1 that secure aggregation sums with the attacked one."""
     needed = (images or batch_size) + (clients - 1) * batch_size
-    if needed > len(data):
-        raise GradleakError(f"dataset '{data.name}' has {len(data)} examples, the scenario needs {needed}")
+    if needed > examples:
+        raise GradleakError(f"dataset '{name}' has {examples} examples, the scenario needs {needed}")
 
 
 def check_whole_batches(images: int | None, batch_size: int) -> None:
