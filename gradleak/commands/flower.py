@@ -65,8 +65,10 @@ def run(args: argparse.Namespace) -> int:
         raise GradleakError(f"--clients must be >= 1, got {args.clients}")
     try:
         from ..flower.runner import run_app
-    except ImportError as exc:  # flwr is in requirements.txt; a bare `pip install gradleak` may lack it
-        raise GradleakError(f"gradleak flower needs flwr[simulation] ({exc})") from None
+    except ImportError as exc:  # flwr is in requirements-extras.txt: `make demo` and a bare
+        # `pip install gradleak` lack it
+        raise GradleakError(f"gradleak flower needs flwr[simulation]: make install, or pip install "
+                            f"'flwr[simulation]==1.42.0' ({exc})") from None
     from ..analysis import leakage_by_round
     from ..modalities import stored_modality
     from ..report import verdict_in_words, write_report

@@ -3,7 +3,7 @@
 `FlowerAudit` is the hook (a client mod and a strategy wrapper); `run_app`
 runs an app directory as a Flower simulation with the audit on, and `gradleak
 flower APP_DIR` is its command line. Needs `flwr[simulation]` (pinned in
-requirements.txt). See docs/flower.md.
+requirements-extras.txt, which `make test` and `make install` add). See docs/flower.md.
 """
 from __future__ import annotations
 

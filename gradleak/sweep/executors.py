@@ -94,8 +94,10 @@ class ProcessExecutor:
         method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
         ctx = multiprocessing.get_context(method)
         if method == "forkserver":
-            # Workers fork from a server that already imported torch and the pipeline.
-            ctx.set_forkserver_preload(["torch", "gradleak.run.experiment", "gradleak.sweep.cells"])
+            # Workers fork from a server that already imported torch and the pipeline, and
+            # torch._dynamo: the model-size check's meta-device forward imports it on first use
+            # (about 1 s of every worker's first cell, and the demo starts a dozen workers).
+            ctx.set_forkserver_preload(["torch", "torch._dynamo", "gradleak.run.experiment", "gradleak.sweep.cells"])
         queue = ctx.Queue()
         by_key = {c.key: c for c in cells}
         pool = ProcessPoolExecutor(max_workers=min(self.workers, len(cells)), mp_context=ctx,
