@@ -63,12 +63,18 @@ def _rounds(text: str | None) -> tuple[int, ...] | None:
 def run(args: argparse.Namespace) -> int:
     if args.clients is not None and args.clients < 1:
         raise GradleakError(f"--clients must be >= 1, got {args.clients}")
+    import importlib.util
+
+    # flwr is in requirements-extras.txt: `make demo` and a bare `pip install gradleak` lack it,
+    # and the app's own imports would otherwise be what fails
+    missing = "it is not installed" if importlib.util.find_spec("flwr") is None else None
     try:
         from ..flower.runner import run_app
-    except ImportError as exc:  # flwr is in requirements-extras.txt: `make demo` and a bare
-        # `pip install gradleak` lack it
-        raise GradleakError(f"gradleak flower needs flwr[simulation]: make install, or pip install "
-                            f"'flwr[simulation]==1.42.0' ({exc})") from None
+    except ImportError as exc:
+        missing = str(exc)
+    if missing:
+        raise GradleakError(f"gradleak flower needs flwr[simulation] ({missing}): run make install, or "
+                            "pip install 'flwr[simulation]==1.42.0'")
     from ..analysis import leakage_by_round
     from ..modalities import stored_modality
     from ..report import verdict_in_words, write_report

@@ -236,3 +236,15 @@ def test_cli_reports_json(plain_run, capsys, tmp_path):
     # measured (seeds 0-1, 4 updates): 2.1e-7 to 4.2e-7 of the update's largest entry (4
     # shuffled steps of SGD with momentum)
     assert check["confirmed"] and check["difference"] <= 1e-5, check
+
+
+def test_cli_without_flower_installed_says_how_to_install_it(monkeypatch, capsys):
+    # `make demo` installs no Flower (requirements-extras.txt): one line naming the install
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flwr" else find_spec(name, *a))
+    assert main(["flower", str(APP)]) == 2
+    err = capsys.readouterr().err
+    assert "flwr[simulation] (it is not installed)" in err and "make install" in err
+    assert len(err.strip().splitlines()) == 1
