@@ -118,7 +118,10 @@ def test_audit_of_objects_equals_the_named_scenario(mnist_test):
     assert {k: v for k, v in ours.metrics.items() if k not in gallery_wide} == \
         {k: v for k, v in named.metrics.items() if k not in gallery_wide}
     assert ours.metrics["linkage"] == named.metrics["linkage"] == 1.0
-    assert 0 < ours.metrics["linkage_null_var"] <= 1 / 12 + 1e-3
+    # a member's AUC among m members is uniform on m values under the null: variance
+    # (m + 1) / (12 (m − 1)) without ties, 1/12 + 1/600 for m − 1 = 100 gallery examples of its
+    # label (here about 167: 0.08433; ties lower it)
+    assert 0 < ours.metrics["linkage_null_var"] <= 1 / 12 + 1 / 600
     assert torch.equal(ours.reconstructions, named.reconstructions)
     # the user's model object is left as it was
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),

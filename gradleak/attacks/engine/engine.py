@@ -48,6 +48,7 @@ from torch.func import functional_call
 from ...errors import GradleakError
 from ..replay.matching import finite_or_inf, registered_mean
 from .candidates import Candidate, FixedLabels, Pixels
+from .lbfgs import GramLBFGS
 from .objectives import GradientRegularisation, GroupConsistency, Matching, Prior, Seen
 
 Tensors = Mapping[str, torch.Tensor]
@@ -74,7 +75,7 @@ class Optimizer:
     def build(self, variables: list[torch.Tensor]) -> torch.optim.Optimizer:
         if self.kind == "lbfgs":
             extra = {} if self.tolerances else {"tolerance_grad": 0.0, "tolerance_change": 0.0}
-            return torch.optim.LBFGS(variables, lr=self.lr, max_iter=self.inner, history_size=self.history,
+            return GramLBFGS(variables, lr=self.lr, max_iter=self.inner, history_size=self.history,
                                      line_search_fn="strong_wolfe" if self.line_search else None, **extra)
         if self.kind == "sgd":
             return torch.optim.SGD(variables, lr=self.lr, momentum=0.9)
