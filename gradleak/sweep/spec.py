@@ -20,7 +20,7 @@ from ..run.ladder import LADDER_DOUBLINGS
 from .cells import attack_run_spec, utility_run_spec, utility_spec_type
 from .labels import attack_labels, chain_labels, dataset_label, is_dataset_path
 
-CELL_VERSION = 4  # bump when a cell's result would change for the same spec
+CELL_VERSION = 5  # bump when a cell's result would change for the same spec (5: L-BFGS by the Gram matrix)
 
 _GRID_AXES = {"datasets": "dataset", "models": "model", "batch_sizes": "batch_size",
               "local_steps": "local_steps", "seeds": "seed"}

@@ -45,7 +45,7 @@ class _Memory:
     def direction(self, gradient: torch.Tensor, scale) -> torch.Tensor:
         """−H·gradient for the L-BFGS inverse Hessian H of the stored pairs with initial
         Hessian `scale`·I (the two-loop recursion's result)."""
-        order = (torch.arange(self.count) + self.start) % self.size  # oldest first
+        order = (torch.arange(self.count, device=gradient.device) + self.start) % self.size  # oldest first
         gram = self.products[order][:, order]
         upper = gram.triu()
 
@@ -53,7 +53,7 @@ class _Memory:
             return vector.double()[order]
 
         def scatter(values: torch.Tensor) -> torch.Tensor:
-            out = torch.zeros(self.size, dtype=gradient.dtype)
+            out = gradient.new_zeros(self.size)
             out[order] = values.to(gradient.dtype)
             return out
 
