@@ -154,19 +154,18 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
     # tolerance, and while it measures there no number of the others' examples makes the setting
     # hold — the one already given fresh examples (so a later rung goes on with the attack an
     # earlier rung chose, instead of starting another from its first few examples), else the
-    # one that would show it for the fewest seconds (examples still needed × its seconds per
-    # example). Else every attack, since a setting holds only when all are bounded. (The last
-    # rung also extends the others of a focused setting: sweep.sample_plan.every_attack_target.)
-    # Analytic attacks that take a quarter of its seconds per example or less come along: for next
-    # to nothing they may still show a stronger grade (a copy) on the fresh examples. (Robbing the
-    # Fed under pruning: a tenth of IG's, give or take the machine's load; under noise its many
-    # candidates make judging it four times IG's.)
+    # one that needs the fewest examples more to show it, then by name. Else every attack, since
+    # a setting holds only when all are bounded. (The last rung also extends the others of a
+    # focused setting: sweep.sample_plan.every_attack_target.) Analytic attacks come along: they
+    # may still show a stronger grade (a copy) on the fresh examples. Nothing here rests on
+    # measured seconds: a choice by cost followed the machine's load, and with it the examples
+    # behind a grade and, on signSGD, the grade (docs/verdicts.md).
     measured_beyond = [m for m in judged if m["evidence"].linkage >= tolerance.linkage]
-    focus = (min(measured_beyond, key=lambda m: (not m.get("sample_rungs"), _seconds_to_exceed(m, tolerance)))
+    focus = (min(measured_beyond, key=lambda m: (not m.get("sample_rungs"), _examples_to_exceed(m, tolerance),
+                                                 m["attack_spec"]))
              if measured_beyond and not copied and not unconfirmed else None)
     extend = None if focus is None else [focus["attack_spec"]] + sorted(
-        {m["attack_spec"] for m in judged if m is not focus and m.get("analytic")
-         and _seconds_per_example(m) <= _seconds_per_example(focus) / 4} - {focus["attack_spec"]})
+        {m["attack_spec"] for m in judged if m is not focus and m.get("analytic")} - {focus["attack_spec"]})
     min_examples = min((m["evidence"].examples for m in members), default=0)
     needed_examples = max((m["evidence"].examples_needed(tolerance) for m in members), default=0)
     q = significant.get((id(best), "recognizable" if grade == "recognizable" else "linkage"))
@@ -204,17 +203,11 @@ def judge(members: list[dict], tolerance: Tolerance) -> dict:
             "attack_specs": sorted(attack_name(m) for m in members)}
 
 
-def _seconds_per_example(member: dict) -> float:
-    """An attack's cells' seconds per example judged (floored above zero)."""
-    per_example = (member.get("seconds") or 0.0) * (member.get("cells") or 1) / max(member["evidence"].examples, 1)
-    return max(per_example, 1e-6)
-
-
-def _seconds_to_exceed(member: dict, tolerance: Tolerance) -> float:
-    """About how many seconds more examples of this attack would take to show its linkage
-    beyond the tolerance, if it stayed as measured."""
+def _examples_to_exceed(member: dict, tolerance: Tolerance) -> int:
+    """How many more examples this attack would need to show its linkage beyond the tolerance,
+    if it stayed as measured."""
     evidence: Evidence = member["evidence"]
-    return max(evidence.examples_to_exceed(tolerance) - evidence.examples, 1) * _seconds_per_example(member)
+    return max(evidence.examples_to_exceed(tolerance) - evidence.examples, 1)
 
 
 def still_open(entry: dict) -> bool:
