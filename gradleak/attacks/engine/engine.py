@@ -76,7 +76,7 @@ class Optimizer:
         if self.kind == "lbfgs":
             extra = {} if self.tolerances else {"tolerance_grad": 0.0, "tolerance_change": 0.0}
             return GramLBFGS(variables, lr=self.lr, max_iter=self.inner, history_size=self.history,
-                                     line_search_fn="strong_wolfe" if self.line_search else None, **extra)
+                             line_search_fn="strong_wolfe" if self.line_search else None, **extra)
         if self.kind == "sgd":
             return torch.optim.SGD(variables, lr=self.lr, momentum=0.9)
         return torch.optim.Adam(variables, lr=self.lr)
