@@ -18,7 +18,8 @@ recovers it (SPEAR's sparsity argument, Dimitrov et al. NeurIPS 2024, on the lay
 - **Trust**, needing no ground truth: how many starts reach a vertex (within cosine 0.99), its
   negative mass before clamping, σ_min/σ_2 of its last solve, and, for the `realizable` most
   trusted distinct vertices, how closely the convolutions can produce it from pixels.
-- **Selection.** The B most trusted vertices, none within cosine `merge` of another (slots left
+- **Selection.** The B most trusted vertices, none within cosine `merge` of another, raised to
+  halfway between the trusted vertices' typical cosine and 1 where that is higher (slots left
   empty once that rule excludes every vertex are filled from distinct ones). Each is scaled by the
   bias update (f · ΔW⁺ · Δb = 1 for a true example) and labelled by an assignment under the
   recovered label counts: under its own label c a true example satisfies f · ΔW⁺ · g(f, c) = 1,
@@ -57,6 +58,7 @@ from ..replay.labels import recover_labels
 from .spear import DenseReLU, locate_dense_relu
 
 SAME = 0.995  # vertices this close (cosine) are one vertex
+LIKENESS = 1500  # the most trusted distinct vertices whose typical likeness sets the merge (merge_for)
 HITS = 0.99  # starts whose vertices fall this close to one another reach "the same" vertex
 START_CHUNK = 10000  # start examples through the convolutions at a time (memory)
 REFINE_CHUNK = 1000  # refined starts at a time (memory: their activations keep gradients)
@@ -79,7 +81,9 @@ class DenseVerticesOptions:
     realizable: int = field(default=1500, metadata={"range": (0, 100_000)})  # vertices checked against pixels (0: off)
     realizable_steps: int = 600  # Adam steps of that check (no prior)
     realizable_weight: float = 3.0  # weight of the log residual in the trust
-    merge: float = 0.96  # a vertex within this cosine of a chosen one is the same example
+    # a vertex within this cosine of a chosen one is the same example (raised where the trusted
+    # vertices are alike: merge_for)
+    merge: float = 0.96
     layer: str = ""  # the dense layer (module name); "" = the first one followed by ReLU
     feature_steps: int = 1000  # Adam steps inverting the chosen features to pixels
     feature_lr: float = 0.05
@@ -207,7 +211,7 @@ def select(found: torch.Tensor, ratio: torch.Tensor, negative: torch.Tensor, lab
         trust = trust[kept] + weight * residual_of(unit * scales[:, None]).clamp(min=1e-12).log()
     order = trust.argsort()
     order = order[scales[order] > 0]
-    picked = distinct(unit, order, len(labels), merge)
+    picked = distinct(unit, order, len(labels), merge_for(unit[distinct(unit, order, LIKENESS)], merge))
     # slots still empty once `merge` has excluded every vertex left: filled from distinct ones
     picked = distinct(unit, order, len(labels), taken=picked)
     if len(picked) < len(labels):
@@ -222,6 +226,18 @@ def select(found: torch.Tensor, ratio: torch.Tensor, negative: torch.Tensor, lab
     out = torch.zeros(len(labels), found.shape[1])
     out[torch.as_tensor(slots)] = feats[torch.as_tensor(rows)]
     return out
+
+
+def merge_for(unit: torch.Tensor, floor: float) -> float:
+    """The cosine above which a vertex counts as one already chosen: halfway from how alike the
+    trusted vertices typically are (their median pairwise cosine) to identical, and at least
+    `floor`. Where a model's features make the examples alike, distinct examples' vertices lie
+    closer together than `floor`, and a fixed threshold would keep all but one of them out."""
+    if len(unit) < 2:
+        return floor
+    cos = unit @ unit.T
+    alike = cos[torch.triu(torch.ones_like(cos, dtype=torch.bool), diagonal=1)].median()
+    return max(floor, float(1 + alike) / 2)
 
 
 @dataclass(frozen=True)
