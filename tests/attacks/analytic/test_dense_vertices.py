@@ -120,3 +120,30 @@ def test_each_rung_refines_its_share_of_new_starts(mnist_test, mnist_train):
     assert len(second.pooled) == (200 + 60) * len(second.extras["zeros"])
     _, _, _, informed = _client(mnist_test, mnist_train, 0)
     assert next(iter(make_attack(tiny).search(informed, AttackContext(seed=0)))).extras["refined"] == 0
+
+
+def test_the_merge_rises_where_the_examples_are_alike():
+    # 20 examples whose features share most of their direction (nearest other example at cosine
+    # about 0.975, as a LeNet-5 at some initialisations makes MNIST digits), each reached as 5
+    # vertices within about 0.996 of one another. A fixed merge of 0.96 keeps every other example
+    # out once one is chosen; halfway from the vertices' typical cosine to 1 keeps one vertex per
+    # example.
+    from gradleak.attacks.analytic.dense_vertices import distinct, merge_for
+
+    g = torch.Generator().manual_seed(0)
+    shared = torch.randn(400, generator=g)
+    shared = shared / shared.norm()
+    examples = shared + 0.16 * torch.randn(20, 400, generator=g) / 20
+    found = examples.repeat_interleave(5, 0) + 0.06 * torch.randn(100, 400, generator=g) / 20
+    unit = torch.nn.functional.normalize(found, dim=1)
+    owner = torch.arange(20).repeat_interleave(5)
+    near = torch.nn.functional.normalize(examples, dim=1) @ torch.nn.functional.normalize(examples, dim=1).T
+    assert 0.96 < float(near.fill_diagonal_(-1).amax(1).median()) < 0.99
+    order = torch.randperm(100, generator=g)
+    merge = merge_for(unit, 0.96)
+    assert 0.98 < merge < 0.995, merge
+    assert len(set(owner[distinct(unit, order, 20, merge)].tolist())) == 20
+    assert len(distinct(unit, order, 20, 0.96)) < 5
+    # vertices of examples that are not alike keep the floor
+    spread = torch.nn.functional.normalize(torch.rand(100, 400, generator=g), dim=1)
+    assert merge_for(spread, 0.96) == 0.96
