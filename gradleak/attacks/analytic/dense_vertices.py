@@ -195,8 +195,9 @@ def distinct(unit: torch.Tensor, order: torch.Tensor, limit: int, same: float = 
 def select(found: torch.Tensor, ratio: torch.Tensor, negative: torch.Tensor, labels: torch.Tensor,
            space: RowSpace, signals_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
            merge: float = 0.96, residual_of: Callable[[torch.Tensor], torch.Tensor] | None = None,
-           pool: int = 1500, weight: float = 3.0) -> torch.Tensor:
-    """The slots' features (one row per recovered label, in the order of `labels`): the most
+           pool: int = 1500, weight: float = 3.0) -> tuple[torch.Tensor, float]:
+    """The slots' features (one row per recovered label, in the order of `labels`) and the merge
+    the choice used (`merge_for`, at least `merge`; reported as `extras["merge"]`): the most
     trusted distinct vertices, each scaled by the bias update and given a label by an assignment
     under the recovered counts (see the module's docstring). With `residual_of`, the `pool` most
     trusted distinct vertices are ranked again by their residual through the convolutions."""
@@ -211,7 +212,8 @@ def select(found: torch.Tensor, ratio: torch.Tensor, negative: torch.Tensor, lab
         trust = trust[kept] + weight * residual_of(unit * scales[:, None]).clamp(min=1e-12).log()
     order = trust.argsort()
     order = order[scales[order] > 0]
-    picked = distinct(unit, order, len(labels), merge_for(unit[distinct(unit, order, LIKENESS)], merge))
+    merge = merge_for(unit[distinct(unit, order, LIKENESS)], merge)
+    picked = distinct(unit, order, len(labels), merge)
     # slots still empty once `merge` has excluded every vertex left: filled from distinct ones
     picked = distinct(unit, order, len(labels), taken=picked)
     if len(picked) < len(labels):
@@ -225,7 +227,7 @@ def select(found: torch.Tensor, ratio: torch.Tensor, negative: torch.Tensor, lab
     rows, slots = linear_sum_assignment(cost.numpy())
     out = torch.zeros(len(labels), found.shape[1])
     out[torch.as_tensor(slots)] = feats[torch.as_tensor(rows)]
-    return out
+    return out, merge
 
 
 def merge_for(unit: torch.Tensor, floor: float) -> float:
@@ -405,13 +407,13 @@ class DenseVertices(Attack):
                 def residual_of(f: torch.Tensor) -> torch.Tensor:
                     return residuals(extract, f, tuple(obs.input_shape), opt.realizable_steps,
                                      lambda: ctx.generator(41))
-            chosen = select(pooled, ratio, negative, labels, space, signals, merge=opt.merge,
+            chosen, merge = select(pooled, ratio, negative, labels, space, signals, merge=opt.merge,
                             residual_of=residual_of, pool=opt.realizable, weight=opt.realizable_weight)
             with torch.enable_grad():
                 images = invert_features(extract, chosen, tuple(obs.input_shape), opt.inversion(),
                                          generator=ctx.generator(43))
             extras = {"layer": layer.name, "starts": used, "zeros": counts, "start_source": source.name,
-                      "refined": refined, "vertices": len(pooled), "live": live,
+                      "refined": refined, "vertices": len(pooled), "live": live, "merge": round(merge, 4),
                       "start_zeros_median": float((starts[:, space.live] <= 0).sum(1).float().median()),
                       "seconds": round(time.perf_counter() - started, 3)}
             yield Found(chosen, labels, pooled, images, extras)
