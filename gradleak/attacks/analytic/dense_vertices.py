@@ -408,7 +408,7 @@ class DenseVertices(Attack):
                     return residuals(extract, f, tuple(obs.input_shape), opt.realizable_steps,
                                      lambda: ctx.generator(41))
             chosen, merge = select(pooled, ratio, negative, labels, space, signals, merge=opt.merge,
-                            residual_of=residual_of, pool=opt.realizable, weight=opt.realizable_weight)
+                                   residual_of=residual_of, pool=opt.realizable, weight=opt.realizable_weight)
             with torch.enable_grad():
                 images = invert_features(extract, chosen, tuple(obs.input_shape), opt.inversion(),
                                          generator=ctx.generator(43))
