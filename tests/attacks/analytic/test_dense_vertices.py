@@ -7,6 +7,7 @@ from scipy.optimize import linear_sum_assignment
 
 from gradleak.api import select_attacks
 from gradleak.attacks import AttackContext, make_attack
+from gradleak.attacks.analytic.dense_vertices import distinct, merge_for
 from gradleak.data import DatasetSpec, load_dataset
 from gradleak.errors import GradleakError
 from gradleak.fl import TrainingSpec, compute_update
@@ -130,8 +131,6 @@ def test_the_merge_rises_where_the_examples_are_alike():
     # vertices within about 0.996 of one another. A fixed merge of 0.96 keeps every other example
     # out once one is chosen; halfway from the vertices' typical cosine to 1 keeps one vertex per
     # example.
-    from gradleak.attacks.analytic.dense_vertices import distinct, merge_for
-
     g = torch.Generator().manual_seed(0)
     shared = torch.randn(400, generator=g)
     shared = shared / shared.norm()
