@@ -118,7 +118,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--merge", type=float, default=0.96,
                         help="vertices within this cosine of a chosen one count as the same example")
     parser.add_argument("--invert-iterations", type=int, default=1000)
-    parser.add_argument("--tv", type=float, default=0.1, help="TV weight of the inversion (chosen on seed 100)")
+    parser.add_argument("--tv", type=float, default=0.05, help="TV weight of the inversion (the attack's default)")
     parser.add_argument("--seeds", default="100")
     parser.add_argument("--threads", type=int, default=1)
     return parser.parse_args([*QUICK, *argv] if "--quick" in argv else argv)

@@ -87,7 +87,8 @@ class DenseVerticesOptions:
     layer: str = ""  # the dense layer (module name); "" = the first one followed by ReLU
     feature_steps: int = 1000  # Adam steps inverting the chosen features to pixels
     feature_lr: float = 0.05
-    feature_tv: float = 0.1  # chosen on seed 100
+    # chosen on tuning seeds 30, 31, 100 and 101 (docs/client-training.md)
+    feature_tv: float = 0.05
 
     def __post_init__(self):
         check(self.starts >= 1, "attack 'dense-vertices': starts must be >= 1")
