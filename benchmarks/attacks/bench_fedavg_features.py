@@ -61,7 +61,8 @@ def _client(args, seed: int, test, gallery, train, gallery_rows) -> dict:
     attack = make_attack(f"dense-vertices:starts={args.starts},refined={args.refined},"
                          f"zeros={args.zeros.replace(',', ';')},"
                          f"realizable={args.realizable},realizable_steps={args.realizable_iterations},"
-                         f"merge={args.merge},feature_steps={args.invert_iterations},feature_tv={args.tv}")
+                         f"merge={args.merge},feature_steps={args.invert_iterations}"
+                         + ("" if args.tv is None else f",feature_tv={args.tv}"))
     assert isinstance(attack, DenseVertices)
     extract = FeatureExtractor(model, attack._layer(model, (1, 28, 28)).name)
     true = extract(x).detach()
@@ -118,7 +119,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--merge", type=float, default=0.96,
                         help="vertices within this cosine of a chosen one count as the same example")
     parser.add_argument("--invert-iterations", type=int, default=1000)
-    parser.add_argument("--tv", type=float, default=0.05, help="TV weight of the inversion (the attack's default)")
+    parser.add_argument("--tv", type=float, default=None,
+                        help="TV weight of the inversion (default: the attack's)")
     parser.add_argument("--seeds", default="100")
     parser.add_argument("--threads", type=int, default=1)
     return parser.parse_args([*QUICK, *argv] if "--quick" in argv else argv)
