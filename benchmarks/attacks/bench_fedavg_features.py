@@ -61,7 +61,8 @@ def _client(args, seed: int, test, gallery, train, gallery_rows) -> dict:
     attack = make_attack(f"dense-vertices:starts={args.starts},refined={args.refined},"
                          f"zeros={args.zeros.replace(',', ';')},"
                          f"realizable={args.realizable},realizable_steps={args.realizable_iterations},"
-                         f"merge={args.merge},feature_steps={args.invert_iterations}"
+                         f"feature_steps={args.invert_iterations}"
+                         + ("" if args.merge is None else f",merge={args.merge}")
                          + ("" if args.tv is None else f",feature_tv={args.tv}"))
     assert isinstance(attack, DenseVertices)
     extract = FeatureExtractor(model, attack._layer(model, (1, 28, 28)).name)
@@ -116,8 +117,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--realizable", type=int, default=1500,
                         help="vertices inverted to pixels to rank them by residual (0: off; chosen on seeds 100-101)")
     parser.add_argument("--realizable-iterations", type=int, default=600)
-    parser.add_argument("--merge", type=float, default=0.96,
-                        help="vertices within this cosine of a chosen one count as the same example")
+    parser.add_argument("--merge", type=float, default=None,
+                        help="vertices within this cosine of a chosen one count as the same example "
+                             "(default: the attack's)")
     parser.add_argument("--invert-iterations", type=int, default=1000)
     parser.add_argument("--tv", type=float, default=None,
                         help="TV weight of the inversion (default: the attack's)")

@@ -80,10 +80,11 @@ class DenseVerticesOptions:
     refine_lr: float = 0.1
     realizable: int = field(default=1500, metadata={"range": (0, 100_000)})  # vertices checked against pixels (0: off)
     realizable_steps: int = 600  # Adam steps of that check (no prior)
-    realizable_weight: float = 3.0  # weight of the log residual in the trust
-    # a vertex within this cosine of a chosen one is the same example (raised where the trusted
-    # vertices are alike: merge_for)
-    merge: float = 0.96
+    # weight of the log residual in the trust, and a vertex within cosine `merge` of a chosen one
+    # is the same example (raised where the trusted vertices are alike: merge_for); both chosen on
+    # tuning seeds 30, 31, 100 and 101 (docs/client-training.md)
+    realizable_weight: float = 8.0
+    merge: float = 0.98
     layer: str = ""  # the dense layer (module name); "" = the first one followed by ReLU
     feature_steps: int = 1000  # Adam steps inverting the chosen features to pixels
     feature_lr: float = 0.05
@@ -195,8 +196,8 @@ def distinct(unit: torch.Tensor, order: torch.Tensor, limit: int, same: float = 
 
 def select(found: torch.Tensor, ratio: torch.Tensor, negative: torch.Tensor, labels: torch.Tensor,
            space: RowSpace, signals_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-           merge: float = 0.96, residual_of: Callable[[torch.Tensor], torch.Tensor] | None = None,
-           pool: int = 1500, weight: float = 3.0) -> tuple[torch.Tensor, float]:
+           merge: float, pool: int, weight: float,
+           residual_of: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[torch.Tensor, float]:
     """The slots' features (one row per recovered label, in the order of `labels`) and the merge
     the choice used (`merge_for`, at least `merge`; reported as `extras["merge"]`): the most
     trusted distinct vertices, each scaled by the bias update and given a label by an assignment
