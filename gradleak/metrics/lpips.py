@@ -229,12 +229,16 @@ class LPIPS(nn.Module):
 
     def feature_distance(self, a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor:
         """LPIPS between images given by their `unit_features` (batches broadcast: one image
-        against many gives one distance each)."""
+        against many gives one distance each). Summed in float64 per image, not by the 1×1
+        convolution: its kernel's rounding depends on the batch size on some CPUs (AVX2 oneDNN
+        gives a pair 1 ulp apart in a batch of 40 and alone), and re-identification compares a
+        near-duplicate's distance with the original's at that resolution."""
         total = None
         for fa, fb, lin in zip(a, b, self.lins):
-            d = lin((fa - fb).pow(2)).mean(dim=(1, 2, 3))
+            weight = lin.weight.detach().double().reshape(1, -1, 1, 1)
+            d = ((fa - fb).double().pow(2) * weight).sum(dim=1).mean(dim=(1, 2))
             total = d if total is None else total + d
-        return total
+        return total.float()
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if x.shape != y.shape:
