@@ -230,9 +230,9 @@ class LPIPS(nn.Module):
     def feature_distance(self, a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor:
         """LPIPS between images given by their `unit_features` (batches broadcast: one image
         against many gives one distance each). Summed in float64 per image, not by the 1×1
-        convolution: its kernel's rounding depends on the batch size on some CPUs (AVX2 oneDNN
-        gives a pair 1 ulp apart in a batch of 40 and alone), and re-identification compares a
-        near-duplicate's distance with the original's at that resolution."""
+        convolution: its kernel's rounding depends on the batch size on some CPUs, and
+        re-identification orders a near-duplicate's distance against the original's at that
+        resolution (docs/judging.md)."""
         total = None
         for fa, fb, lin in zip(a, b, self.lins):
             weight = lin.weight.detach().double().reshape(1, -1, 1, 1)
