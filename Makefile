@@ -36,8 +36,11 @@ install: $(STAMP)
 demo: $(CORE)
 	$(PY) -m gradleak demo
 
+# The suite on TEST_WORKERS processes (pytest-xdist), each test on one thread as before; a
+# file's tests share a worker (--dist loadfile) so its module fixtures are built once.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # Lint (ruff) and types on the public API (mypy; files listed in pyproject.toml).
 lint: $(STAMP)
