@@ -200,7 +200,7 @@ class SPEAR(Attack):
         """The recovered inputs of the attacked layer at the first rung (features behind
         convolutions), one row per example, or None when the directions were not all found."""
         _, _, _, solution = next(iter(self.search(obs, ctx)))
-        return None if solution is None else solution.inputs
+        return None if solution is None else core.settled(solution.inputs)
 
     def search(self, obs: Observation, ctx: AttackContext
                ) -> Iterator[tuple[DenseReLU, core.Decomposition, core.Sampler, core.Solution | None]]:
@@ -261,7 +261,7 @@ class SPEAR(Attack):
             rows = torch.zeros(dec.rank, layer.module.in_features, dtype=torch.float64)
             extras["found"] = sum(1 for v in sampler.pool.verdicts if v)
         else:
-            rows = solution.inputs
+            rows = core.settled(solution.inputs)
         labels = None
         if layer.on_input:
             x = obs.kind.clamp(rows.float().reshape(-1, *obs.input_shape))

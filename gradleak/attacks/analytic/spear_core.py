@@ -363,6 +363,18 @@ def solve(dec: Decomposition, directions: torch.Tensor) -> Solution | None:
     return Solution(inputs, delta, relu_agreement(dec, inputs, delta), [])
 
 
+def settled(values: torch.Tensor) -> torch.Tensor:
+    """`values` on a fixed grid: float32's precision at the power of two above their largest
+    magnitude, smaller values to zero. MKL's results can differ in their last bits between two runs
+    of one seed (with the arrays' memory alignment), and rounded to float32 the near-zero entries
+    (pixels that are zero in the data, solved to ~1e-10) then differed; on the grid they agree."""
+    top = float(values.abs().max()) if values.numel() else 0.0
+    if not math.isfinite(top) or top == 0.0:
+        return values
+    step = 2.0 ** (math.ceil(math.log2(top)) - 24)
+    return torch.round(values / step) * step
+
+
 def relu_agreement(dec: Decomposition, inputs: torch.Tensor, delta: torch.Tensor) -> float:
     """How well the recovered inputs' ReLU pattern explains the sparsity of ∂L/∂Z (1.0 = fully).
     A unit that no example activates has no gradient row: every example must leave it inactive."""
