@@ -5,6 +5,7 @@ from scipy.optimize import linear_sum_assignment
 
 from gradleak.api import select_attacks
 from gradleak.attacks import AttackContext, make_attack
+from gradleak.attacks.analytic.spear_core import settled
 from gradleak.data import DatasetSpec, load_dataset
 from gradleak.errors import GradleakError
 from gradleak.fl import TrainingSpec, compute_update
@@ -183,8 +184,6 @@ def test_the_head_span_check_gives_the_same_answer_in_chunks(monkeypatch):
 def test_solved_inputs_are_settled_on_a_grid_that_last_bit_differences_do_not_cross():
     # two runs of one seed gave solved inputs a few ulps apart (MKL), and near-zero pixels then
     # differed once rounded to float32: settled rounds both onto the same grid
-    from gradleak.attacks.analytic.spear_core import settled
-
     generator = torch.Generator().manual_seed(0)
     values = torch.rand(4, 256, generator=generator, dtype=torch.float64) * 0.9
     values[:, :64] = torch.rand(4, 64, generator=generator, dtype=torch.float64) * 1e-9  # solved zeros
