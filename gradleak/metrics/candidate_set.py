@@ -9,10 +9,23 @@ bins under heavy noise) 0.89, where one random image against one digit gives 0.5
 gallery gets the same choice: an original's distance is its nearest candidate's, a gallery
 example's is *its* nearest candidate's, and the original is ranked among the gallery on those.
 Original and gallery examples are then exchangeable when the candidates carry nothing, and the
-linkage AUC is 0.5 again (measured: docs/judging.md)."""
+linkage AUC is 0.5 again (measured: docs/judging.md).
+
+Given every candidate, though, a gallery example competes through the *other* originals'
+reconstructions too: one that resembles another example of the batch meets that example's good
+reconstruction, so at batch 50 an original loses to the gallery although its own reconstruction
+is plainly right (MNIST, the true features of a ReLU LeNet-5 inverted, SSIM 0.90 median: 20 of
+50 re-identified, 25 of 25 when half the batch is judged alone; docs/judging.md). So each
+original is judged by the candidates the *other* originals leave (`unclaimed`): the candidates
+of an assignment of the rest of the batch to the candidates, made without it, are taken out.
+That set depends on the candidates and the other originals only, never on the original judged,
+so original and gallery stay exchangeable under the null; where the candidates are the
+reconstructions of a batch one for one, each original keeps the one the others did not take."""
 from __future__ import annotations
 
+import numpy as np
 import torch
+from scipy.optimize import linear_sum_assignment
 
 from .distance_matrix import REFINE_MARGIN, l2_matrix, lpips_matrix, lpips_norms
 from .linkage import linkage_among, null_linkage_variance, rank_and_auc
@@ -44,13 +57,14 @@ def distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery: Gallery,
                      distances: tuple[Distance, ...], backbone: str = "alex", pad_token: int | None = None,
                      lpips_features: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
-                     linkage: tuple[Distance, ...] | None = None, labels: torch.Tensor | None = None
-                     ) -> Judgement:
+                     linkage: tuple[Distance, ...] | None = None, labels: torch.Tensor | None = None,
+                     usable: list[torch.Tensor] | None = None) -> Judgement:
     """Rank every original among `gallery` by its nearest candidate (module docstring); the
     Judgement of `reidentify.judge`. Token sequences (`distances` ("tokens",)) keep their ids.
     `lpips_features`: the finite candidates' and the originals' `unit_features` when the
     caller has them already, so each image's features are computed once. `linkage`, `labels`:
-    as in `reidentify.judge`."""
+    as in `reidentify.judge`. `usable`: per original, the positions in `candidates` it is judged
+    by (`unclaimed`); None: every candidate."""
     linkage = linkage_distances(distances) if linkage is None else linkage
     wanted = tuple(dict.fromkeys(distances + linkage))
     if "tokens" in wanted:
@@ -61,6 +75,9 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
         finite = torch.isfinite(candidates.flatten(1)).all(1)
         if lpips_features is not None and not bool(finite.all()):
             lpips_features = [f[finite] for f in lpips_features[0]], lpips_features[1]
+        if usable is not None and not bool(finite.all()):
+            position = torch.cumsum(finite.long(), 0) - 1
+            usable = [position[u[finite[u]]] for u in usable]
         candidates = candidates[finite]
     n, size = len(originals), len(gallery)
     if size == 0:
@@ -68,11 +85,13 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
     if not len(candidates) or not n:
         return Judgement([{d: size for d in wanted} for _ in range(n)], [size] * n, [0.5] * n,
                          [{d: 0.5 for d in linkage} for _ in range(n)])
-    first, _ = distinct_rows(candidates)
+    first, inverse = distinct_rows(candidates)
     if len(first) < len(candidates):  # identical candidates are at the same distance from everything
         candidates = candidates[first]
         if lpips_features is not None:
             lpips_features = [f[first] for f in lpips_features[0]], lpips_features[1]
+        if usable is not None:
+            usable = [torch.unique(inverse[u]) for u in usable]
     counted = ~duplicate_pairs(originals, gallery.inputs.to(originals.dtype).cpu())
     among = linkage_among(counted, labels, gallery.labels)
     batch = Gallery(originals, "the attacked batch")
@@ -96,9 +115,18 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
                                        lpips_norms(model, theirs))
         else:
             to_batch, _ = fast_distances(candidates, candidates, batch, distance, backbone, pad_token)
-        nearest_gallery, nearest_original = _exact_nearest(candidates, originals, gallery, distance, backbone,
-                                                           to_gallery, to_batch, lpips_features)
-        per_original = nearest_gallery[None].expand(n, -1)  # every original meets the same gallery side
+        if usable is None:
+            nearest_gallery, nearest_original = _exact_nearest(candidates, originals, gallery, distance, backbone,
+                                                               to_gallery, to_batch, lpips_features)
+            per_original = nearest_gallery[None].expand(n, -1)  # every original meets the same gallery side
+        else:  # each original meets the gallery through its own candidates
+            per_original = torch.full((n, size), float("inf"), dtype=to_gallery.dtype)
+            nearest_original = torch.full((n,), float("inf"), dtype=to_batch.dtype)
+            for i, rows in enumerate(usable):
+                if len(rows):
+                    per_original[i], nearest_original[i:i + 1] = _exact_nearest(
+                        candidates, originals[i:i + 1], gallery, distance, backbone, to_gallery[rows],
+                        to_batch[rows][:, i:i + 1], _rows_of(lpips_features, rows, i), rows)
         closer, auc = rank_and_auc(per_original, nearest_original, counted, among)
         if distance in linkage:
             linked.append((per_original, nearest_original))
@@ -111,12 +139,44 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
                      [sum(a.values()) / len(a) if a else 0.5 for a in aucs], aucs, null)
 
 
+def unclaimed(originals: torch.Tensor, candidates: torch.Tensor) -> list[torch.Tensor]:
+    """Per original, the positions of the candidates the rest of the batch leaves it: the others
+    are assigned to candidates (Hungarian on the squared L2 distance, as scoring matches), at most
+    one fewer than there are candidates, and those they take are removed (module docstring). Made
+    without the original, so it cannot favour it."""
+    n, m = len(originals), len(candidates)
+    cost = torch.cdist(originals.flatten(1).double(), candidates.flatten(1).double()).pow(2).numpy()
+    spare = max(0, n - m)  # zero-cost columns: where the candidates are fewer, the costliest go unassigned
+    left = []
+    for i in range(n):
+        rest = [j for j in range(n) if j != i]
+        if not rest:
+            left.append(torch.arange(m))
+            continue
+        padded = np.hstack([cost[rest], np.zeros((n - 1, spare))]) if spare else cost[rest]
+        _, cols = linear_sum_assignment(padded)
+        taken = set(int(c) for c in cols if c < m)
+        left.append(torch.tensor([c for c in range(m) if c not in taken], dtype=torch.long))
+    return left
+
+
+def _rows_of(features, rows: torch.Tensor, original: int):
+    """The LPIPS features of candidate `rows` and of one original."""
+    if features is None:
+        return None
+    return [f[rows] for f in features[0]], [f[original:original + 1] for f in features[1]]
+
+
 def _exact_nearest(candidates, originals, gallery: Gallery, distance: str, backbone: str, to_gallery: torch.Tensor,
-                   to_batch: torch.Tensor, features) -> tuple[torch.Tensor, torch.Tensor]:
+                   to_batch: torch.Tensor, features, rows: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """The nearest candidate's distance to each gallery example (G,) and to each original (n,),
     from the fast distances, recomputed by the per-pair reference (as `reidentify._refine`
     does) where a gallery example's lies within REFINE_MARGIN of an original's: there the
-    fast distances cannot order them, so ranks and ties would not be the definition's."""
+    fast distances cannot order them, so ranks and ties would not be the definition's.
+    `rows`: the candidates `to_gallery`, `to_batch` and `features[0]` hold (default: all)."""
+    if rows is not None:
+        candidates = candidates[rows]
     nearest_gallery, nearest_original = to_gallery.min(0).values, to_batch.min(0).values
     if distance in ("tokens", "l2z"):  # already exact: computed as the reference computes them
         return nearest_gallery, nearest_original
