@@ -395,3 +395,33 @@ def test_a_batch_of_good_copies_is_re_identified_whole_and_wrong_digits_stay_at_
         identified += sum(bool(s.identified) for s in scores)
         links += [s.linkage for s in scores]
     assert identified <= 3 and 0.4 < sum(links) / len(links) < 0.6
+
+
+def test_what_the_rest_of_the_batch_leaves_is_a_hungarian_solve_without_the_original():
+    """`unclaimed` derives every original's leftover candidates from one assignment of the whole
+    batch (a chain of moves per original); it must equal assigning the rest of the batch afresh,
+    with fewer candidates than originals, more, near-copies and one original alone."""
+    import numpy as np
+    from scipy.optimize import linear_sum_assignment
+
+    from gradleak.metrics.candidate_set import unclaimed
+
+    def afresh(originals, candidates):
+        n, m = len(originals), len(candidates)
+        cost = torch.cdist(originals.double(), candidates.double()).pow(2).numpy()
+        left = []
+        for i in range(n):
+            rest = [j for j in range(n) if j != i]
+            padded = np.hstack([cost[rest], np.zeros((n - 1, max(0, n - m)))])
+            taken = {int(c) for c in linear_sum_assignment(padded)[1] if c < m} if rest else set()
+            left.append([c for c in range(m) if c not in taken])
+        return left
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(120):
+        n, m = int(torch.randint(1, 25, (1,), generator=g)), int(torch.randint(1, 30, (1,), generator=g))
+        originals, candidates = torch.rand(n, 6, generator=g), torch.rand(m, 6, generator=g)
+        if trial % 3 == 0:
+            k = min(n, m)
+            candidates[:k] = originals[:k] + 0.05 * torch.randn(k, 6, generator=g)
+        assert [u.tolist() for u in unclaimed(originals, candidates)] == afresh(originals, candidates)
