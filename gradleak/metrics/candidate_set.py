@@ -15,17 +15,16 @@ Given every candidate, though, a gallery example competes through the *other* or
 reconstructions too: one that resembles another example of the batch meets that example's good
 reconstruction, so at batch 50 an original loses to the gallery although its own reconstruction
 is plainly right (MNIST, the true features of a ReLU LeNet-5 inverted, SSIM 0.90 median: 20 of
-50 re-identified, 25 of 25 when half the batch is judged alone; docs/judging.md). So each
-original is judged by the candidates the *other* originals leave (`unclaimed`): the candidates
-of an assignment of the rest of the batch to the candidates, made without it, are taken out.
-That set depends on the candidates and the other originals only, never on the original judged,
-so original and gallery stay exchangeable under the null; where the candidates are the
-reconstructions of a batch one for one, each original keeps the one the others did not take."""
+50 re-identified, 25 of 25 when half the batch is judged alone; docs/judging.md). So a candidate
+that another original of the batch is strictly nearer to than this original and every gallery
+example are — a candidate that already points at another example — is that example's, and
+judges neither this original nor the gallery (`others_claim`). Whether a candidate is claimed
+depends on the other originals and on the nearest member of {this original} ∪ gallery, a
+symmetric function of that set, so under the null the original and the gallery examples stay
+exchangeable and the chance rate and the permutation null are unchanged."""
 from __future__ import annotations
 
-import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 
 from .distance_matrix import REFINE_MARGIN, l2_matrix, lpips_matrix, lpips_norms
 from .linkage import linkage_among, null_linkage_variance, rank_and_auc
@@ -58,13 +57,14 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
                      distances: tuple[Distance, ...], backbone: str = "alex", pad_token: int | None = None,
                      lpips_features: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
                      linkage: tuple[Distance, ...] | None = None, labels: torch.Tensor | None = None,
-                     usable: list[torch.Tensor] | None = None) -> Judgement:
+                     others_claim: bool = False) -> Judgement:
     """Rank every original among `gallery` by its nearest candidate (module docstring); the
     Judgement of `reidentify.judge`. Token sequences (`distances` ("tokens",)) keep their ids.
     `lpips_features`: the finite candidates' and the originals' `unit_features` when the
     caller has them already, so each image's features are computed once. `linkage`, `labels`:
-    as in `reidentify.judge`. `usable`: per original, the positions in `candidates` it is judged
-    by (`unclaimed`); None: every candidate."""
+    as in `reidentify.judge`. `others_claim`: a candidate that another original of the batch is
+    strictly nearer to than this original and every gallery example is that original's, and
+    judges neither this original nor the gallery against it (module docstring)."""
     linkage = linkage_distances(distances) if linkage is None else linkage
     wanted = tuple(dict.fromkeys(distances + linkage))
     if "tokens" in wanted:
@@ -75,9 +75,6 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
         finite = torch.isfinite(candidates.flatten(1)).all(1)
         if lpips_features is not None and not bool(finite.all()):
             lpips_features = [f[finite] for f in lpips_features[0]], lpips_features[1]
-        if usable is not None and not bool(finite.all()):
-            position = torch.cumsum(finite.long(), 0) - 1
-            usable = [position[u[finite[u]]] for u in usable]
         candidates = candidates[finite]
     n, size = len(originals), len(gallery)
     if size == 0:
@@ -85,13 +82,11 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
     if not len(candidates) or not n:
         return Judgement([{d: size for d in wanted} for _ in range(n)], [size] * n, [0.5] * n,
                          [{d: 0.5 for d in linkage} for _ in range(n)])
-    first, inverse = distinct_rows(candidates)
+    first, _ = distinct_rows(candidates)
     if len(first) < len(candidates):  # identical candidates are at the same distance from everything
         candidates = candidates[first]
         if lpips_features is not None:
             lpips_features = [f[first] for f in lpips_features[0]], lpips_features[1]
-        if usable is not None:
-            usable = [torch.unique(inverse[u]) for u in usable]
     counted = ~duplicate_pairs(originals, gallery.inputs.to(originals.dtype).cpu())
     among = linkage_among(counted, labels, gallery.labels)
     batch = Gallery(originals, "the attacked batch")
@@ -115,14 +110,18 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
                                        lpips_norms(model, theirs))
         else:
             to_batch, _ = fast_distances(candidates, candidates, batch, distance, backbone, pad_token)
-        if usable is None:
+        if not others_claim:
             nearest_gallery, nearest_original = _exact_nearest(candidates, originals, gallery, distance, backbone,
                                                                to_gallery, to_batch, lpips_features)
             per_original = nearest_gallery[None].expand(n, -1)  # every original meets the same gallery side
-        else:  # each original meets the gallery through its own candidates
-            per_original = torch.full((n, size), float("inf"), dtype=to_gallery.dtype)
-            nearest_original = torch.full((n,), float("inf"), dtype=to_batch.dtype)
-            for i, rows in enumerate(usable):
+        else:  # each original meets the gallery through the candidates no other original claims
+            claimed = _claimed(to_gallery, to_batch)
+            nearest_gallery, nearest_original = _exact_nearest(candidates, originals, gallery, distance, backbone,
+                                                               to_gallery, to_batch, lpips_features)
+            per_original = nearest_gallery[None].repeat(n, 1)
+            for i in claimed.any(0).nonzero().flatten().tolist():  # the others keep every candidate
+                rows = (~claimed[:, i]).nonzero().flatten()
+                per_original[i], nearest_original[i] = float("inf"), float("inf")
                 if len(rows):
                     per_original[i], nearest_original[i:i + 1] = _exact_nearest(
                         candidates, originals[i:i + 1], gallery, distance, backbone, to_gallery[rows],
@@ -139,47 +138,16 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
                      [sum(a.values()) / len(a) if a else 0.5 for a in aucs], aucs, null)
 
 
-def unclaimed(originals: torch.Tensor, candidates: torch.Tensor) -> list[torch.Tensor]:
-    """Per original, the positions of the candidates the rest of the batch leaves it: the others
-    are assigned to candidates (Hungarian on the squared L2 distance, as scoring matches), at most
-    one fewer than there are candidates, and those they take are removed (module docstring). Made
-    without the original, so it cannot favour it.
-
-    One assignment of the whole batch serves every original: without original i, the best
-    assignment of the rest is the whole batch's minus i, changed along at most one chain of
-    moves — some j₁ takes i's candidate, j₂ takes j₁'s, …, and the last one's is left — because
-    the difference of two optimal assignments is a set of alternating cycles and only one can
-    pass through the candidate i frees. The cheapest chain into each candidate comes from
-    all-pairs shortest paths (Floyd–Warshall; no negative cycles, the whole assignment being
-    optimal). Equal to a Hungarian solve per original (tests/metrics/test_reidentify.py): for
-    1,000 MNIST-sized originals and candidates 10 s instead of 292 s, both on a busy 2-core CPU."""
-    n, m = len(originals), len(candidates)
-    if n == 0:
-        return []
-    cost = torch.cdist(originals.flatten(1).double(), candidates.flatten(1).double()).pow(2).numpy()
-    spare = max(0, n - m)  # zero-cost columns: where the candidates are fewer, the costliest go unassigned
-    if spare:
-        cost = np.hstack([cost, np.zeros((n, spare))])
-    rows, cols = linear_sum_assignment(cost)
-    partner = np.empty(n, dtype=np.int64)
-    partner[rows] = cols
-    own = cost[np.arange(n), partner]
-    # chain[j, k]: the cost of original j moving to k's candidate, freeing its own
-    chain = cost[:, partner] - own[:, None]
-    np.fill_diagonal(chain, 0.0)
-    for k in range(n):
-        np.minimum(chain, chain[:, k:k + 1] + chain[k:k + 1, :], out=chain)
-    np.fill_diagonal(chain, np.inf)
-    start = chain.argmin(0)  # per original i, where the cheapest chain into its candidate starts
-    gain = chain[start, np.arange(n)]
-    tolerance = 1e-12 * max(1.0, float(np.abs(own).max()))
-    free = np.setdiff1d(np.arange(m), partner)
-    left = []
-    for i in range(n):
-        column = int(partner[start[i]] if gain[i] < -tolerance else partner[i])
-        kept = free if column >= m else np.sort(np.append(free, column))
-        left.append(torch.as_tensor(kept, dtype=torch.long))
-    return left
+def _claimed(to_gallery: torch.Tensor, to_batch: torch.Tensor) -> torch.Tensor:
+    """(m, n): candidate c is claimed away from original i when another original of the batch is
+    strictly nearer to it than i and every gallery example are."""
+    m, n = to_batch.shape
+    if n < 2:
+        return torch.zeros(m, n, dtype=torch.bool)
+    two = to_batch.topk(2, dim=1, largest=False)
+    best, second, nearest = two.values[:, 0], two.values[:, 1], two.indices[:, 0]
+    other = torch.where(nearest[:, None] == torch.arange(n)[None], second[:, None], best[:, None])
+    return other < torch.minimum(to_gallery.min(1).values[:, None], to_batch)
 
 
 def _rows_of(features, rows: torch.Tensor, original: int):

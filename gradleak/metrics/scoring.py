@@ -210,18 +210,14 @@ def _score_arrays(originals: torch.Tensor, labels: torch.Tensor, reconstruction:
         distances = kind.reid_distances(tuple(originals.shape[1:]), lpips)
         linkage = linkage_distances(distances, kind.linkage_extra)
         if len(candidates) > 1:  # matched with the ground truth: the gallery gets the same choice
-            from .candidate_set import judge_candidates, unclaimed
+            from .candidate_set import judge_candidates
 
-            # each original by the candidates the rest of the batch leaves it (candidate_set)
-            usable = unclaimed(originals[matched], candidates)
-            if features is not None:
-                usable = [torch.unique(inverse[u]) for u in usable]
             # with LPIPS, the distinct candidates with their features (the judge needs no others)
             verdict = judge_candidates(originals[matched], candidates if features is None else candidates[first],
                                        gallery, distances, backbone=lpips if lpips != "none" else "alex",
                                        lpips_features=None if features is None else
                                        (distinct_features, features[1]), linkage=linkage,
-                                       labels=torch.as_tensor(labels)[matched], usable=usable)
+                                       labels=torch.as_tensor(labels)[matched], others_claim=True)
         else:
             verdict = judge(originals[matched], aligned[matched], gallery, distances, linkage,
                             backbone=lpips if lpips != "none" else "alex", lpips_features=features,
