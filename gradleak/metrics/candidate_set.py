@@ -110,15 +110,12 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
                                        lpips_norms(model, theirs))
         else:
             to_batch, _ = fast_distances(candidates, candidates, batch, distance, backbone, pad_token)
-        if not others_claim:
-            nearest_gallery, nearest_original = _exact_nearest(candidates, originals, gallery, distance, backbone,
-                                                               to_gallery, to_batch, lpips_features)
-            per_original = nearest_gallery[None].expand(n, -1)  # every original meets the same gallery side
-        else:  # each original meets the gallery through the candidates no other original claims
+        nearest_gallery, nearest_original = _exact_nearest(candidates, originals, gallery, distance, backbone,
+                                                           to_gallery, to_batch, lpips_features)
+        per_original = nearest_gallery[None].expand(n, -1)  # every original meets the same gallery side
+        if others_claim:  # ... but through the candidates no other original claims
             claimed = _claimed(to_gallery, to_batch)
-            nearest_gallery, nearest_original = _exact_nearest(candidates, originals, gallery, distance, backbone,
-                                                               to_gallery, to_batch, lpips_features)
-            per_original = nearest_gallery[None].repeat(n, 1)
+            per_original = per_original.clone()
             for i in claimed.any(0).nonzero().flatten().tolist():  # the others keep every candidate
                 rows = (~claimed[:, i]).nonzero().flatten()
                 per_original[i], nearest_original[i] = float("inf"), float("inf")

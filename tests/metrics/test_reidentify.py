@@ -399,7 +399,6 @@ def test_a_batch_of_good_copies_is_re_identified_whole_and_wrong_digits_stay_at_
     assert identified <= 3 and 0.4 < sum(links) / len(links) < 0.6
 
 
-
 def test_copies_among_repeats_and_strays_keep_their_originals(mnist_test):
     """An attack's candidates rarely pair one for one with the batch: some examples come back
     twice, some not at all. Half of a batch of 40 digits each handed back as two noisy copies
