@@ -121,8 +121,8 @@ def judge_candidates(originals: torch.Tensor, candidates: torch.Tensor, gallery:
                 per_original[i], nearest_original[i] = float("inf"), float("inf")
                 if len(rows):
                     per_original[i], nearest_original[i:i + 1] = _exact_nearest(
-                        candidates, originals[i:i + 1], gallery, distance, backbone, to_gallery[rows],
-                        to_batch[rows][:, i:i + 1], _rows_of(lpips_features, rows, i), rows)
+                        candidates[rows], originals[i:i + 1], gallery, distance, backbone, to_gallery[rows],
+                        to_batch[rows][:, i:i + 1], _rows_of(lpips_features, rows, i))
         closer, auc = rank_and_auc(per_original, nearest_original, counted, among)
         if distance in linkage:
             linked.append((per_original, nearest_original))
@@ -155,15 +155,11 @@ def _rows_of(features, rows: torch.Tensor, original: int):
 
 
 def _exact_nearest(candidates, originals, gallery: Gallery, distance: str, backbone: str, to_gallery: torch.Tensor,
-                   to_batch: torch.Tensor, features, rows: torch.Tensor | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+                   to_batch: torch.Tensor, features) -> tuple[torch.Tensor, torch.Tensor]:
     """The nearest candidate's distance to each gallery example (G,) and to each original (n,),
     from the fast distances, recomputed by the per-pair reference (as `reidentify._refine`
     does) where a gallery example's lies within REFINE_MARGIN of an original's: there the
-    fast distances cannot order them, so ranks and ties would not be the definition's.
-    `rows`: the candidates `to_gallery`, `to_batch` and `features[0]` hold (default: all)."""
-    if rows is not None:
-        candidates = candidates[rows]
+    fast distances cannot order them, so ranks and ties would not be the definition's."""
     nearest_gallery, nearest_original = to_gallery.min(0).values, to_batch.min(0).values
     if distance in ("tokens", "l2z"):  # already exact: computed as the reference computes them
         return nearest_gallery, nearest_original
